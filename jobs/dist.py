@@ -1,0 +1,175 @@
+"""The rank layout, read once, and the process group built from it.
+
+This module is the ONLY reader of SLURM_*, SUBMITIT_*, RANK/WORLD_SIZE/LOCAL_RANK and MASTER_*;
+everything else receives the frozen :class:`DistEnv`. Sources, in priority order:
+
+1. torchrun (TORCHELASTIC_RUN_ID, or RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT all set):
+   an explicit launcher already decided the layout, even inside a Slurm allocation.
+2. Slurm (SLURM_PROCID and SLURM_NTASKS): one rank per task; MASTER_ADDR is the first host of
+   SLURM_JOB_NODELIST; MASTER_PORT derives from SLURM_JOB_ID (see :func:`port_for_job`).
+3. submitit's local executor (SUBMITIT_EXECUTOR=local): ranks are local processes; "nodes" are
+   emulated as groups of ``tasks_per_node`` consecutive ranks, as a real cluster numbers them.
+4. Nothing: a single process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Iterator, Mapping, Optional, Sequence
+
+# Below Linux's ephemeral range (32768-60999), so an outgoing connection never holds our port.
+PORT_BASE = 10000
+PORT_SPAN = 20000
+
+
+def port_for_job(job_id: str) -> int:
+    """MASTER_PORT for a job: unique among any 20000 consecutive job ids.
+
+    Slurm job ids (and local PIDs) are unique among running jobs and increase, so jobs that
+    share a head node get different ports unless 20000 jobs separate them; the head rank
+    still checks the port is free (:func:`check_port_free`) and fails with a clear message.
+    Array tasks have their own SLURM_JOB_ID, so they differ too.
+    """
+    digits = re.sub(r"\D", "", job_id) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm hostlist: ``node[1-3,7],gpu-a[01-02]`` -> node1..node3, node7, gpu-a01, gpu-a02."""
+    hosts: list[str] = []
+    # Split on commas that are not inside brackets.
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", nodelist):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not match:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        expanded = []
+        for rng in ranges.split(","):
+            lo, _, hi = rng.partition("-")
+            if not hi:
+                expanded.append(lo)
+                continue
+            width = len(lo)  # keep zero padding: [01-02] -> 01, 02
+            expanded.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
+        # Nested brackets in the suffix (rare: node[1-2]-ib[0-1]) expand recursively.
+        for item in expanded:
+            hosts.extend(expand_nodelist(prefix + item + suffix) if "[" in suffix else [prefix + item + suffix])
+    return hosts
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    hostname: str = "localhost"
+    job_id: str = ""
+    source: str = "single"  # torchrun | slurm | submitit-local | single
+    hosts: Sequence[str] = field(default_factory=tuple)
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str], emulate_tasks_per_node: Optional[int] = None) -> "DistEnv":
+        """Read the layout from ``environ`` (pass ``os.environ``; tests pass tables)."""
+        env = environ
+        hostname = env.get("SLURMD_NODENAME") or socket.gethostname()
+        if "TORCHELASTIC_RUN_ID" in env or all(
+            k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        ):
+            world = int(env["WORLD_SIZE"])
+            local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+            rank = int(env["RANK"])
+            return cls(
+                rank=rank, world_size=world, local_rank=int(env["LOCAL_RANK"]),
+                local_world_size=local_world,
+                node_rank=int(env.get("GROUP_RANK", rank // local_world)),
+                num_nodes=max(1, world // local_world),
+                master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
+                hostname=hostname, job_id=env.get("TORCHELASTIC_RUN_ID", env.get("SLURM_JOB_ID", "")),
+                source="torchrun",
+            )
+        if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+            hosts = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or hostname)
+            # SLURM_JOB_NUM_NODES is the allocation; SLURM_NNODES the step (same under srun).
+            num_nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or len(hosts))
+            world = int(env["SLURM_NTASKS"])
+            job_id = env.get("SLURM_JOB_ID", "0")
+            return cls(
+                rank=int(env["SLURM_PROCID"]), world_size=world,
+                local_rank=int(env.get("SLURM_LOCALID", 0)),
+                local_world_size=world // max(1, num_nodes),
+                node_rank=int(env.get("SLURM_NODEID", 0)), num_nodes=num_nodes,
+                master_addr=hosts[0], master_port=port_for_job(job_id),
+                hostname=hostname, job_id=job_id, source="slurm", hosts=tuple(hosts),
+            )
+        if env.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in env:
+            world = int(env["SUBMITIT_LOCAL_NTASKS"])
+            rank = int(env["SUBMITIT_LOCAL_GLOBALID"])
+            per_node = emulate_tasks_per_node or world
+            job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
+            return cls(
+                rank=rank, world_size=world, local_rank=rank % per_node, local_world_size=per_node,
+                node_rank=rank // per_node, num_nodes=max(1, world // per_node),
+                master_addr="127.0.0.1", master_port=port_for_job(job_id),
+                hostname=hostname, job_id=job_id, source="submitit-local",
+            )
+        return cls(hostname=hostname, master_port=free_port(), source="single")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    """Fail fast with a clear message instead of a rendezvous that never completes."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            raise RuntimeError(
+                f"MASTER_PORT {port} is already in use on {socket.gethostname()}; another process "
+                f"holds it. Set MASTER_PORT (with torchrun) or free the port."
+            ) from exc
+
+
+def export(env: DistEnv) -> None:
+    """Set the variables torch.distributed's env:// rendezvous and child processes read."""
+    os.environ.update(
+        MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port), RANK=str(env.rank),
+        WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+        LOCAL_WORLD_SIZE=str(env.local_world_size),
+    )
+
+
+@contextlib.contextmanager
+def process_group(env: DistEnv, backend: str, timeout_s: float) -> Iterator[None]:
+    """Open the default process group and destroy it on every exit path."""
+    import torch.distributed as dist
+
+    export(env)
+    if env.is_head and env.source != "torchrun":
+        check_port_free(env.master_port)
+    dist.init_process_group(
+        backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,91 @@
+"""The training step and the step loop: no I/O, no Slurm, no MLflow.
+
+The loop records, per step, wall time and time spent waiting for data as Python floats and keeps
+the loss as a detached tensor: reading a loss (``.item()``) would force a device sync on every
+step, so losses are read once, after the measured window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Iterator, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jobs.data import Batch
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # Loss in fp32 whatever the compute dtype: bf16 softmax over a 50k vocabulary loses digits.
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+@dataclass
+class StepTrace:
+    step_time_s: List[float] = field(default_factory=list)
+    data_time_s: List[float] = field(default_factory=list)
+    losses: List[torch.Tensor] = field(default_factory=list)
+
+
+class Trainer:
+    """One optimizer step = ``accum_steps`` micro-batches; gradients sync on the last only."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        accum_steps: int,
+        autocast_dtype: Optional[torch.dtype],
+        device: torch.device,
+        no_sync: Callable[[], ContextManager],
+        scaler=None,
+    ) -> None:
+        self.model, self.optimizer, self.accum_steps = model, optimizer, accum_steps
+        self.device, self.no_sync, self.scaler = device, no_sync, scaler
+        self.autocast_dtype = autocast_dtype
+
+    def _autocast(self) -> ContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, batches: Iterator[Batch]) -> tuple[torch.Tensor, float]:
+        data_time_s = 0.0
+        total = None
+        for micro in range(self.accum_steps):
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            data_time_s += time.perf_counter() - t0
+            last = micro == self.accum_steps - 1
+            # Accumulation steps skip the gradient all-reduce / reduce-scatter: only the last
+            # micro-batch communicates (DDP no_sync, FSDP2 set_requires_gradient_sync).
+            with contextlib.nullcontext() if last else self.no_sync():
+                with self._autocast():
+                    loss = loss_fn(self.model(x), y) / self.accum_steps
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total, data_time_s
+
+
+def run_steps(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Callable[[], None], trace: StepTrace) -> None:
+    """Run ``n_steps`` steps, appending each one's timing and loss to ``trace``."""
+    for _ in range(n_steps):
+        t0 = time.perf_counter()
+        loss, data_time_s = trainer.step(batches)
+        # Sync point: on CUDA the step's kernels are queued, not done; the step time is only
+        # true once the device has finished. On CPU this is a no-op.
+        sync()
+        trace.step_time_s.append(time.perf_counter() - t0)
+        trace.data_time_s.append(data_time_s)
+        trace.losses.append(loss)

@@ -1,0 +1,262 @@
+"""What one grid point runs: plain, picklable dataclasses (stdlib only).
+
+These types are the single schema of the project. The launcher registers them in Hydra's
+ConfigStore (values come from conf/*.yaml) and ships them, validated, to every rank through
+submitit's pickle. Nothing here imports torch, Hydra or OmegaConf, so the worker side stays free
+of config machinery and the launcher starts fast.
+
+Every check that can be decided from the config alone lives in a ``validate()`` method and raises
+:class:`ConfigError`, whose message names the setting, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+
+class ConfigError(ValueError):
+    """A bad setting, reported as one paragraph: setting, value, why, and the fix."""
+
+    def __init__(self, setting: str, value: Any, problem: str, fix: str) -> None:
+        self.setting, self.value, self.problem, self.fix = setting, value, problem, fix
+        super().__init__(f"{setting}={value!r}: {problem} Fix: {fix}")
+
+
+class Strategy(enum.Enum):
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
+class Sharding(enum.Enum):
+    """FSDP sharding modes, named after what they shard (ZeRO stage in the comment)."""
+
+    full = "full"  # ZeRO-3: parameters, gradients and optimizer state sharded
+    grad_op = "grad_op"  # ZeRO-2: parameters kept after forward (reshard_after_forward=False)
+    hybrid = "hybrid"  # HSDP: replicate across nodes, shard within a node (2-D mesh)
+    none = "none"  # DDP-equivalent, for comparison: every rank holds everything
+
+
+class WrapPolicy(enum.Enum):
+    block = "block"  # one FSDP unit per block (transformer layer / ResNet stage block)
+    model = "model"  # one FSDP unit for the whole model
+
+
+class Precision(enum.Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+class Dtype(enum.Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+class InputKind(enum.Enum):
+    tokens = "tokens"  # int64 [batch, seq_len] in, next-token targets out
+    image = "image"  # float [batch, 3, size, size] in, class index out
+
+
+class DataKind(enum.Enum):
+    synthetic = "synthetic"
+    image_folder = "image_folder"
+    token_file = "token_file"
+
+
+class Optimizer(enum.Enum):
+    sgd = "sgd"
+    adamw = "adamw"
+
+
+class LrScaling(enum.Enum):
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
+
+
+def _positive(setting: str, value: Any, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(setting, value, "must be a positive number.", fix)
+
+
+def _non_negative(setting: str, value: Any, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(setting, value, "must be zero or a positive number.", fix)
+
+
+@dataclass
+class StrategySpec:
+    name: Strategy = Strategy.ddp
+    # DDP knobs (torch.nn.parallel.DistributedDataParallel arguments, same names).
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    # FSDP2 knobs (torch.distributed.fsdp.fully_shard).
+    sharding: Sharding = Sharding.full
+    cpu_offload: bool = False
+    # How many FSDP units ahead to all-gather in forward and backward (0 = FSDP2's default
+    # implicit prefetch of the next unit only).
+    prefetch: int = 0
+    wrap: WrapPolicy = WrapPolicy.block
+
+    def validate(self) -> None:
+        _positive("strategy.bucket_cap_mb", self.bucket_cap_mb, "use a bucket size in MiB such as 25.")
+        _non_negative("strategy.prefetch", self.prefetch, "use 0 (FSDP's default), 1 or 2.")
+        if self.name is Strategy.ddp and self.sharding is not Sharding.full:
+            raise ConfigError(
+                "strategy.sharding", self.sharding.value,
+                "sharding applies to FSDP only; DDP replicates everything.",
+                "pick an FSDP strategy (strategy=fsdp, zero2, hsdp, fsdp_noshard) or drop the override.",
+            )
+        if self.name is Strategy.ddp and self.cpu_offload:
+            raise ConfigError(
+                "strategy.cpu_offload", True, "DDP cannot offload parameters to the CPU.",
+                "use strategy=fsdp_offload (FSDP full shard with CPU offload).",
+            )
+
+    @property
+    def label(self) -> str:
+        if self.name is Strategy.ddp:
+            return "ddp"
+        base = {Sharding.full: "fsdp", Sharding.grad_op: "zero2", Sharding.hybrid: "hsdp",
+                Sharding.none: "fsdp_noshard"}[self.sharding]
+        return base + ("+offload" if self.cpu_offload else "")
+
+
+@dataclass
+class PrecisionSpec:
+    name: Precision = Precision.fp32
+    # FSDP mixed-precision policy; None derives them from `name` (params in the compute dtype,
+    # gradient reduction in fp32, which is what keeps bf16 training numerically safe).
+    param_dtype: Optional[Dtype] = None
+    reduce_dtype: Optional[Dtype] = Dtype.fp32
+
+    def validate(self) -> None:
+        if self.name is Precision.fp32 and self.param_dtype not in (None, Dtype.fp32):
+            raise ConfigError(
+                "precision.param_dtype", self.param_dtype.value,
+                "a low-precision parameter dtype contradicts precision=fp32.",
+                "use precision=bf16 or precision=fp16, or drop the override.",
+            )
+
+
+@dataclass
+class ModelSpec:
+    # A name from jobs.models.REGISTRY, or any importable class through `target`.
+    name: str = "gpt_tiny"
+    # Dotted path of an importable nn.Module class (torchvision, timm, transformers...) built
+    # with `params` as keyword arguments; its input is described by the fields below.
+    target: Optional[str] = None
+    input: InputKind = InputKind.tokens
+    seq_len: int = 128
+    vocab_size: int = 50257
+    image_size: int = 224
+    num_classes: int = 1000
+    params: Dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        for name in ("seq_len", "vocab_size", "image_size", "num_classes"):
+            _positive(f"model.{name}", getattr(self, name), f"set model.{name} to a positive integer.")
+        if not self.target and not self.name:
+            raise ConfigError("model.name", self.name, "no model given.", "pick one with model=<name>.")
+
+
+@dataclass
+class DataSpec:
+    kind: DataKind = DataKind.synthetic
+    path: Optional[str] = None
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int = 2
+
+    def validate(self) -> None:
+        _non_negative("data.num_workers", self.num_workers, "use 0 (load in the training process) or more.")
+        _positive("data.prefetch_factor", self.prefetch_factor, "use 2 (PyTorch's default).")
+        if self.kind is not DataKind.synthetic and not self.path:
+            raise ConfigError("data.path", self.path, f"data.kind={self.kind.value} reads files.",
+                              "set data.path to the dataset, or use data=synthetic.")
+
+
+@dataclass
+class TrainSpec:
+    """The top-level settings of a grid point (``nodes=2 batch_size=16 steps=30``)."""
+
+    nodes: int = 1
+    batch_size: int = 8  # per device (per rank), per micro-step
+    steps: int = 30  # total optimizer steps, warm-up included
+    warmup_steps: int = 10  # excluded from every measurement
+    repeats: int = 1  # measured windows after warm-up; mean and coefficient of variation
+    grad_accum_steps: int = 1
+    seed: int = 0
+    optimizer: Optimizer = Optimizer.adamw
+    lr: float = 1e-4
+    lr_scaling: LrScaling = LrScaling.none
+    activation_checkpointing: bool = False
+    compile: bool = False
+    sync_batchnorm: bool = False
+
+    def validate(self) -> None:
+        for name, fix in (
+            ("nodes", "use nodes=1 or more."),
+            ("batch_size", "set batch_size to the per-device batch, e.g. batch_size=8."),
+            ("steps", "set steps above warmup_steps, e.g. steps=30."),
+            ("repeats", "use repeats=1 or more."),
+            ("grad_accum_steps", "use grad_accum_steps=1 (no accumulation) or more."),
+            ("lr", "use a positive learning rate such as lr=1e-4."),
+        ):
+            _positive(name, getattr(self, name), fix)
+        _non_negative("warmup_steps", self.warmup_steps, "use warmup_steps=0 or more.")
+        if self.warmup_steps >= self.steps:
+            raise ConfigError(
+                "warmup_steps", self.warmup_steps,
+                f"must be below steps={self.steps}, or nothing is measured.",
+                f"lower warmup_steps or raise steps (e.g. steps={self.warmup_steps + 20}).",
+            )
+        measured = self.steps - self.warmup_steps
+        if measured < self.repeats:
+            raise ConfigError(
+                "repeats", self.repeats,
+                f"the {measured} measured steps cannot be split into {self.repeats} windows.",
+                f"raise steps to at least {self.warmup_steps + self.repeats} or lower repeats.",
+            )
+
+
+@dataclass
+class Layout:
+    """The resources one grid point runs on, as the launcher planned them."""
+
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+@dataclass
+class RunSpec:
+    """Everything one grid point's ranks need, shipped to every rank."""
+
+    cell: str  # human name of the grid point, e.g. "strategy=fsdp,nodes=2"
+    out_dir: str  # this point's directory: metrics.jsonl, result.json, checkpoints
+    strategy: StrategySpec
+    precision: PrecisionSpec
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec
+    layout: Layout
+    tracking_uri: Optional[str] = None
+    run_id: Optional[str] = None  # MLflow child run created by the launcher; rank 0 logs to it
+    # Emulate `layout.nodes` nodes with local processes (the local cluster): node rank and
+    # local rank are derived from the global rank as on a real cluster.
+    emulate_nodes: bool = False
+    # A collective that waits longer than this fails the job instead of hanging it.
+    collective_timeout_s: float = 300.0
+    tags: Dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,177 @@
+"""The entry point submitit runs on every rank: layout -> process group -> benchmark -> sinks.
+
+``main(spec)`` is deliberately thin; :func:`benchmark` builds the model, wraps it, runs the
+warm-up and measured windows and reduces the measurements across ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import traceback
+from pathlib import Path
+from typing import Any, Dict
+
+from jobs.dist import DistEnv, process_group
+from jobs.sinks import FanOut, JsonlSink, MlflowSink, NullSink
+from jobs.spec import LrScaling, Optimizer, Precision, RunSpec, Sharding, Strategy
+
+RESULT_FILE = "result.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+def main(spec: RunSpec) -> Dict[str, Any]:
+    env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
+    import torch
+
+    # Threads per rank chosen on purpose (torchrun would silently set 1): the cores of the task.
+    torch.set_num_threads(max(1, spec.layout.cpus_per_task))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    out = Path(spec.out_dir)
+    sink: NullSink = NullSink()
+    if env.is_head:
+        sinks = [JsonlSink(out / METRICS_FILE)]
+        if spec.tracking_uri and spec.run_id:
+            sinks.append(MlflowSink(spec.tracking_uri, spec.run_id))
+        sink = FanOut(*sinks)
+    try:
+        with process_group(env, backend, timeout_s=spec.collective_timeout_s):
+            result = benchmark(spec, env, device, backend, sink)
+    except BaseException as exc:
+        error = f"rank {env.rank} on {env.hostname} failed: {type(exc).__name__}: {exc}"
+        sink.finish("FAILED", error)
+        (out / f"error-rank{env.rank}.txt").write_text(error + "\n\n" + traceback.format_exc())
+        raise
+    if env.is_head:
+        (out / RESULT_FILE).write_text(json.dumps(result, indent=2, sort_keys=True))
+    sink.finish("FINISHED")
+    return result
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink) -> Dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from jobs import metrics, models, parallel
+    from jobs.data import samples_unit, synthetic_batches
+    from jobs.loop import StepTrace, Trainer, run_steps
+
+    train, strat, prec = spec.train, spec.strategy, spec.precision
+    # Same seed on every rank: identical initial weights (DDP broadcasts them anyway, FSDP
+    # shards a model every rank built identically).
+    torch.manual_seed(train.seed)
+    model = models.build_model(spec.model)
+    if train.sync_batchnorm:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model.to(device)
+    if train.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+        models.replace_units(model, lambda unit: checkpoint_wrapper(unit, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+
+    low = None if prec.name is Precision.fp32 else parallel.torch_dtype(prec.name.value)
+    autocast_dtype, scaler = None, None
+    if strat.name is Strategy.ddp:
+        model = parallel.apply_ddp(
+            model, device, bucket_cap_mb=strat.bucket_cap_mb, gradient_as_bucket_view=strat.gradient_as_bucket_view,
+            static_graph=strat.static_graph, find_unused_parameters=strat.find_unused_parameters,
+            broadcast_buffers=strat.broadcast_buffers,
+        )
+        autocast_dtype, no_sync = low, model.no_sync
+        if prec.name is Precision.fp16:
+            scaler = torch.amp.GradScaler(device.type)
+    else:
+        mesh = parallel.fsdp_mesh(device.type, strat.sharding, env.num_nodes, env.local_world_size)
+        param_dtype = parallel.torch_dtype(prec.param_dtype.value) if prec.param_dtype else low
+        reduce_dtype = parallel.torch_dtype(prec.reduce_dtype.value) if (prec.reduce_dtype and low) else None
+        model = parallel.apply_fsdp(
+            model, mesh, units=models.shard_units(model) if strat.wrap.value == "block" else [],
+            reshard_after_forward=strat.sharding is not Sharding.grad_op,
+            param_dtype=param_dtype, reduce_dtype=reduce_dtype, cpu_offload=strat.cpu_offload, prefetch=strat.prefetch,
+        )
+        no_sync = lambda: _fsdp_no_sync(model)  # noqa: E731
+        if prec.name is Precision.fp16:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            scaler = ShardedGradScaler(device.type)
+    if train.compile:
+        model = torch.compile(model)
+
+    lr = train.lr * {LrScaling.none: 1.0, LrScaling.linear: env.world_size,
+                     LrScaling.sqrt: math.sqrt(env.world_size)}[train.lr_scaling]
+    if train.optimizer is Optimizer.adamw:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+    batches = synthetic_batches(spec.model, train.batch_size, train.seed, env.rank, device)
+    trainer = Trainer(model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=autocast_dtype,
+                      device=device, no_sync=no_sync, scaler=scaler)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    warm, measured = StepTrace(), StepTrace()
+    run_steps(trainer, batches, train.warmup_steps, sync, warm)
+    metrics.reset_peak_memory(device)
+    # Sync point: every rank starts the measured window together, so no rank's window includes
+    # waiting for a slower rank to finish its warm-up.
+    dist.barrier()
+    run_steps(trainer, batches, train.steps - train.warmup_steps, sync, measured)
+
+    # One read of all losses after the measured window (a device sync, outside the timing).
+    losses = torch.stack(warm.losses + measured.losses).float().cpu().tolist()
+    mine = {
+        "step_time_s": measured.step_time_s, "data_time_s": measured.data_time_s,
+        "all_step_time_s": warm.step_time_s + measured.step_time_s, "losses": losses,
+        "hostname": env.hostname, **metrics.peak_memory(device), **metrics.model_state_bytes(model, optimizer),
+    }
+    per_rank = metrics.gather_ranks(mine)
+    unit, per_sample = samples_unit(spec.model)
+    summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
+                                tokens_per_sample=per_sample, repeats=train.repeats)
+    mean_loss = [sum(r["losses"][i] for r in per_rank) / len(per_rank) for i in range(train.steps)]
+    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes)
+    flops = models.flops_per_sample(model, spec.model)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    peak = metrics.peak_flops_for(device_name, prec.name.value)
+    achieved = metrics.mfu(flops, summary["throughput_samples_per_s_per_device"], peak)
+    if achieved is not None:
+        summary["mfu"] = achieved
+
+    records = [
+        {"step": i, "loss": mean_loss[i],
+         "step_time_ms": 1e3 * max(r["all_step_time_s"][i] for r in per_rank)}
+        for i in range(train.steps)
+    ]
+    hosts = sorted({r["hostname"] for r in per_rank})
+    tags = {"hostnames": ",".join(hosts), "torch_version": torch.__version__, "backend": backend,
+            "device_name": device_name, "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
+            "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
+            "job_id": env.job_id}
+    sink.set_tags(tags)
+    sink.log_steps(records)
+    sink.log_summary(summary)
+    return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank}
+
+
+class Worker:
+    """What submitit pickles and calls on every rank (a class, so preemption can checkpoint)."""
+
+    def __call__(self, spec: RunSpec) -> Dict[str, Any]:
+        return main(spec)

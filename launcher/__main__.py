@@ -1,0 +1,91 @@
+"""``python -m launcher [-m] key=value ...``: compose -> validate -> plan -> submit.
+
+Thin on purpose: the work lives in plan.py (grid, validation, resources), sweep.py (tracking,
+submission, waiting) and report.py (the comparison table).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+HELP = """\
+usage: python -m launcher [-m] [key=value ...]
+
+Run benchmark grid points of distributed training (DDP / FSDP) and compare them.
+
+  -m, --multirun     expand comma-separated values into a grid (strategy=ddp,fsdp nodes=1,2)
+  -h, --help         this help
+
+config groups (conf/):
+{groups}
+top-level settings: nodes, batch_size (per device), steps, warmup_steps, repeats, grad_accum_steps,
+  seed, optimizer (adamw|sgd), lr, lr_scaling (none|linear|sqrt), activation_checkpointing,
+  compile, sync_batchnorm, output_root, sweep_dir, wait, collective_timeout_s
+any value: group.key=value, e.g. cluster.tasks_per_node=2 strategy.bucket_cap_mb=50
+
+examples:
+  python -m launcher -m strategy=ddp,fsdp nodes=1,2
+  python -m launcher -m strategy=ddp,fsdp,zero2,hsdp precision=fp32,bf16 nodes=2
+  python -m launcher -m cluster=slurm cluster.partition=gpu cluster.gpus_per_node=8 \\
+      cluster.tasks_per_node=8 model=gpt2-small strategy=ddp,fsdp nodes=1,2,4
+"""
+
+
+def _groups() -> str:
+    from launcher.plan import CONF_DIR
+
+    lines = []
+    for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
+        options = sorted(p.stem for p in group.glob("*.yaml"))
+        if options:
+            lines.append(f"  {group.name:<10} {', '.join(options)}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(HELP.format(groups=_groups()))
+        return 0
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    unknown = [a for a in overrides if a.startswith("-")]
+    if unknown:
+        print(f"error: unknown option {unknown[0]}. Fix: see python -m launcher --help.", file=sys.stderr)
+        return 2
+
+    from launcher.plan import SweepError, compose, expand, plan
+
+    try:
+        points, swept = expand(overrides, multirun)
+        cells = plan(compose(points, swept))
+        from launcher.clusters import preflight
+
+        preflight(cells)
+    except SweepError as exc:
+        print(f"error: invalid configuration; nothing was submitted.\n{exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # Hydra's parser errors on malformed overrides
+        print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0]}\nnothing was submitted. "
+              f"Fix: write overrides as key=value (see --help).", file=sys.stderr)
+        return 2
+
+    from launcher import sweep
+
+    state = sweep.prepare(cells, ["python -m launcher", *args])
+    cfg = cells[0].config
+    print(f"sweep {state.name}: {len(cells)} cell(s) -> {state.sweep_dir}", flush=True)
+    if state.cluster == "local":
+        sweep.run_local(state, cells)
+    else:
+        sweep.submit_slurm(state, cells)
+        if not cfg.wait:
+            return 0
+        sweep.wait_slurm(state)
+    print(sweep.finalize(state))
+    return 0 if all(c.status == "done" for c in state.cells) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

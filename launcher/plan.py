@@ -1,0 +1,159 @@
+"""Grid expansion, composition, validation and resources per grid point.
+
+Everything here runs before anything is submitted: a sweep is either valid as a whole or
+nothing is sent. Hydra's override grammar expands the grid (``a=1,2 b=x,y`` -> 4 points) and
+Hydra's compose API builds each point against the typed schema; no torch or MLflow import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
+from launcher.schema import ClusterKind, Config
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class SweepError(Exception):
+    """One or more grid points are invalid; the message lists each, with its fix."""
+
+
+@dataclass
+class Point:
+    overrides: List[str]
+    swept: Dict[str, str]  # the keys that vary across the sweep, with this point's values
+    config: Config
+
+
+@dataclass
+class Cell:
+    index: int
+    name: str  # e.g. "strategy=fsdp nodes=2"
+    dirname: str  # e.g. "01-strategy_fsdp-nodes_2"
+    overrides: List[str]
+    config: Config
+    layout: Layout
+
+    def shape(self) -> Tuple:
+        """Cells with the same shape can share one job array (one sbatch)."""
+        c = self.config.cluster
+        return (self.layout.nodes, self.layout.tasks_per_node, self.layout.gpus_per_node, self.layout.cpus_per_task,
+                c.partition, c.timeout_min, c.mem_gb)
+
+
+def expand(overrides: Sequence[str], multirun: bool) -> Tuple[List[List[str]], List[str]]:
+    """The override list of every grid point, and the keys being swept."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    if swept and not multirun:
+        raise SweepError(
+            f"{', '.join(swept)}: several values need a multirun. Fix: add -m (python -m launcher -m {' '.join(overrides)})."
+        )
+    if not multirun:
+        return [list(overrides)], []
+    return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch], swept
+
+
+def _explain(exc: Exception, overrides: List[str]) -> str:
+    """One paragraph for a composition error: no traceback, the setting and the fix."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    where = " ".join(overrides) or "(defaults)"
+    if isinstance(exc, ConfigError):
+        return f"[{where}] {exc}"
+    if isinstance(exc, MissingConfigException):
+        group = (exc.missing_cfg_file or "").split("/")[0] if exc.missing_cfg_file else ""
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group else []
+        hint = f" Fix: pick one of {', '.join(options)}." if options else ""
+        first = str(exc).splitlines()[0]
+        return f"[{where}] {first}.{hint}"
+    if isinstance(exc, OmegaConfBaseException):
+        key = getattr(exc, "full_key", None) or "?"
+        msg = getattr(exc, "msg", str(exc)).splitlines()[0]
+        valid = ""
+        ref = getattr(exc, "ref_type", None)
+        if "Invalid value" in msg and "valid values" not in msg.lower():
+            valid = ""
+        return f"[{where}] {key}: {msg}{valid} Fix: give {key} a value of the right type (see conf/ and the README)."
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and cause is not exc:
+        return _explain(cause, overrides)
+    return f"[{where}] {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path = CONF_DIR) -> List[Point]:
+    """Compose and validate every point; raise SweepError listing every invalid one."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from launcher.schema import register
+
+    register()
+    points, errors = [], []
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        for overrides in point_overrides:
+            try:
+                cfg = hydra_compose(config_name="config", overrides=overrides)
+                config: Config = OmegaConf.to_object(cfg)
+                config.validate()
+            except Exception as exc:  # every kind of bad input becomes one readable line
+                errors.append(_explain(exc, overrides))
+                continue
+            values = dict(o.split("=", 1) for o in overrides if "=" in o)
+            points.append(Point(overrides, {k.lstrip("+~"): values.get(k, "") for k in swept}, config))
+    if errors:
+        raise SweepError("\n".join(dict.fromkeys(errors)))
+    return points
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")[:80] or "run"
+
+
+def layout_for(config: Config) -> Layout:
+    c = config.cluster
+    ranks_per_machine = c.tasks_per_node * (config.nodes if c.name is ClusterKind.local else 1)
+    cpus = c.cpus_per_task
+    if cpus is None:
+        # Local: share this machine's cores among all its ranks. Slurm: 1 unless asked.
+        cpus = max(1, (os.cpu_count() or 1) // ranks_per_machine) if c.name is ClusterKind.local else 1
+    return Layout(nodes=config.nodes, tasks_per_node=c.tasks_per_node, gpus_per_node=c.gpus_per_node, cpus_per_task=cpus)
+
+
+def plan(points: List[Point]) -> List[Cell]:
+    """Cells with their resources; duplicate points (same resolved config) are refused."""
+    cells, seen = [], {}
+    for i, p in enumerate(points):
+        name = " ".join(f"{k}={v}" for k, v in p.swept.items()) or "single"
+        key = repr(p.config)
+        if key in seen:
+            raise SweepError(
+                f"[{name}] resolves to the same configuration as [{seen[key]}]: it would run twice. "
+                f"Fix: remove the repeated value from the sweep."
+            )
+        seen[key] = name
+        cells.append(Cell(i, name, f"{i:02d}-{_slug(name.replace('=', '_').replace(' ', '-'))}",
+                          p.overrides, p.config, layout_for(p.config)))
+    return cells
+
+
+def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: Optional[str], run_id: Optional[str]) -> RunSpec:
+    cfg = cell.config
+    train = TrainSpec(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainSpec)})
+    return RunSpec(
+        cell=cell.name, out_dir=str((sweep_dir / "cells" / cell.dirname).resolve()),
+        strategy=cfg.strategy, precision=cfg.precision, model=cfg.model, data=cfg.data, train=train,
+        layout=cell.layout, tracking_uri=tracking_uri, run_id=run_id,
+        emulate_nodes=cfg.cluster.name is ClusterKind.local, collective_timeout_s=cfg.collective_timeout_s,
+    )

@@ -1,0 +1,158 @@
+"""The composed config: the worker's spec types plus what only the launcher needs.
+
+Registered in Hydra's ConfigStore as ``config_schema``; conf/config.yaml lists it first in its
+defaults, so every YAML value and command-line override is type-checked against these
+dataclasses (Enum fields accept their member names). ``OmegaConf.to_object`` then builds the
+objects, and :meth:`Config.validate` runs every check that needs no cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from jobs.spec import (
+    ConfigError,
+    DataSpec,
+    ModelSpec,
+    Precision,
+    PrecisionSpec,
+    Sharding,
+    Strategy,
+    StrategySpec,
+    TrainSpec,
+    _non_negative,
+    _positive,
+)
+
+
+class ClusterKind(enum.Enum):
+    local = "local"  # submitit's LocalExecutor: real processes on this machine
+    slurm = "slurm"
+
+
+class ContainerRuntime(enum.Enum):
+    none = "none"
+    pyxis = "pyxis"  # srun --container-image (enroot)
+    apptainer = "apptainer"  # apptainer exec <image> python ...
+
+
+@dataclass
+class ContainerConfig:
+    runtime: ContainerRuntime = ContainerRuntime.none
+    image: Optional[str] = None
+    mounts: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ClusterConfig:
+    name: ClusterKind = ClusterKind.local
+    tasks_per_node: int = 1  # one rank per task
+    gpus_per_node: int = 0  # 0 = CPU ranks on gloo
+    cpus_per_task: Optional[int] = None  # None: this machine's cores / ranks per node (local)
+    # Slurm only (submitit's parameter names where they exist).
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    timeout_min: int = 60
+    mem_gb: Optional[float] = None
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    exclusive: bool = False
+    signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    srun_args: List[str] = field(default_factory=list)
+    setup: List[str] = field(default_factory=list)  # shell lines before srun: modules, venv
+    python: Optional[str] = None  # interpreter on the nodes; default: this one
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    array_parallelism: int = 64
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    # None: sqlite:///<output_root>/mlflow.db, MLflow's own default store type.
+    uri: Optional[str] = None
+    experiment: str = "ddp-vs-fsdp"
+
+
+_SAFE_SBATCH_VALUE = re.compile(r"^[\w.,:=@%/+\-\[\] ]*$")
+
+
+@dataclass
+class Config(TrainSpec):
+    strategy: StrategySpec = field(default_factory=StrategySpec)
+    precision: PrecisionSpec = field(default_factory=PrecisionSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    output_root: str = "outputs"
+    sweep_dir: Optional[str] = None  # default: <output_root>/<date>_<time>
+    # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
+    wait: Optional[bool] = None
+    collective_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        TrainSpec.validate(self)
+        self.strategy.validate()
+        self.precision.validate()
+        self.model.validate()
+        self.data.validate()
+        c, s = self.cluster, self.strategy
+        _positive("cluster.tasks_per_node", c.tasks_per_node, "use one task per rank, e.g. cluster.tasks_per_node=1.")
+        _non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
+        _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
+        _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
+        if c.cpus_per_task is not None:
+            _positive("cluster.cpus_per_task", c.cpus_per_task, "use 1 or more, or drop it to derive it.")
+        if c.gpus_per_node and c.tasks_per_node != c.gpus_per_node:
+            raise ConfigError(
+                "cluster.tasks_per_node", c.tasks_per_node,
+                f"with cluster.gpus_per_node={c.gpus_per_node} the worker runs one rank per task and one task per GPU.",
+                f"set cluster.tasks_per_node={c.gpus_per_node}.",
+            )
+        if c.name is ClusterKind.local and c.gpus_per_node:
+            raise ConfigError("cluster.gpus_per_node", c.gpus_per_node,
+                              "the local cluster runs CPU ranks on gloo.", "use cluster=slurm for GPU nodes.")
+        on_cpu = c.gpus_per_node == 0
+        if s.name is Strategy.fsdp and s.sharding is Sharding.hybrid:
+            if self.nodes < 2:
+                raise ConfigError(
+                    "strategy", "hsdp", f"hybrid sharding replicates across nodes, and nodes={self.nodes}.",
+                    "use nodes=2 or more, or strategy=fsdp for one node.",
+                )
+        if s.cpu_offload and on_cpu:
+            raise ConfigError(
+                "strategy.cpu_offload", True,
+                "CPU offload moves parameters from an accelerator to host memory; these ranks run on the CPU already "
+                "(PyTorch refuses it without an accelerator).",
+                "drop the offload (strategy=fsdp) or run on GPU nodes (cluster.gpus_per_node>0).",
+            )
+        if self.precision.name is Precision.fp16 and on_cpu:
+            raise ConfigError(
+                "precision", "fp16",
+                "fp16 is a GPU mode; on CPU it is emulated (convolution backward about 150x slower than fp32), "
+                "so its numbers would mislead.",
+                "use precision=bf16 on CPU, or fp16 on GPU nodes (cluster.gpus_per_node>0).",
+            )
+        if c.name is ClusterKind.slurm:
+            for key, value in c.additional_parameters.items():
+                if not re.fullmatch(r"[a-z][a-z0-9_]*", str(key)) or not _SAFE_SBATCH_VALUE.match(str(value)):
+                    raise ConfigError(
+                        f"cluster.additional_parameters.{key}", value,
+                        "sbatch parameters may hold letters, digits and . , : = @ % / + - [ ] only (no shell syntax).",
+                        "write the value plainly, e.g. cluster.additional_parameters.reservation=bench.",
+                    )
+        if c.container.runtime is not None and c.container.runtime.value != "none" and not c.container.image:
+            raise ConfigError("cluster.container.image", None,
+                              f"cluster.container.runtime={c.container.runtime.value} needs an image.",
+                              "set cluster.container.image to the worker image (see docker/).")
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="config_schema", node=Config)

@@ -1,0 +1,175 @@
+"""Run a planned sweep: tracking runs, submission, (optionally) waiting, results.
+
+Local cells run one after another: they share this machine's cores, and two benchmarks running
+at once would measure each other. Slurm cells are submitted as job arrays, one per resource
+shape, and the command returns unless ``wait=true``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from launcher import submit
+from launcher.plan import Cell, SweepError, run_spec
+from launcher.schema import ClusterKind, Config
+from launcher.state import CellState, SweepState
+
+TERMINAL = ("done", "failed", "cancelled")
+
+
+def _uniform(cells: List[Cell]) -> Config:
+    """Sweep-level settings must not vary across cells (one cluster, one tracking store)."""
+    first = cells[0].config
+    for c in cells[1:]:
+        for key in ("cluster", "tracking", "output_root", "sweep_dir", "wait"):
+            if key == "cluster" and c.config.cluster.name == first.cluster.name:
+                continue
+            if key != "cluster" and getattr(c.config, key) == getattr(first, key):
+                continue
+            raise SweepError(f"[{c.name}] {key} differs between grid points: a sweep runs on one cluster and logs "
+                             f"to one store. Fix: sweep {key} in separate commands.")
+    return first
+
+
+def prepare(cells: List[Cell], argv: List[str]) -> SweepState:
+    """Create the sweep directory, MLflow parent/child runs, and the on-disk state."""
+    cfg = _uniform(cells)
+    root = Path(cfg.output_root)
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else root / stamp
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name.value,
+                       argv=argv)
+    specs = {}
+    tracker = None
+    if cfg.tracking.enabled:
+        import logging
+
+        from launcher import tracking
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no table-creation chatter
+
+        root.mkdir(parents=True, exist_ok=True)
+        state.tracking_uri = cfg.tracking.uri or tracking.default_uri(root)
+        tracker = tracking.SweepTracker(state.tracking_uri, cfg.tracking.experiment)
+        state.experiment_id = tracker.experiment_id
+        state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir, "argv": " ".join(argv),
+                                                          "cluster": state.cluster, "cells": str(len(cells))})
+    for cell in cells:
+        cs = CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
+                       nodes=cell.layout.nodes, world_size=cell.layout.world_size, strategy=cell.config.strategy.label,
+                       precision=cell.config.precision.name.value, model=cell.config.model.name)
+        if tracker:
+            from dataclasses import asdict
+
+            from launcher import tracking
+
+            tags = {"strategy": cs.strategy, "precision": cs.precision, "nodes": str(cs.nodes),
+                    "world_size": str(cs.world_size), "model": cs.model, "cell": cell.name}
+            params = tracking.flatten(_plain(asdict(cell.config)))
+            cs.run_id = tracker.child(state.parent_run_id, cell.name, params, tags)
+        state.cells.append(cs)
+        specs[cell.index] = run_spec(cell, sweep_dir, state.tracking_uri, cs.run_id)
+        state.save_spec(cs, specs[cell.index])
+    state.save()
+    return state
+
+
+def _plain(tree):
+    import enum
+
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_plain(v) for v in tree]
+    return tree.value if isinstance(tree, enum.Enum) else tree
+
+
+def _error_of(state: SweepState, cell: CellState, exc: Optional[BaseException]) -> str:
+    """The first rank's own error line if it wrote one, else submitit's last line."""
+    errors = sorted(state.cell_dir(cell).glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
+    if errors:
+        return errors[0].read_text().splitlines()[0]
+    text = str(exc or "failed").strip().splitlines()
+    return text[-1] if text else "failed"
+
+
+def run_local(state: SweepState, cells: List[Cell]) -> None:
+    folder = state.path / "submitit"
+    for cs, cell in zip(state.cells, cells):
+        if cs.status == "done":
+            continue
+        spec = state.load_spec(cs)
+        executor = submit.local_executor(folder, cell.layout, cell.config.cluster.timeout_min)
+        from jobs.worker import Worker
+
+        job = executor.submit(Worker(), spec)
+        cs.job_id, cs.status = job.job_id, "submitted"
+        state.save()
+        print(f"[{cs.index + 1}/{len(state.cells)}] {cs.name}: job {job.job_id}, {cs.world_size} ranks, "
+              f"{state.cell_dir(cs)}", flush=True)
+        try:
+            job.results()
+            cs.status, cs.error = "done", None
+        except Exception as exc:  # a failed cell is recorded; the sweep goes on
+            cs.status, cs.error = "failed", _error_of(state, cs, exc)
+            print(f"    failed: {cs.error}", file=sys.stderr, flush=True)
+        finish_run(state, cs)
+        state.save()
+
+
+def finish_run(state: SweepState, cs: CellState) -> None:
+    if state.tracking_uri and cs.run_id:
+        from launcher.tracking import reconcile
+
+        reconcile(state.tracking_uri, cs.run_id, cs.status, cs.error)
+
+
+def submit_slurm(state: SweepState, cells: List[Cell]) -> None:
+    groups: Dict[tuple, List[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.shape(), []).append(cell)
+    cluster = cells[0].config.cluster
+    ordered = list(groups.values())
+    jobs = submit.submit_arrays(
+        state.path / "submitit", cluster,
+        [(g[0].layout, [state.load_spec(state.cells[c.index]) for c in g]) for g in ordered],
+        job_name=state.name,
+    )
+    for cell, job in zip([c for g in ordered for c in g], jobs):
+        cs = state.cells[cell.index]
+        cs.job_id, cs.status = job.job_id, "submitted"
+        print(f"{job.job_id}\t{cs.name}\t{state.cell_dir(cs)}\trun {cs.run_id or '-'}", flush=True)
+    state.save()
+    print(f"{len(jobs)} cells in {len(ordered)} sbatch call(s). Follow with: python -m launcher.status {state.sweep_dir}")
+
+
+def finalize(state: SweepState) -> str:
+    """Collect results, print the table, write report.md, close the parent run."""
+    from launcher import report
+
+    rows = report.collect(state)
+    text = report.table(rows)
+    (state.path / "report.md").write_text(f"# {state.name}\n\n{text}\n")
+    if state.tracking_uri and state.parent_run_id:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=state.tracking_uri)
+        client.log_artifact(state.parent_run_id, str(state.path / "report.md"))
+        failed = any(c.status != "done" for c in state.cells)
+        client.set_terminated(state.parent_run_id, "FAILED" if failed else "FINISHED")
+    return text
+
+
+def wait_slurm(state: SweepState, poll_s: float = 2.0) -> None:
+    from launcher.status import refresh
+
+    while True:
+        refresh(state)
+        if all(c.status in TERMINAL for c in state.cells):
+            return
+        time.sleep(poll_s)

@@ -1,0 +1,101 @@
+"""Launcher-side MLflow: the experiment (created once, here), the sweep's parent run and one
+child run per cell. Workers only log to the run id they are given, so no two processes ever
+race to create an experiment or a run (mlflow#4123).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional
+
+SECRET_KEY = re.compile(r"(password|passwd|secret|token|api[_-]?key|credential)", re.IGNORECASE)
+URI_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@", re.IGNORECASE)
+MASK = "***"
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no usage pings from a benchmark harness
+
+
+def mask(key: str, value: Any) -> Any:
+    """Hide secrets: values of secret-looking keys, and passwords inside URIs."""
+    if SECRET_KEY.search(key) and value not in (None, ""):
+        return MASK
+    if isinstance(value, str):
+        return URI_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", value)
+    return value
+
+
+def flatten(tree: Any, prefix: str = "") -> Dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``, secrets masked."""
+    out: Dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        if not tree and prefix:
+            out[prefix[:-1]] = "{}"
+        return out
+    if isinstance(tree, (list, tuple)):
+        out[prefix[:-1]] = mask(prefix[:-1], json.dumps([mask(prefix[:-1], x) for x in tree]))
+        return out
+    out[prefix[:-1]] = mask(prefix[:-1], tree)
+    return out
+
+
+def default_uri(output_root: Path) -> str:
+    return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
+
+
+class SweepTracker:
+    def __init__(self, uri: str, experiment: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        found = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+
+    def parent(self, name: str, tags: Dict[str, str]) -> str:
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags})
+        return run.info.run_id
+
+    def child(self, parent_id: str, name: str, params: Dict[str, Any], tags: Dict[str, str]) -> str:
+        from mlflow.entities import Param
+
+        run = self.client.create_run(
+            self.experiment_id, run_name=name, tags={"mlflow.parentRunId": parent_id, **tags}
+        )
+        # MLflow caps a param value at 6000 characters and a batch at 100 params.
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run.info.run_id, params=items[i : i + 100])
+        return run.info.run_id
+
+    def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: Optional[str] = None) -> None:
+        for p in paths:
+            if Path(p).exists():
+                self.client.log_artifact(run_id, str(p), artifact_path)
+
+    def status(self, run_id: str) -> str:
+        return self.client.get_run(run_id).info.status
+
+    def terminate(self, run_id: str, status: str, error: Optional[str] = None) -> None:
+        if error:
+            self.client.set_tag(run_id, "error", error[:5000])
+        self.client.set_terminated(run_id, status)
+
+
+def reconcile(uri: str, run_id: str, job_status: str, error: Optional[str] = None) -> None:
+    """Make a child run's status agree with its job's: a killed rank cannot report itself."""
+    from mlflow.tracking import MlflowClient
+
+    wanted = {"done": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}.get(job_status)
+    if wanted is None:
+        return
+    client = MlflowClient(tracking_uri=uri)
+    current = client.get_run(run_id).info.status
+    if current == "RUNNING" or (wanted != "FINISHED" and current != wanted):
+        if error:
+            client.set_tag(run_id, "error", error[:5000])
+        client.set_terminated(run_id, wanted)
