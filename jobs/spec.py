@@ -77,6 +77,16 @@ class LrScaling(enum.Enum):
     sqrt = "sqrt"
 
 
+def _module_exists(dotted: str) -> bool:
+    """Whether a module (or its parent, for a class nested in a module) can be found, without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(dotted) is not None
+    except (ImportError, ValueError):
+        return "." in dotted and _module_exists(dotted.rpartition(".")[0])
+
+
 def _positive(setting: str, value: Any, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(setting, value, "must be a positive number.", fix)
@@ -145,6 +155,14 @@ class PrecisionSpec:
             )
 
 
+# The names jobs.models.REGISTRY builds (kept here, stdlib only, so the launcher can check a
+# name without importing torch; a test keeps the two lists equal).
+KNOWN_MODELS = (
+    "bert-base", "bert-tiny", "cnn", "gpt2-large", "gpt2-medium", "gpt2-small", "gpt2-xl", "gpt_tiny", "mlp",
+    "resnet101", "resnet152", "resnet18", "resnet34", "resnet50",
+)
+
+
 @dataclass
 class ModelSpec:
     # A name from jobs.models.REGISTRY, or any importable class through `target`.
@@ -162,8 +180,15 @@ class ModelSpec:
     def validate(self) -> None:
         for name in ("seq_len", "vocab_size", "image_size", "num_classes"):
             _positive(f"model.{name}", getattr(self, name), f"set model.{name} to a positive integer.")
-        if not self.target and not self.name:
-            raise ConfigError("model.name", self.name, "no model given.", "pick one with model=<name>.")
+        if self.target is not None:
+            module = self.target.rpartition(".")[0]
+            if self.target == "???" or not module or not _module_exists(module):
+                raise ConfigError("model.target", self.target, "is not an importable dotted class path here.",
+                                  "set model.target=package.module.Class for an installed package "
+                                  "(e.g. torchvision.models.resnet50).")
+        elif self.name not in KNOWN_MODELS:
+            raise ConfigError("model.name", self.name, "is not a model this project builds.",
+                              f"use one of {', '.join(KNOWN_MODELS)}, or model=custom with model.target.")
 
 
 @dataclass

@@ -80,11 +80,11 @@ def _explain(exc: Exception, overrides: List[str]) -> str:
     if isinstance(exc, OmegaConfBaseException):
         key = getattr(exc, "full_key", None) or "?"
         msg = getattr(exc, "msg", str(exc)).splitlines()[0]
-        valid = ""
-        ref = getattr(exc, "ref_type", None)
-        if "Invalid value" in msg and "valid values" not in msg.lower():
-            valid = ""
-        return f"[{where}] {key}: {msg}{valid} Fix: give {key} a value of the right type (see conf/ and the README)."
+        if "not in struct" in msg:
+            fix = f"check the spelling of {key} (python -m launcher --help); to add a new key write +{key}=<value>."
+        else:
+            fix = f"give {key} a value of the right type (see conf/ and the README)."
+        return f"[{where}] {key}: {msg}. Fix: {fix}"
     cause = exc.__cause__ or exc.__context__
     if cause is not None and cause is not exc:
         return _explain(cause, overrides)

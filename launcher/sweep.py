@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 from launcher import submit
 from launcher.plan import Cell, SweepError, run_spec
-from launcher.schema import ClusterKind, Config
+from launcher.schema import Config
 from launcher.state import CellState, SweepState
 
 TERMINAL = ("done", "failed", "cancelled")
@@ -47,11 +47,7 @@ def prepare(cells: List[Cell], argv: List[str]) -> SweepState:
     specs = {}
     tracker = None
     if cfg.tracking.enabled:
-        import logging
-
         from launcher import tracking
-
-        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no table-creation chatter
 
         root.mkdir(parents=True, exist_ok=True)
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(root)
@@ -100,7 +96,7 @@ def _error_of(state: SweepState, cell: CellState, exc: Optional[BaseException]) 
 
 def run_local(state: SweepState, cells: List[Cell]) -> None:
     folder = state.path / "submitit"
-    for cs, cell in zip(state.cells, cells):
+    for cs, cell in zip(state.cells, cells, strict=True):
         if cs.status == "done":
             continue
         spec = state.load_spec(cs)
@@ -140,7 +136,7 @@ def submit_slurm(state: SweepState, cells: List[Cell]) -> None:
         [(g[0].layout, [state.load_spec(state.cells[c.index]) for c in g]) for g in ordered],
         job_name=state.name,
     )
-    for cell, job in zip([c for g in ordered for c in g], jobs):
+    for cell, job in zip([c for g in ordered for c in g], jobs, strict=True):
         cs = state.cells[cell.index]
         cs.job_id, cs.status = job.job_id, "submitted"
         print(f"{job.job_id}\t{cs.name}\t{state.cell_dir(cs)}\trun {cs.run_id or '-'}", flush=True)

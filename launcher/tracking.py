@@ -49,8 +49,12 @@ def default_uri(output_root: Path) -> str:
 
 class SweepTracker:
     def __init__(self, uri: str, experiment: str) -> None:
+        import logging
+
         from mlflow.tracking import MlflowClient
 
+        # After the import: MLflow configures its logger when imported. No table-creation chatter.
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(experiment)

@@ -1,0 +1,104 @@
+"""Composition of every config group and override; validation errors that name the fix."""
+
+import pytest
+
+from jobs.spec import InputKind, Precision, Sharding, Strategy
+from launcher.__main__ import main
+from launcher.plan import CONF_DIR, SweepError, compose, expand, plan
+
+GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
+# Options that need more than their own file to be valid (refused on CPU, or need a node count).
+NEEDS = {
+    ("strategy", "hsdp"): ["nodes=2"],
+    ("strategy", "fsdp_offload"): ["cluster=slurm", "cluster.gpus_per_node=1"],
+    ("precision", "fp16"): ["cluster=slurm", "cluster.gpus_per_node=1"],
+    ("model", "custom"): ["model.target=torch.nn.Linear"],
+}
+
+
+def one(*overrides):
+    points, swept = expand(list(overrides), multirun=False)
+    return compose(points, swept)[0].config
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g, opts in GROUPS.items() for o in opts if g != "experiment"])
+def test_every_group_option_composes(group, option):
+    cfg = one(f"{group}={option}", *NEEDS.get((group, option), []))
+    assert getattr(cfg, group) is not None
+
+
+def test_defaults_and_overrides_are_typed():
+    cfg = one()
+    assert cfg.strategy.name is Strategy.ddp and cfg.precision.name is Precision.fp32
+    assert cfg.model.input is InputKind.tokens and cfg.cluster.name.value == "local"
+    cfg = one("strategy=zero2", "nodes=3", "batch_size=4", "model.seq_len=64", "strategy.bucket_cap_mb=50",
+              "precision=bf16", "cluster.tasks_per_node=2")
+    assert cfg.strategy.sharding is Sharding.grad_op and cfg.nodes == 3 and cfg.batch_size == 4
+    assert cfg.model.seq_len == 64 and cfg.precision.name is Precision.bf16 and cfg.cluster.tasks_per_node == 2
+
+
+def test_grid_expansion_and_resources_per_point():
+    points, swept = expand(["strategy=ddp,fsdp", "nodes=1,2", "cluster.tasks_per_node=2"], multirun=True)
+    cells = plan(compose(points, swept))
+    assert [c.name for c in cells] == ["strategy=ddp nodes=1", "strategy=ddp nodes=2",
+                                       "strategy=fsdp nodes=1", "strategy=fsdp nodes=2"]
+    assert [c.layout.world_size for c in cells] == [2, 4, 2, 4]
+    assert len({c.shape() for c in cells}) == 2  # two resource shapes -> two job arrays on Slurm
+
+
+@pytest.mark.parametrize(
+    "overrides, setting, fix",
+    [
+        (["strategy=nope"], "strategy", "pick one of ddp"),
+        (["nodes=0"], "nodes=0", "nodes=1 or more"),
+        (["batch_size=-4"], "batch_size=-4", "batch_size"),
+        (["warmup_steps=30", "steps=30"], "warmup_steps=30", "raise steps"),
+        (["nodes=abc"], "nodes", "right type"),
+        (["precision=bf17"], "precision", "pick one of bf16"),
+        (["strategy=hsdp", "nodes=1"], "strategy='hsdp'", "nodes=2"),
+        (["strategy=fsdp_offload"], "strategy.cpu_offload=True", "strategy=fsdp"),
+        (["precision=fp16"], "precision='fp16'", "bf16"),
+        (["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=1"], "cluster.tasks_per_node=1",
+         "cluster.tasks_per_node=8"),
+        (["cluster=local", "cluster.gpus_per_node=2", "cluster.tasks_per_node=2"], "cluster.gpus_per_node=2",
+         "cluster=slurm"),
+        (["model=custom"], "model.target", "model.target"),
+        (["model=nosuch"], "model", "pick one of bert-base"),
+        (["optimizer=lion"], "optimizer", "right type"),
+        (["steps=1.5"], "steps", "right type"),
+        (["strategy.sharding=hybrid"], "strategy.sharding", "FSDP strategy"),
+        (["repeats=50"], "repeats=50", "raise steps"),
+    ],
+)
+def test_bad_input_names_setting_and_fix(overrides, setting, fix, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["-m", *overrides, f"output_root={out}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "nothing was submitted" in err and setting in err and fix in err, err
+    assert "Traceback" not in err
+    assert not out.exists()  # nothing created, nothing submitted
+
+
+def test_sweep_without_multirun_is_refused():
+    with pytest.raises(SweepError, match="add -m"):
+        expand(["strategy=ddp,fsdp"], multirun=False)
+
+
+def test_duplicate_points_are_refused():
+    points, swept = expand(["nodes=1,1"], multirun=True)
+    with pytest.raises(SweepError, match="run twice"):
+        plan(compose(points, swept))
+
+
+def test_help_lists_groups(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "strategy" in out and "zero2" in out and "gpt2-small" in out
+
+
+def test_known_model_names_match_the_registry():
+    from jobs.models import REGISTRY
+    from jobs.spec import KNOWN_MODELS
+
+    assert set(KNOWN_MODELS) == set(REGISTRY)

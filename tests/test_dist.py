@@ -1,0 +1,62 @@
+"""The rank-layout reader over tables of environment variables."""
+
+import pytest
+
+from jobs.dist import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, port_for_job
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("node1", ["node1"]),
+        ("node[1-3,7]", ["node1", "node2", "node3", "node7"]),
+        ("gpu-a[01-03]", ["gpu-a01", "gpu-a02", "gpu-a03"]),
+        ("n1,n2", ["n1", "n2"]),
+        ("a[1-2],b[9-10]", ["a1", "a2", "b9", "b10"]),
+        ("rack[1-2]-node[1-2]", ["rack1-node1", "rack1-node2", "rack2-node1", "rack2-node2"]),
+    ],
+)
+def test_expand_nodelist(nodelist, hosts):
+    assert expand_nodelist(nodelist) == hosts
+
+
+SLURM = {
+    "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+    "SLURM_JOB_NODELIST": "node[1-3,7]", "SLURM_NNODES": "4", "SLURM_JOB_ID": "12345",
+    "SLURMD_NODENAME": "node3",
+}
+TORCHRUN = {
+    "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "abc",
+}
+LOCAL = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": "3", "SUBMITIT_LOCAL_LOCALID": "3",
+         "SUBMITIT_LOCAL_NTASKS": "4", "SUBMITIT_LOCAL_JOB_ID": "777"}
+
+
+@pytest.mark.parametrize(
+    "environ, emulate, expected",
+    [
+        (SLURM, None, dict(rank=5, world_size=8, local_rank=1, node_rank=2, num_nodes=4, local_world_size=2,
+                           master_addr="node1", master_port=port_for_job("12345"), source="slurm", hostname="node3")),
+        (TORCHRUN, None, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, master_addr="10.0.0.1",
+                              master_port=29400, source="torchrun")),
+        # torchrun inside a Slurm allocation: torchrun decided the layout, it wins.
+        ({**SLURM, **TORCHRUN}, None, dict(rank=3, world_size=4, source="torchrun")),
+        (LOCAL, 2, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, local_world_size=2,
+                        master_addr="127.0.0.1", master_port=port_for_job("777"), source="submitit-local")),
+        (LOCAL, None, dict(rank=3, local_rank=3, node_rank=0, num_nodes=1)),
+        ({}, None, dict(rank=0, world_size=1, local_rank=0, node_rank=0, num_nodes=1, source="single")),
+    ],
+)
+def test_detect(environ, emulate, expected):
+    env = DistEnv.detect(environ, emulate)
+    for key, value in expected.items():
+        assert getattr(env, key) == value, key
+
+
+def test_ports_differ_for_concurrent_jobs_and_avoid_ephemeral_range():
+    ports = {port_for_job(str(j)) for j in range(1000, 1000 + PORT_SPAN)}
+    assert len(ports) == PORT_SPAN
+    assert min(ports) >= PORT_BASE and max(ports) < 32768  # below Linux's ephemeral ports
+    # Array task ids such as 123_4 use their own SLURM_JOB_ID; the helper still accepts them.
+    assert port_for_job("123_4") != port_for_job("123_5")
