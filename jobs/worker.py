@@ -139,7 +139,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     mine = {
         "step_time_s": measured.step_time_s, "data_time_s": measured.data_time_s,
         "all_step_time_s": warm.step_time_s + measured.step_time_s, "losses": losses,
-        "hostname": env.hostname, **metrics.peak_memory(device), **metrics.model_state_bytes(model, optimizer),
+        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **metrics.peak_memory(device), **metrics.model_state_bytes(model, optimizer),
     }
     per_rank = metrics.gather_ranks(mine)
     unit, per_sample = samples_unit(spec.model)
@@ -167,7 +167,9 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     sink.set_tags(tags)
     sink.log_steps(records)
     sink.log_summary(summary)
-    return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank}
+    return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
+            # What each rank used to rendezvous: all equal, or the job could not have run.
+            "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank]}
 
 
 class Worker:

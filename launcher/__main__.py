@@ -60,9 +60,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         points, swept = expand(overrides, multirun)
         cells = plan(compose(points, swept))
-        from launcher.clusters import preflight
+        if cells[0].config.cluster.name.value == "slurm":
+            from launcher.slurm import check_partitions
 
-        preflight(cells)
+            check_partitions(cells)
     except SweepError as exc:
         print(f"error: invalid configuration; nothing was submitted.\n{exc}", file=sys.stderr)
         return 2

@@ -7,8 +7,8 @@ shape, and the command returns unless ``wait=true``.
 
 from __future__ import annotations
 
+import pickle
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -71,6 +71,8 @@ def prepare(cells: List[Cell], argv: List[str]) -> SweepState:
         state.cells.append(cs)
         specs[cell.index] = run_spec(cell, sweep_dir, state.tracking_uri, cs.run_id)
         state.save_spec(cs, specs[cell.index])
+    # Resubmission later needs the cluster settings, not only the cells' specs.
+    (sweep_dir / "cluster.pkl").write_bytes(pickle.dumps(cfg.cluster))
     state.save()
     return state
 
@@ -161,11 +163,7 @@ def finalize(state: SweepState) -> str:
     return text
 
 
-def wait_slurm(state: SweepState, poll_s: float = 2.0) -> None:
-    from launcher.status import refresh
+def wait_slurm(state: SweepState) -> None:
+    from launcher.status import wait
 
-    while True:
-        refresh(state)
-        if all(c.status in TERMINAL for c in state.cells):
-            return
-        time.sleep(poll_s)
+    wait(state)

@@ -103,3 +103,10 @@ def reconcile(uri: str, run_id: str, job_status: str, error: Optional[str] = Non
         if error:
             client.set_tag(run_id, "error", error[:5000])
         client.set_terminated(run_id, wanted)
+
+
+def reopen(uri: str, run_id: str) -> None:
+    """A resubmitted cell logs on into its run: mark it running again."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=uri).update_run(run_id, status="RUNNING")

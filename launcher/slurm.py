@@ -1,4 +1,7 @@
-"""Ask the cluster (sinfo) what Slurm would otherwise only report after submission."""
+"""Direct Slurm queries: partitions (sinfo), job states (sacct), cancellation (scancel).
+
+Submission itself goes through submitit only (launcher/submit.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import subprocess
 from typing import Dict, List
 
 from launcher.plan import Cell, SweepError
+
+__all__ = ["cancel", "check_partitions", "job_states", "partitions"]
 
 
 def partitions() -> Dict[str, dict]:
@@ -53,3 +58,35 @@ def check_partitions(cells: List[Cell]) -> None:
                           f"node(s) per job. Fix: use nodes<={limit} or another partition.")
     if errors:
         raise SweepError("\n".join(errors))
+
+
+# Slurm job states (sacct) -> the sweep's cell states.
+_STATES = {
+    "PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
+    "CONFIGURING": "pending", "RESIZING": "pending", "SUSPENDED": "pending",
+    "RUNNING": "running", "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running",
+    "COMPLETED": "completed", "CANCELLED": "cancelled", "FAILED": "failed", "TIMEOUT": "failed",
+    "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed", "BOOT_FAIL": "failed", "DEADLINE": "failed",
+    "PREEMPTED": "pending",  # preempted jobs are requeued (--requeue)
+}
+
+
+def job_states(job_ids: List[str]) -> Dict[str, str]:
+    """{job id: pending|running|completed|failed|cancelled} with one sacct call; unknown ids absent."""
+    if not job_ids:
+        return {}
+    proc = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
+                          capture_output=True, text=True, timeout=60)
+    states: Dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        if "|" not in line:
+            continue
+        job, state = line.split("|", 1)
+        # "CANCELLED by 0" -> CANCELLED. A requeued job shows several records: the last wins.
+        states[job] = _STATES.get(state.split()[0].rstrip("+"), "failed")
+    return states
+
+
+def cancel(job_ids: List[str]) -> None:
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60)
