@@ -250,10 +250,17 @@ kill_node_leftovers() {
 # --------------------------------------------------------------------------- helpers
 port_busy() { (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# The daemons' logs; a daemon's .out (stdout/stderr) only where its log file is empty, as when
+# it failed before opening it.
 tail_logs() {
-    local f
-    for f in "$LOGS"/*; do
-        [[ -s $f ]] || continue
+    local f log
+    for f in "$LOGS"/*.log "$LOGS"/*.out; do
+        [[ -s $f && $f != */mariadb-install.log ]] || continue
+        if [[ $f == *.out ]]; then
+            log=${f%.out}.log
+            [[ $log == */mariadbd.log ]] && log=$LOGS/mariadb.log
+            [[ ! -s $log ]] || continue
+        fi
         printf -- '----- %s (last 15 lines) -----\n' "$f" >&2
         tail -n 15 "$f" >&2 || true
     done
@@ -295,11 +302,12 @@ ensure_packages() {
     log "installing packages (missing: ${missing[*]})"
     command -v apt-get >/dev/null || die "apt-get not found: install ${PACKAGES[*]} yourself"
     export DEBIAN_FRONTEND=noninteractive
-    local apt=(apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-confdef
+    local apt=(apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=600
+        -o Dpkg::Options::=--force-confdef
         -o Dpkg::Options::=--force-confold "${PACKAGES[@]}")
     if ! "${apt[@]}" >&2; then
         log "install failed; running apt-get update and retrying"
-        apt-get update >&2 && "${apt[@]}" >&2 || die "package installation failed"
+        apt-get -o DPkg::Lock::Timeout=600 update >&2 && "${apt[@]}" >&2 || die "package installation failed"
     fi
     for b in slurmctld slurmd slurmdbd munged mariadbd; do
         command -v "$b" >/dev/null || die "$b still missing after installing ${PACKAGES[*]}"
@@ -313,9 +321,8 @@ take_lock() {
 
 # --------------------------------------------------------------------------- configuration
 write_config() {
-    local real_host node names
+    local real_host node
     real_host=$(uname -n)
-    names=$(node_names | tr '\n' ' ')
 
     # nsswitch.conf: the machine's own, with host lookups restricted to files.
     if [[ -r /etc/nsswitch.conf ]]; then
@@ -326,22 +333,23 @@ write_config() {
     fi
     mv -f "$NSS_FILE.tmp" "$NSS_FILE"
 
-    # hosts files: every node name (and the real host name) is 127.0.0.1. In a node's own file
-    # its name comes first, so a reverse lookup (e.g. socket.getfqdn()) gives back that name.
-    {
-        echo "# private hosts file of the local Slurm cluster ($DIR)"
-        echo "127.0.0.1 localhost ${names}$( [[ " $names " == *" $real_host "* ]] || echo "$real_host")"
-        echo "::1 localhost ip6-localhost ip6-loopback"
-    } >"$CTL_HOSTS"
-    while read -r node; do
-        local others
-        others=$(node_names | grep -vxF "$node" | tr '\n' ' ')
+    # hosts files: every node name (and the machine's own name) is 127.0.0.1, one name per
+    # line so a lookup of nodeX returns nodeX as canonical name. The first line is the node's
+    # own name (localhost for the controller's file): reverse lookups of 127.0.0.1, e.g.
+    # socket.getfqdn(), give back the name of the node they run on.
+    write_hosts() { # FILE FIRST_NAME
+        local file=$1 first=$2 n
         {
-            echo "# private hosts file of $node in the local Slurm cluster ($DIR)"
-            echo "127.0.0.1 $node localhost ${others}$( [[ " $names " == *" $real_host "* ]] || echo "$real_host")"
+            echo "# private hosts file of the local Slurm cluster in $DIR"
+            echo "127.0.0.1 $first"
+            for n in localhost $(node_names) "$real_host"; do
+                [[ $n == "$first" ]] || echo "127.0.0.1 $n"
+            done | awk '!seen[$0]++'
             echo "::1 localhost ip6-localhost ip6-loopback"
-        } >"$NS_DIR/hosts.$node"
-    done < <(node_names)
+        } >"$file"
+    }
+    write_hosts "$CTL_HOSTS" localhost
+    while read -r node; do write_hosts "$NS_DIR/hosts.$node" "$node"; done < <(node_names)
 
     # Job ids: a fresh cluster starts from a clock-derived id (not 1), so job ids of two fresh
     # clusters do not collide in a reused submitit folder. Kept with the state.
@@ -398,7 +406,7 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCK
 
-NodeName=$(node_range) NodeAddr=127.0.0.1 Port=$(port_range) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=$(node_range) NodeAddr=127.0.0.1 Port=$(port_range) CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN
 # FORCE:4 lets up to 4 jobs share a core once every node is busy (no --exclusive here).
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
@@ -447,14 +455,16 @@ nodes_ok() {
     NODES_SEEN=$(tr '\n' ' ' <<<"$out")
     while read -r name state; do
         [[ -n $name ]] || continue
-        case $state in
-            idle | mixed | allocated | completing) ready=$((ready + 1)) ;;
+        # %T: a trailing "*" means not responding; "$" (maintenance) and "-" (planned) are
+        # usable.
+        case ${state%[\$-]} in
+            idle | mixed | allocated | completing | planned | reserved) ready=$((ready + 1)) ;;
             # Nodes drained/down in a previous run come back clean (only when responding).
             drained | draining | down | fail | failing) resume+=("$name") ;;
         esac
     done <<<"$out"
     if ((${#resume[@]})); then
-        log "resuming nodes left drained/down by a previous run: ${resume[*]}"
+        log "resuming drained/down nodes: ${resume[*]}"
         scontrol update nodename="$(IFS=,; echo "${resume[*]}")" state=resume >/dev/null 2>&1 || true
     fi
     ((ready == NODES))
@@ -466,10 +476,9 @@ expected_daemons() {
     node_names | sed 's/^/slurmd-/'
 }
 
-all_up() {
+daemons_alive() {
     local d
     for d in $(expected_daemons); do alive "$d" || return 1; done
-    ctld_ok && nodes_ok
 }
 
 print_export() { echo "export SLURM_CONF=$CONF"; }
@@ -516,7 +525,13 @@ cmd_up() {
     take_lock
     DEADLINE=$((SECONDS + TIMEOUT))
 
-    if all_up; then
+    local all
+    all=$(expected_daemons | tr '\n' ' ')
+    if daemons_alive && ctld_ok; then
+        # shellcheck disable=SC2086
+        wait_until "$NODES nodes idle in partition $PARTITION" nodes_ok $all
+        # shellcheck disable=SC2086
+        wait_until "cluster $CLUSTER registered with slurmdbd (sacct)" registered_ok $all
         log "already up ($DIR): nodes ${NODES_SEEN}"
         print_export
         return 0
@@ -608,8 +623,6 @@ EOF
         done
     done < <(node_names)
 
-    local all
-    all=$(expected_daemons | tr '\n' ' ')
     # shellcheck disable=SC2086
     wait_until "slurmctld" ctld_ok $all
     # shellcheck disable=SC2086
@@ -668,7 +681,7 @@ cmd_status() {
         timeout 15 squeue || true
     fi
     if ((total == 0)); then return 3; fi
-    for d in $(expected_daemons); do alive "$d" || return 1; done
+    if ((running < total)); then return 1; fi
     return 0
 }
 
