@@ -1,0 +1,136 @@
+"""Against the real Slurm test cluster (slurm/local-cluster.sh, started by scripts/test).
+
+Skipped, with the reason, only where that cluster could not be brought up.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from datetime import datetime
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from launcher import status
+from launcher.__main__ import main
+from launcher.state import SweepState
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+FAST = ["model=gpt_tiny", "model.seq_len=32", "model.vocab_size=256", "batch_size=4", "cluster=slurm",
+        "cluster.timeout_min=10"]
+
+
+def _slurm_reason():
+    if os.environ.get("SLURM_TESTS_UNAVAILABLE"):
+        return "local Slurm cluster could not start: " + os.environ["SLURM_TESTS_UNAVAILABLE"]
+    if not os.environ.get("SLURM_CONF") or not shutil.which("sinfo"):
+        return "no Slurm cluster: run the tests with scripts/test (it starts slurm/local-cluster.sh)"
+    if subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode != 0:
+        return "sinfo fails: the Slurm cluster is not answering"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_cluster():
+    reason = _slurm_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def submit(tmp_path, *overrides, name="sweep"):
+    code = main(["-m", *FAST, *overrides, f"output_root={tmp_path}", f"sweep_dir={tmp_path / name}"])
+    assert code == 0
+    return SweepState.load(tmp_path / name)
+
+
+def sacct(job_ids, fields):
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", fields, "-j", ",".join(job_ids)],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split("|") for line in out.splitlines() if line]
+
+
+def test_nodes_sweep_gets_per_point_allocations(tmp_path, capsys):
+    t0 = time.monotonic()
+    state = submit(tmp_path, "strategy=ddp,fsdp", "nodes=1,2", "steps=6", "warmup_steps=2")
+    submit_s = time.monotonic() - t0
+    out = capsys.readouterr().out
+    assert "2 sbatch call(s)" in out  # one job array per resource shape, not one sbatch per cell
+    assert all(c.job_id for c in state.cells)
+    assert submit_s < 30  # fire-and-forget: returned after submission, not after the jobs
+    assert status.wait(state, timeout_s=240)
+    assert [c.status for c in state.cells] == ["done"] * 4, status.render(state)
+
+    # sacct: the 2-node cells really got 2 nodes.
+    rows = {r[0]: r for r in sacct([c.job_id for c in state.cells], "JobID,NNodes,NodeList,State")}
+    for cell in state.cells:
+        assert rows[cell.job_id][1] == str(cell.nodes) and rows[cell.job_id][3] == "COMPLETED"
+        result = json.loads((state.cell_dir(cell) / "result.json").read_text())
+        assert len(set(result["rank_masters"])) == 1  # every rank agreed on MASTER_ADDR:PORT
+        assert len(set(result["rank_hosts"])) == cell.nodes  # one rank per node, on distinct nodes
+        assert result["rank_masters"][0].split(":")[0] == result["rank_hosts"][0]  # first host is master
+        assert result["summary"]["world_size"] == cell.world_size
+
+    client = MlflowClient(tracking_uri=state.tracking_uri)
+    runs = client.search_runs([state.experiment_id])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == state.parent_run_id]
+    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
+    assert all(r.data.metrics.get("throughput_samples_per_s", 0) > 0 for r in children)
+    assert {r.data.tags["hostnames"] for r in children if r.data.tags["nodes"] == "2"} <= {
+        f"node{a},node{b}" for a in range(1, 5) for b in range(a + 1, 5)}
+
+
+def test_concurrent_jobs_on_the_same_nodes_do_not_collide(tmp_path):
+    # Four 2-node jobs pinned to node1+node2, one CPU per rank: two run at once on each node pair
+    # (2 CPUs per node), and all test nodes share one loopback, so any port clash would show.
+    state = submit(tmp_path, "seed=1,2,3,4", "nodes=2", "steps=40", "warmup_steps=2", "tracking=off",
+                   "cluster.cpus_per_task=1", "+cluster.additional_parameters.nodelist='node[1-2]'")
+    assert status.wait(state, timeout_s=300)
+    assert [c.status for c in state.cells] == ["done"] * 4, status.render(state)
+    ports = set()
+    for cell in state.cells:
+        result = json.loads((state.cell_dir(cell) / "result.json").read_text())
+        ports.add(result["rank_masters"][0])
+    assert len(ports) == 4
+    spans = [(datetime.fromisoformat(s), datetime.fromisoformat(e))
+             for _, s, e in sacct([c.job_id for c in state.cells], "JobID,Start,End")]
+    overlapping = sum(1 for i, a in enumerate(spans) for b in spans[i + 1:] if a[0] < b[1] and b[0] < a[1])
+    assert overlapping >= 1, spans  # they really ran at the same time
+
+
+def test_cancel_running_job_then_resubmit(tmp_path):
+    # A long job: cancel it while it runs; it must be reported cancelled (no hang), then resubmit it
+    # with the same spec and MLflow run and let it finish.
+    state = submit(tmp_path, "steps=400", "warmup_steps=2")
+    cell = state.cells[0]
+    deadline = time.monotonic() + 60
+    while cell.status != "running" and time.monotonic() < deadline:
+        status.refresh(state)
+        time.sleep(1)
+    assert cell.status == "running"
+    t0 = time.monotonic()
+    assert status.cancel(state) == [cell.job_id]
+    assert status.wait(state, timeout_s=60)
+    assert cell.status == "cancelled" and time.monotonic() - t0 < 60
+    client = MlflowClient(tracking_uri=state.tracking_uri)
+    assert client.get_run(cell.run_id).info.status == "KILLED"
+
+    first_job = cell.job_id
+    again = status.resubmit_failed(state)
+    assert [c.index for c in again] == [0] and cell.job_id != first_job and cell.resubmits == 1
+    assert status.wait(state, timeout_s=300)
+    assert cell.status == "done", status.render(state)
+    assert client.get_run(cell.run_id).info.status == "FINISHED"
+    # the status command renders the finished sweep from a fresh load
+    assert status.main([state.sweep_dir]) == 0
+
+
+def test_unknown_partition_and_too_many_nodes_are_refused(tmp_path, capsys):
+    assert main(["cluster=slurm", "cluster.partition=nosuch", f"output_root={tmp_path}"]) == 2
+    assert main(["cluster=slurm", "nodes=5", f"output_root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.partition='nosuch': no such partition" in err and "debug" in err
+    assert "nodes=5: partition debug allows at most 4" in err
+    assert not any(tmp_path.iterdir())
