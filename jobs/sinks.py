@@ -62,6 +62,13 @@ class MlflowSink(NullSink):
     RETRIES = 3
 
     def __init__(self, tracking_uri: str, run_id: str) -> None:
+        import os
+
+        # MLflow's HTTP client retries for minutes by default; a benchmark must not stall on a
+        # tracking outage (JSONL has everything and `launcher.sync` replays it later).
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)

@@ -43,6 +43,25 @@ def _groups() -> str:
     return "\n".join(lines)
 
 
+def check_tracking(cfg) -> None:
+    """A sweep that must log to MLflow refuses to start when the store cannot be reached."""
+    if not cfg.tracking.enabled:
+        return
+    from pathlib import Path
+
+    from launcher.plan import SweepError
+    from launcher.tracking import check_reachable, default_uri
+
+    root = Path(cfg.output_root)
+    uri = cfg.tracking.uri or default_uri(root)
+    if not cfg.tracking.uri and not root.exists():
+        return  # the default store is created under output_root
+    problem = check_reachable(uri)
+    if problem:
+        raise SweepError(f"tracking.uri={uri!r}: {problem}. Fix: start the server (mlflow server ...), fix the URI, "
+                         f"or run without MLflow (tracking=off).")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
@@ -64,8 +83,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             from launcher.slurm import check_partitions
 
             check_partitions(cells)
+        check_tracking(cells[0].config)
     except SweepError as exc:
-        print(f"error: invalid configuration; nothing was submitted.\n{exc}", file=sys.stderr)
+        from launcher.safety import secrets_masked
+
+        print(f"error: invalid configuration; nothing was submitted.\n{secrets_masked(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # Hydra's parser errors on malformed overrides
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0]}\nnothing was submitted. "

@@ -34,6 +34,20 @@ def _local_alive(job_id: Optional[str]) -> bool:
         return False
 
 
+def finish_tracking(state: SweepState, cell: CellState) -> None:
+    """Replay what the worker could not log, then make the run's status agree with the job's."""
+    if not (state.tracking_uri and cell.run_id):
+        return
+    from launcher.sync import sync_cell
+    from launcher.tracking import reconcile
+
+    sync_cell(state, cell)
+    try:
+        reconcile(state.tracking_uri, cell.run_id, cell.status, cell.error)
+    except Exception as exc:  # a tracking outage must not break status; the next refresh retries
+        print(f"[mlflow] could not update run {cell.run_id}: {exc}", file=sys.stderr)
+
+
 def refresh(state: SweepState) -> None:
     """Bring every cell's status up to date (one sacct call on Slurm); save if anything changed."""
     pending = [c for c in state.cells if c.status not in TERMINAL and c.job_id]
@@ -65,10 +79,8 @@ def refresh(state: SweepState) -> None:
                 cell.status = "running"
         if cell.status != before:
             changed = True
-            if cell.status in TERMINAL and state.tracking_uri and cell.run_id:
-                from launcher.tracking import reconcile
-
-                reconcile(state.tracking_uri, cell.run_id, cell.status, cell.error)
+            if cell.status in TERMINAL:
+                finish_tracking(state, cell)
     if changed:
         state.save()
 
