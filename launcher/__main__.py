@@ -71,7 +71,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides = [a for a in args if a not in ("-m", "--multirun")]
     unknown = [a for a in overrides if a.startswith("-")]
     if unknown:
-        print(f"error: unknown option {unknown[0]}. Fix: see python -m launcher --help.", file=sys.stderr)
+        print(f"error: unknown option {unknown[0]}; nothing was submitted. Fix: see python -m launcher --help.",
+              file=sys.stderr)
         return 2
 
     from launcher.plan import SweepError, compose, expand, plan

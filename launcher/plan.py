@@ -80,7 +80,7 @@ def _explain(exc: Exception, overrides: List[str]) -> str:
     if isinstance(exc, OmegaConfBaseException):
         key = getattr(exc, "full_key", None) or "?"
         msg = getattr(exc, "msg", str(exc)).splitlines()[0]
-        if "not in struct" in msg:
+        if "not in struct" in msg or "not in '" in msg:
             fix = f"check the spelling of {key} (python -m launcher --help); to add a new key write +{key}=<value>."
         else:
             fix = f"give {key} a value of the right type (see conf/ and the README)."
@@ -145,7 +145,22 @@ def plan(points: List[Point]) -> List[Cell]:
         seen[key] = name
         cells.append(Cell(i, name, f"{i:02d}-{_slug(name.replace('=', '_').replace(' ', '-'))}",
                           p.overrides, p.config, layout_for(p.config)))
+    _check_uniform(cells)
     return cells
+
+
+def _check_uniform(cells: List[Cell]) -> None:
+    """Sweep-level settings must not vary across cells (one cluster, one tracking store, one directory)."""
+    first = cells[0].config if cells else None
+    for c in cells[1:]:
+        for key in ("cluster.name", "tracking", "output_root", "sweep_dir", "wait"):
+            mine, theirs = c.config, first
+            for part in key.split("."):
+                mine, theirs = getattr(mine, part), getattr(theirs, part)
+            if mine != theirs:
+                raise SweepError(f"[{c.name}] {key.split('.')[0]} differs between grid points: a sweep runs on one "
+                                 f"cluster, logs to one store and writes one directory. Fix: sweep "
+                                 f"{key.split('.')[0]} in separate commands.")
 
 
 def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: Optional[str], run_id: Optional[str]) -> RunSpec:

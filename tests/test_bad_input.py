@@ -1,0 +1,97 @@
+"""The bad-input corpus: every kind of mistake gets one paragraph naming the setting, the value and
+the fix; no traceback; nothing is created or submitted."""
+
+import pytest
+
+from launcher.__main__ import main
+
+# (overrides, text that must appear: the setting and/or value, text of the fix)
+CORPUS = [
+    # types
+    (["nodes=abc"], "nodes", "right type"),
+    (["batch_size=1.5"], "batch_size", "right type"),
+    (["seed=xyz"], "seed", "right type"),
+    (["wait=maybe"], "wait", "right type"),
+    (["activation_checkpointing=sometimes"], "activation_checkpointing", "right type"),
+    # ranges
+    (["nodes=0"], "nodes=0", "nodes=1 or more"),
+    (["batch_size=-4"], "batch_size=-4", "per-device batch"),
+    (["steps=0"], "steps=0", "steps="),
+    (["warmup_steps=-1"], "warmup_steps=-1", "warmup_steps=0 or more"),
+    (["warmup_steps=30", "steps=30"], "warmup_steps=30", "raise steps"),
+    (["repeats=0"], "repeats=0", "repeats=1 or more"),
+    (["repeats=50"], "repeats=50", "raise steps"),
+    (["grad_accum_steps=0"], "grad_accum_steps=0", "grad_accum_steps=1"),
+    (["lr=0"], "lr=0", "positive learning rate"),
+    (["strategy.bucket_cap_mb=-1"], "strategy.bucket_cap_mb=-1.0", "MiB"),
+    (["strategy=fsdp", "strategy.prefetch=-2"], "strategy.prefetch=-2", "use 0"),
+    (["model.seq_len=0"], "model.seq_len=0", "positive integer"),
+    (["cluster.tasks_per_node=0"], "cluster.tasks_per_node=0", "one task per rank"),
+    (["cluster.cpus_per_task=0"], "cluster.cpus_per_task=0", "1 or more"),
+    (["cluster.timeout_min=0"], "cluster.timeout_min=0", "time limit in minutes"),
+    (["cluster.signal_delay_s=-5"], "cluster.signal_delay_s=-5", "seconds of warning"),
+    (["cluster.mem_gb=-1"], "cluster.mem_gb=-1.0", "memory per node"),
+    (["collective_timeout_s=0"], "collective_timeout_s=0", "collective_timeout_s=300"),
+    # unknown names
+    (["strategy=nope"], "strategy/nope", "pick one of ddp"),
+    (["precision=fp8"], "precision/fp8", "pick one of bf16"),
+    (["model=nosuch"], "model/nosuch", "pick one of bert-base"),
+    (["cluster=kubernetes"], "cluster/kubernetes", "pick one of local"),
+    (["model.name=gpt5"], "model.name='gpt5'", "use one of"),
+    (["optimizer=lion"], "optimizer", "right type"),
+    (["strategy.sharding=zero5"], "strategy.sharding", "right type"),
+    (["batchsize=8"], "batchsize", "check the spelling"),
+    (["model=custom"], "model.target", "importable"),
+    (["model=custom", "model.target=no.such.module.Model"], "model.target='no.such.module.Model'", "importable"),
+    # impossible combinations
+    (["strategy=hsdp", "nodes=1"], "strategy='hsdp'", "nodes=2"),
+    (["strategy=fsdp_offload"], "strategy.cpu_offload=True", "strategy=fsdp"),
+    (["precision=fp16"], "precision='fp16'", "bf16"),
+    (["strategy.sharding=hybrid"], "strategy.sharding", "FSDP strategy"),
+    (["strategy.cpu_offload=true"], "strategy.cpu_offload=True", "fsdp_offload"),
+    (["precision.param_dtype=bf16"], "precision.param_dtype='bf16'", "precision=bf16"),
+    (["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=1"], "cluster.tasks_per_node=1",
+     "cluster.tasks_per_node=8"),
+    (["cluster.gpus_per_node=2", "cluster.tasks_per_node=2"], "cluster.gpus_per_node=2", "cluster=slurm"),
+    (["cluster=slurm", "cluster.container.runtime=pyxis"], "cluster.container.image", "worker image"),
+    (["-m", "cluster=local,slurm"], "cluster differs", "separate commands"),
+    (["-m", "nodes=1,1"], "run twice", "remove the repeated value"),
+    (["strategy=ddp,fsdp"], "strategy", "add -m"),
+    # values that would reach a shell or the sbatch script
+    (["cluster=slurm", "cluster.partition='gpu;rm -rf /'"], "cluster.partition", "plain Slurm partition"),
+    (["cluster=slurm", "cluster.account='$(whoami)'"], "cluster.account", "plain Slurm account"),
+    (["cluster=slurm", "+cluster.additional_parameters.reservation='x y'"], "additional_parameters.reservation",
+     "write the value plainly"),
+    (["cluster=slurm", "+cluster.additional_parameters.Bad-Key=1"], "additional_parameters.Bad-Key",
+     "long option name"),
+    (["cluster=slurm", "cluster.srun_args=['--x=1;reboot']"], "cluster.srun_args", "--name=value"),
+    (["cluster=slurm", "cluster.setup=['module load cuda\nrm -rf /']"], "cluster.setup", "one list entry per command"),
+    # the tracking store
+    (["tracking.uri=http://127.0.0.1:9"], "tracking.uri='http://127.0.0.1:9'", "tracking=off"),
+    (["tracking.uri=sqlite:////no/such/dir/mlflow.db"], "does not exist", "fix the URI"),
+    (["tracking.experiment=' '"], "tracking.experiment", "name the MLflow experiment"),
+    # syntax
+    (["nodes"], "key=value", "key=value"),
+    (["--frobnicate"], "--frobnicate", "--help"),
+]
+
+
+@pytest.mark.parametrize("overrides, setting, fix", CORPUS, ids=[" ".join(c[0]) for c in CORPUS])
+def test_bad_input(overrides, setting, fix, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main([*overrides, f"output_root={out}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert setting in err and fix in err, err
+    assert "nothing was submitted" in err and "Traceback" not in err
+    assert not out.exists()  # nothing created, nothing submitted
+
+
+def test_corpus_is_large_enough():
+    assert len(CORPUS) >= 30
+
+
+def test_password_never_echoed(tmp_path, capsys):
+    assert main(["tracking.uri=http://alice:hunter2@127.0.0.1:9", f"output_root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "alice:***@" in err
