@@ -1,0 +1,84 @@
+"""The metric math on fixed numbers worked out by hand: percentiles, CV, scaling efficiency, MFU and
+the cross-rank reduction (throughput summed, step time the slowest rank's, memory the maximum)."""
+
+import math
+
+import pytest
+
+from jobs import metrics
+
+
+def test_percentile_interpolates_linearly_like_numpy():
+    values = [40.0, 10.0, 30.0, 20.0]  # order must not matter
+    assert metrics.percentile(values, 0) == 10.0
+    assert metrics.percentile(values, 100) == 40.0
+    # Sorted 10, 20, 30, 40: p50 sits halfway between 20 and 30; p90 at position 2.7.
+    assert metrics.percentile(values, 50) == pytest.approx(25.0)
+    assert metrics.percentile(values, 90) == pytest.approx(37.0)
+    assert metrics.percentile([5.0], 90) == 5.0
+    assert math.isnan(metrics.percentile([], 50))
+
+
+def test_coefficient_of_variation_is_sample_stdev_over_mean():
+    # mean 10, sample stdev sqrt(((8-10)^2 + (12-10)^2) / 1) = sqrt(8)
+    assert metrics.coefficient_of_variation([8.0, 12.0]) == pytest.approx(math.sqrt(8) / 10)
+    assert metrics.coefficient_of_variation([3.0, 3.0, 3.0]) == 0.0
+    assert metrics.coefficient_of_variation([7.0]) == 0.0  # one window: no spread
+    assert math.isnan(metrics.coefficient_of_variation([1.0, -1.0]))  # zero mean
+
+
+def test_scaling_efficiency_is_per_device_ratio():
+    assert metrics.scaling_efficiency(90.0, 100.0) == pytest.approx(0.9)
+    assert metrics.scaling_efficiency(100.0, 100.0) == 1.0
+    assert math.isnan(metrics.scaling_efficiency(50.0, 0.0))
+
+
+def test_mfu_is_achieved_flops_over_peak():
+    # 6 GFLOP per sample at 100 samples/s per device = 600 GFLOP/s of a 1 TFLOP/s device.
+    assert metrics.mfu(6e9, 100.0, 1e12) == pytest.approx(0.6)
+    assert metrics.mfu(None, 100.0, 1e12) is None  # FLOPs unknown
+    assert metrics.mfu(6e9, 100.0, None) is None  # device peak unknown (CPUs)
+
+
+def test_peak_flops_lookup_by_device_name_and_precision():
+    assert metrics.peak_flops_for("NVIDIA H100 80GB HBM3 SXM", "bf16") == pytest.approx(989.4e12)
+    assert metrics.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32") == pytest.approx(19.5e12)
+    assert metrics.peak_flops_for("cpu", "fp32") is None
+
+
+# Two ranks, four measured steps, two repeats (windows of two steps), 4 samples per step.
+RANK0 = {"step_time_s": [0.1, 0.2, 0.1, 0.2], "data_time_s": [0.01, 0.01, 0.01, 0.01],
+         "peak_rss_gib": 1.0, "param_bytes": 100, "model_state_bytes": 300}
+RANK1 = {"step_time_s": [0.2, 0.1, 0.1, 0.4], "data_time_s": [0.0, 0.0, 0.0, 0.0],
+         "peak_rss_gib": 1.5, "param_bytes": 50, "model_state_bytes": 150}
+
+
+def test_summarize_reduces_across_ranks_and_repeats():
+    s = metrics.summarize([RANK0, RANK1], samples_per_step=4, tokens_per_sample=1, repeats=2)
+    assert s["world_size"] == 2 and s["measured_steps"] == 4
+    # Window 1 (steps 0-1): rank0 8 samples / 0.3 s + rank1 8 / 0.3 s = 53.33 samples/s.
+    # Window 2 (steps 2-3): rank0 8 / 0.3 s + rank1 8 / 0.5 s = 26.67 + 16 = 42.67 samples/s.
+    w1, w2 = 8 / 0.3 + 8 / 0.3, 8 / 0.3 + 8 / 0.5
+    assert s["throughput_samples_per_s"] == pytest.approx((w1 + w2) / 2) == pytest.approx(48.0)
+    assert s["throughput_samples_per_s_per_device"] == pytest.approx(24.0)
+    assert s["throughput_cv"] == pytest.approx(abs(w1 - w2) / math.sqrt(2) / 48.0)
+    # The sum over ranks is not "samples over the slowest rank's time": that would give 2*16/1.0 = 32.
+    # Step time: the slowest rank per step -> 0.2, 0.2, 0.1, 0.4 s.
+    assert s["step_time_ms_p50"] == pytest.approx(200.0)
+    assert s["step_time_ms_p90"] == pytest.approx(340.0)  # sorted 0.1 0.2 0.2 0.4, position 2.7
+    assert s["step_time_ms_max"] == pytest.approx(400.0)
+    # Data-wait share: the worst rank's (rank 0: 0.04 s of 0.6 s).
+    assert s["data_time_share"] == pytest.approx(0.04 / 0.6)
+    # Memory and bytes: the maximum over ranks (the rank that runs out first).
+    assert s["peak_rss_gib"] == 1.5 and s["param_bytes"] == 100 and s["model_state_bytes"] == 300
+    assert "throughput_tokens_per_s" not in s  # not a language model
+
+
+def test_summarize_tokens_and_single_window():
+    s = metrics.summarize([RANK0, RANK1], samples_per_step=4, tokens_per_sample=32, repeats=1)
+    # One window over all four steps: rank0 16 / 0.6 s + rank1 16 / 0.8 s.
+    total = 16 / 0.6 + 16 / 0.8
+    assert s["throughput_samples_per_s"] == pytest.approx(total)
+    assert s["throughput_tokens_per_s"] == pytest.approx(32 * total)
+    assert s["throughput_tokens_per_s_per_device"] == pytest.approx(16 * total)
+    assert s["throughput_cv"] == 0.0
