@@ -47,6 +47,14 @@ def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
 
 
+def artifact_location(uri: str) -> Optional[str]:
+    """Artifacts of a SQLite store go beside its database file. MLflow's own default is ./mlruns
+    under whatever directory the launcher happened to start in. A server decides for itself."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
 class SweepTracker:
     def __init__(self, uri: str, experiment: str) -> None:
         import logging
@@ -58,7 +66,8 @@ class SweepTracker:
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(
+            experiment, artifact_location=artifact_location(uri))
 
     def parent(self, name: str, tags: Dict[str, str]) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags})
