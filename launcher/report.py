@@ -1,101 +1,479 @@
-"""Collect a sweep's results and render the comparison table."""
+"""The measurement report: a ranking table, plots, how it was measured and where.
+
+Two sources feed one code path. A sweep directory (sweep.json + each cell's result.json) gives
+the rows of one sweep; an MLflow experiment (the child runs of every sweep logged to it) gives
+rows from many sweeps, so runs made on different days can be compared. Either way the rows are
+plain dicts with the same keys, and :func:`write` turns them into ``report.md`` + PNG plots.
+
+    python -m launcher.report <sweep_dir>
+    python -m launcher.report --experiment ddp-vs-fsdp [--tracking-uri URI] [--out DIR]
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from launcher.state import SweepState
 
+REPORT_FILE = "report.md"
+PLOTS_DIR = "plots"
+# Above this coefficient of variation over repeated windows a cell's throughput is flagged as
+# noisy: its difference to a neighbour in the ranking may be noise.
+NOISY_CV = 0.03
+NOISY_FLAG = "⚠"
+GIB = 1024**3
+MIB = 1024**2
+
+# MLflow run status -> the sweep's cell status.
+_RUN_STATUS = {"FINISHED": "done", "FAILED": "failed", "KILLED": "cancelled", "RUNNING": "running",
+               "SCHEDULED": "submitted"}
+# Settings that say where and how a sweep was run, not what was measured: two runs that differ
+# only in these (and in the node count) belong to one scaling series.
+_NOT_MEASURED = ("nodes", "output_root", "sweep_dir", "wait", "collective_timeout_s", "cluster.timeout_min",
+                 "cluster.signal_delay_s", "cluster.array_parallelism")
+_ENV_TAGS = ("hostnames", "torch_version", "device_name", "backend", "num_threads")
+
+
+class ReportError(Exception):
+    """A report that cannot be made, with the fix in its message."""
+
+
+# ---- rows from a sweep directory ---------------------------------------------------------------
 
 def collect(state: SweepState) -> List[Dict[str, Any]]:
-    """One row per cell: its state plus the summary its head rank wrote (result.json)."""
+    """One row per cell: its state plus the summary and tags its head rank wrote (result.json)."""
     rows = []
     for cell in state.cells:
         result_path = state.cell_dir(cell) / "result.json"
-        summary = json.loads(result_path.read_text())["summary"] if result_path.exists() else {}
+        result = json.loads(result_path.read_text()) if result_path.exists() else {}
         # Cells that differ only in their node count form one scaling series.
         series = " ".join(o for o in cell.overrides if o.split("=", 1)[0].lstrip("+~") != "nodes")
-        rows.append({"cell": cell.name, "strategy": cell.strategy, "precision": cell.precision, "model": cell.model,
-                     "nodes": cell.nodes, "world_size": cell.world_size, "status": cell.status, "series": series,
-                     **summary})
+        row: Dict[str, Any] = {"cell": cell.name, "sweep": state.name, "strategy": cell.strategy,
+                               "precision": cell.precision, "model": cell.model, "nodes": cell.nodes,
+                               "world_size": cell.world_size, "status": cell.status, "error": cell.error,
+                               "series": series, "run_id": cell.run_id}
+        row.update(_train_settings(state, cell))
+        row.update({k: v for k, v in result.get("tags", {}).items() if k in _ENV_TAGS})
+        row.update(result.get("summary", {}))
+        rows.append(row)
     add_derived(rows)
     return rows
 
 
-def add_derived(rows: List[Dict[str, Any]]) -> None:
-    """Relative performance vs the best cell, and scaling efficiency: per-device throughput relative
-    to the smallest cell of the same series (same settings except the node count)."""
-    measured = [r for r in rows if r.get("throughput_samples_per_s")]
-    if not measured:
-        return
-    best = max(r["throughput_samples_per_s"] for r in measured)
-    for r in measured:
-        r["relative_perf"] = r["throughput_samples_per_s"] / best
-        peers = [p for p in measured if p.get("series") == r.get("series")]
-        base = min(peers, key=lambda p: p["world_size"])
-        if len({p["world_size"] for p in peers}) > 1:
-            from jobs.metrics import scaling_efficiency
+def _train_settings(state: SweepState, cell) -> Dict[str, Any]:
+    try:
+        train = state.load_spec(cell).train
+    except (OSError, EOFError, AttributeError, ImportError):  # a sweep dir copied without its specs
+        return {}
+    return {"batch_size": train.batch_size, "steps": train.steps, "warmup_steps": train.warmup_steps,
+            "repeats": train.repeats}
 
+
+# ---- rows from an MLflow experiment ------------------------------------------------------------
+
+def rows_from_experiment(tracking_uri: str, experiment: str) -> List[Dict[str, Any]]:
+    """One row per cell run (child run with a ``cell`` tag) of every sweep in the experiment."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    # launcher.tracking turns MLflow's usage telemetry off before any client exists: without a
+    # network its attempts cost seconds per command.
+    from launcher import tracking  # noqa: F401
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = ", ".join(e.name for e in client.search_experiments()) or "none"
+        raise ReportError(f"no MLflow experiment named {experiment!r} at {tracking_uri} (experiments there: "
+                          f"{names}). Fix: pass --experiment with one of those, or --tracking-uri of the store "
+                          f"the sweeps logged to.")
+    runs, token = [], None
+    while True:
+        page = client.search_runs([found.experiment_id], max_results=1000, page_token=token,
+                                  order_by=["attributes.start_time ASC"])
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    sweeps = {r.info.run_id: r.data.tags.get("sweep") or r.info.run_name for r in runs
+              if "mlflow.parentRunId" not in r.data.tags}
+    rows = []
+    for run in runs:
+        tags, params = run.data.tags, run.data.params
+        if "mlflow.parentRunId" not in tags or "cell" not in tags:
+            continue  # a sweep's parent run, or a run this tool did not make
+        series = json.dumps({k: v for k, v in sorted(params.items())
+                             if k not in _NOT_MEASURED and not k.startswith("tracking.")})
+        row: Dict[str, Any] = {"cell": tags["cell"], "sweep": sweeps.get(tags["mlflow.parentRunId"], "?"),
+                               "strategy": tags.get("strategy", "?"), "precision": tags.get("precision", "?"),
+                               "model": tags.get("model", "?"), "nodes": _int(tags.get("nodes")),
+                               "world_size": _int(tags.get("world_size")),
+                               "status": _RUN_STATUS.get(run.info.status, run.info.status.lower()),
+                               "error": tags.get("error"), "series": series, "run_id": run.info.run_id,
+                               "experiment_id": found.experiment_id}
+        row.update({k: _int(params.get(k)) for k in ("batch_size", "steps", "warmup_steps", "repeats")
+                    if params.get(k) is not None})
+        row.update({k: tags[k] for k in _ENV_TAGS if k in tags})
+        # Per-step series (loss, step_time_ms) are logged under their own names; every summary
+        # figure is a single value at step 0, so the latest value is the summary.
+        row.update({k: v for k, v in run.data.metrics.items() if k not in ("loss", "step_time_ms")})
+        if run.data.metrics.get("world_size"):
+            row["world_size"] = int(run.data.metrics["world_size"])
+        rows.append(row)
+    add_derived(rows)
+    return rows
+
+
+def _int(value: Optional[str]) -> Optional[int]:
+    try:
+        return int(float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+# ---- derived figures ---------------------------------------------------------------------------
+
+def add_derived(rows: List[Dict[str, Any]]) -> None:
+    """Relative performance vs the best cell of the same model, and scaling efficiency: per-device
+    throughput relative to the smallest cell of the same series (same settings except the node
+    count), preferring a base cell measured in the same sweep (absolute numbers from different
+    runs are less comparable than ratios within one)."""
+    from jobs.metrics import scaling_efficiency
+
+    measured = [r for r in rows if r.get("throughput_samples_per_s")]
+    for r in measured:
+        same_model = [p["throughput_samples_per_s"] for p in measured if p.get("model") == r.get("model")]
+        r["relative_perf"] = r["throughput_samples_per_s"] / max(same_model)
+        peers = [p for p in measured if p.get("series") == r.get("series")]
+        if len({p["world_size"] for p in peers}) > 1:
+            base = min(peers, key=lambda p: (p["world_size"], p.get("sweep") != r.get("sweep")))
             r["scaling_efficiency"] = scaling_efficiency(r["throughput_samples_per_s_per_device"],
                                                          base["throughput_samples_per_s_per_device"])
 
 
-def _fmt(value: Optional[float], spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def peak_memory_gib(row: Dict[str, Any]) -> Optional[float]:
+    """Peak resident set on CPU, peak allocated CUDA memory on GPUs (max over ranks)."""
+    return row.get("peak_mem_allocated_gib", row.get("peak_rss_gib"))
+
+
+def series_labels(rows: Sequence[Dict[str, Any]]) -> Dict[str, str]:
+    """A short legend label per series: the cell name without its node count (plus the sweep
+    where two different series would otherwise read the same)."""
+    first: Dict[str, Dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(r["series"], r)
+    labels = {}
+    for key, r in first.items():
+        words = [w for w in str(r["cell"]).split() if not w.startswith("nodes=")]
+        labels[key] = " ".join(words) or f"{r.get('strategy')} {r.get('precision')}"
+    counts: Dict[str, int] = {}
+    for label in labels.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {k: (f"{v} ({first[k].get('sweep')})" if counts[v] > 1 else v) for k, v in labels.items()}
+
+
+def cell_label(row: Dict[str, Any], multi_sweep: bool) -> str:
+    return f"{row['cell']} ({row.get('sweep')})" if multi_sweep else str(row["cell"])
+
+
+# ---- the ranking table -------------------------------------------------------------------------
+
+def _num(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return None if math.isnan(value) or math.isinf(value) else float(value)
+
+
+def _rate(value: Any) -> str:
+    v = _num(value)
+    if v is None:
         return "-"
-    return format(value, spec)
+    return format(v, ",.0f") if v >= 1000 else format(v, ".1f")
 
 
-COLUMNS = [
-    ("cell", "cell", "s"),
-    ("ranks", "world_size", "d"),
-    ("samples/s", "throughput_samples_per_s", ".1f"),
-    ("samples/s/dev", "throughput_samples_per_s_per_device", ".1f"),
-    ("step p50 ms", "step_time_ms_p50", ".1f"),
-    ("peak mem GiB", None, ".2f"),
-    ("state GiB", None, ".3f"),
-    ("rel perf", "relative_perf", ".0%"),
-    ("scaling eff", "scaling_efficiency", ".0%"),
-    ("status", "status", "s"),
-]
+def _fixed(spec: str) -> Callable[[Any], str]:
+    def fmt(value: Any) -> str:
+        v = _num(value)
+        return "-" if v is None else format(v, spec)
+
+    return fmt
 
 
-def _value(row: Dict[str, Any], title: str, key: Optional[str]):
-    if title == "peak mem GiB":
-        return row.get("peak_rss_gib", row.get("peak_mem_allocated_gib"))
-    if title == "state GiB":
-        b = row.get("model_state_bytes")
-        return None if b is None else b / 1024**3
-    return row.get(key)
+def _cv(row: Dict[str, Any]) -> str:
+    v = _num(row.get("throughput_cv"))
+    if v is None or (row.get("repeats") or 0) < 2:
+        return "-"  # one measured window has no spread to report
+    return f"{v:.1%} {NOISY_FLAG}" if v > NOISY_CV else f"{v:.1%}"
+
+
+@dataclass
+class Column:
+    title: str
+    value: Callable[[Dict[str, Any]], Any]
+    fmt: Callable[[Any], str] = str
+    numeric: bool = True
+    # Shown only when some row has a value (tokens for language models, MFU on known GPUs).
+    optional: bool = False
+
+
+def _state_column(rows: Sequence[Dict[str, Any]]) -> Column:
+    largest = max((_num(r.get("model_state_bytes")) or 0 for r in rows), default=0)
+    unit, div, spec = ("GiB", GIB, ".2f") if largest >= GIB else ("MiB", MIB, ".1f")
+
+    def value(r: Dict[str, Any]) -> Optional[float]:
+        b = _num(r.get("model_state_bytes"))
+        return None if b is None else b / div
+
+    return Column(f"state {unit}/rank", value, _fixed(spec))
+
+
+def columns(rows: Sequence[Dict[str, Any]]) -> List[Column]:
+    multi_sweep = len({r.get("sweep") for r in rows}) > 1
+    cols = [
+        Column("#", lambda r: r.get("_rank"), lambda v: "-" if v is None else str(v)),
+        Column("cell", lambda r: r["cell"], numeric=False),
+    ]
+    if multi_sweep:
+        cols.append(Column("sweep", lambda r: r.get("sweep"), numeric=False))
+    cols += [
+        Column("ranks", lambda r: r.get("world_size"), lambda v: "-" if v is None else str(v)),
+        Column("samples/s", lambda r: r.get("throughput_samples_per_s"), _rate),
+        Column("samples/s/dev", lambda r: r.get("throughput_samples_per_s_per_device"), _rate),
+        Column("tokens/s", lambda r: r.get("throughput_tokens_per_s"), _rate, optional=True),
+        Column("tokens/s/dev", lambda r: r.get("throughput_tokens_per_s_per_device"), _rate, optional=True),
+        Column("step p50 ms", lambda r: r.get("step_time_ms_p50"), _fixed(".1f")),
+        Column("step p90 ms", lambda r: r.get("step_time_ms_p90"), _fixed(".1f")),
+        Column("peak mem GiB", peak_memory_gib, _fixed(".2f")),
+        _state_column(rows),
+        Column("MFU", lambda r: r.get("mfu"), _fixed(".1%"), optional=True),
+        Column("rel perf", lambda r: r.get("relative_perf"), _fixed(".0%")),
+        Column("scaling eff", lambda r: r.get("scaling_efficiency"), _fixed(".0%")),
+        Column("comm share", lambda r: r.get("comm_share"), _fixed(".0%")),
+        Column("CV", lambda r: r, _cv),
+        Column("status", lambda r: r.get("status"), numeric=False),
+    ]
+    return [c for c in cols if not c.optional or any(_num(c.value(r)) is not None for r in rows)]
+
+
+def ranked(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Best total throughput first; cells without results last. Sets each row's rank ``_rank``."""
+    ordered = sorted(rows, key=lambda r: -(_num(r.get("throughput_samples_per_s")) or -1))
+    n = 0
+    for r in ordered:
+        if _num(r.get("throughput_samples_per_s")) is not None:
+            n += 1
+            r["_rank"] = n
+        else:
+            r["_rank"] = None
+    return ordered
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    """Markdown table, best throughput first; cells without results last."""
-    ordered = sorted(rows, key=lambda r: -(r.get("throughput_samples_per_s") or -1))
-    header = "| " + " | ".join(t for t, _, _ in COLUMNS) + " |"
-    sep = "|" + "|".join("---" if f == "s" else "---:" for _, _, f in COLUMNS) + "|"
-    lines = [header, sep]
-    for r in ordered:
-        cells = []
-        for title, key, spec in COLUMNS:
-            v = _value(r, title, key)
-            cells.append(str(v) if spec in ("s",) else _fmt(v, spec))
-        lines.append("| " + " | ".join(cells) + " |")
+    """Markdown ranking table, best throughput first; cells without results last."""
+    cols = columns(rows)
+    lines = ["| " + " | ".join(c.title for c in cols) + " |",
+             "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
+    for r in ranked(rows):
+        lines.append("| " + " | ".join(_md(c.fmt(c.value(r))) for c in cols) + " |")
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    import sys
+# ---- report.md ---------------------------------------------------------------------------------
 
-    args = sys.argv[1:] if argv is None else argv
-    if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m launcher.report <sweep_dir>")
-        return 0 if args else 2
-    state = SweepState.load(Path(args[0]))
-    print(table(collect(state)))
+@dataclass
+class Report:
+    path: Path
+    plots: List[Path] = field(default_factory=list)
+    tables: str = ""
+
+
+def _distinct(rows: Sequence[Dict[str, Any]], key: str, split: bool = False) -> List[str]:
+    seen: List[str] = []
+    for r in rows:
+        if r.get(key) is None:
+            continue
+        for v in (str(r[key]).split(",") if split else [str(r[key])]):
+            if v.strip() and v.strip() not in seen:
+                seen.append(v.strip())
+    return seen
+
+
+def _uniform(rows: Sequence[Dict[str, Any]], key: str) -> str:
+    values = _distinct(rows, key)
+    return values[0] if len(values) == 1 else ("/".join(values) if values else "?")
+
+
+def _how_measured(rows: Sequence[Dict[str, Any]]) -> str:
+    steps, warm = _uniform(rows, "steps"), _uniform(rows, "warmup_steps")
+    measured = _distinct(rows, "measured_steps")
+    repeats, batch = _uniform(rows, "repeats"), _uniform(rows, "batch_size")
+    return "\n".join([
+        f"Each cell ran {steps} optimizer steps on every rank, {batch} samples per device per step. The first "
+        f"{warm} steps are warm-up and excluded from every figure; the remaining "
+        f"{'/'.join(str(int(float(m))) for m in measured) or '?'} steps are measured in {repeats} window(s), "
+        "which all ranks start together (one barrier). Losses are read once after the window, never per step.",
+        "",
+        "Reductions over ranks: **throughput is summed** (each rank's samples over its own measured time), "
+        "per-device throughput is that sum over the number of ranks, and tokens/s is samples/s times the sequence "
+        "length. **Step time is the maximum over ranks**, step by step (a synchronous step ends when its slowest "
+        "rank does); p50/p90 are percentiles over the measured steps. **Peak memory is the maximum over ranks** of "
+        "the peak resident set (CPU) or peak allocated CUDA memory during the measured window; model state is the "
+        "bytes one rank holds in parameters, gradients and optimizer state (a sharded tensor counts its local "
+        "shard), maximum over ranks.",
+        "",
+        "Rel perf is total throughput over the best cell's of the same model. Scaling eff is per-device throughput "
+        "over that of the smallest cell of the same series (same settings except the node count; 100% = linear "
+        "scaling). Comm share is the share of step time spent in communication as the worker measured it "
+        f"(`comm_share`; '-' where not measured). CV is the coefficient of variation of throughput over the "
+        f"repeated windows ('-' for a single window); {NOISY_FLAG} marks cells above {NOISY_CV:.0%}, whose place "
+        "in the ranking may be noise.",
+    ])
+
+
+def _environment(rows: Sequence[Dict[str, Any]], extra: Dict[str, str]) -> str:
+    lines = ["| | |", "|---|---|"]
+    for title, key, split in (("hosts", "hostnames", True), ("device", "device_name", False),
+                              ("torch", "torch_version", False), ("backend", "backend", False),
+                              ("threads per rank", "num_threads", False)):
+        values = _distinct(rows, key, split)
+        lines.append(f"| {title} | {_md(', '.join(values) or '-')} |")
+    for title, value in extra.items():
+        lines.append(f"| {title} | {_md(value)} |")
+    return "\n".join(lines)
+
+
+def _failures(rows: Sequence[Dict[str, Any]]) -> str:
+    bad = [r for r in rows if r.get("status") != "done" or _num(r.get("throughput_samples_per_s")) is None]
+    if not bad:
+        return "All cells finished with results."
+    lines = ["| cell | status | error |", "|---|---|---|"]
+    multi_sweep = len({r.get("sweep") for r in rows}) > 1
+    for r in bad:
+        error = r.get("error") or ("no result" if r.get("status") == "done" else "-")
+        lines.append(f"| {_md(cell_label(r, multi_sweep))} | {_md(r.get('status'))} | {_md(error)} |")
+    return "\n".join(lines)
+
+
+def _tables(rows: List[Dict[str, Any]]) -> str:
+    """One table per model: samples/s of different models do not compare."""
+    models = _distinct(rows, "model")
+    if len(models) <= 1:
+        return table(rows)
+    return "\n\n".join(f"### {m}\n\n{table([r for r in rows if str(r.get('model')) == m])}" for m in models)
+
+
+def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[str, str]) -> Report:
+    """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = _tables(rows)
+    done = [r for r in rows if _num(r.get("throughput_samples_per_s")) is not None]
+    counts: Dict[str, int] = {}
+    for r in rows:
+        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
+    models = ", ".join(_distinct(rows, "model")) or "-"
+    parts = [f"# {title}", "",
+             f"{len(rows)} cell(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); model {models}; "
+             f"{len({r.get('sweep') for r in rows})} sweep(s).", ""]
+    parts += ["## Results", "",
+              "Cells ranked by total throughput (higher is better). Rel perf and scaling eff are defined under "
+              "*How measured*.", "", tables, ""]
+    if done:
+        best = max(done, key=lambda r: r["throughput_samples_per_s"])
+        noisy = [r for r in done if _cv(r).endswith(NOISY_FLAG)]
+        parts.append(f"Best: **{_md(best['cell'])}** at {_rate(best['throughput_samples_per_s'])} samples/s "
+                     f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).")
+        if noisy:
+            parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between measured "
+                         "windows: rerun with more steps or repeats before trusting close rankings.")
+        parts.append("")
+    report = Report(out_dir / REPORT_FILE, tables=tables)
+    parts += ["## Plots", ""]
+    try:
+        from launcher import plots
+
+        made = plots.make_all(rows, out_dir / PLOTS_DIR)
+    except Exception as exc:  # a plotting problem must not cost the measured table
+        print(f"report: plots failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        made = []
+        parts += [f"Plots failed: {_md(type(exc).__name__)}: {_md(exc)}", ""]
+    for path, caption in made:
+        report.plots.append(path)
+        parts += [f"![{path.stem}]({PLOTS_DIR}/{path.name})", "", f"*{caption}*", ""]
+    if not made and done:
+        parts += ["No plots.", ""]
+    parts += ["## How measured", "", _how_measured(rows), "",
+              "## Environment", "", _environment(rows, source), "",
+              "## Cells without results", "", _failures(rows), ""]
+    report.path.write_text("\n".join(parts))
+    return report
+
+
+def write_sweep_report(state: SweepState) -> Report:
+    rows = collect(state)
+    source = {"cluster": state.cluster, "command": " ".join(state.argv), "sweep dir": state.sweep_dir}
+    if state.tracking_uri:
+        source.update({"MLflow": state.tracking_uri, "parent run": state.parent_run_id or "-"})
+    return write(rows, state.path, f"Benchmark report: {state.name}", source)
+
+
+def write_experiment_report(tracking_uri: str, experiment: str, out_dir: Path) -> Report:
+    rows = rows_from_experiment(tracking_uri, experiment)
+    if not rows:
+        raise ReportError(f"experiment {experiment!r} at {tracking_uri} holds no cell runs. Fix: run a sweep "
+                          f"with tracking.experiment={experiment}, or pass the experiment the sweeps logged to.")
+    return write(rows, out_dir, f"Benchmark report: experiment {experiment}",
+                 {"MLflow": tracking_uri, "experiment": experiment})
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.report",
+        description="Write report.md (ranking table, plots, how measured, environment, failures) for one sweep "
+                    "directory, or for every sweep logged to an MLflow experiment.")
+    p.add_argument("sweep_dir", nargs="?", help="a sweep directory (holds sweep.json); report.md goes there")
+    p.add_argument("--experiment", help="report on every cell run of this MLflow experiment instead")
+    p.add_argument("--tracking-uri", help="MLflow store of --experiment (default: $MLFLOW_TRACKING_URI, else "
+                                          "sqlite:///outputs/mlflow.db, the launcher's default)")
+    p.add_argument("--out", help="directory for --experiment's report (default: outputs/reports/<experiment>)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    import os
+
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if bool(args.sweep_dir) == bool(args.experiment):
+        _parser().print_usage(sys.stderr)
+        print("error: pass a sweep directory or --experiment NAME (one of them).", file=sys.stderr)
+        return 2
+    try:
+        if args.sweep_dir:
+            report = write_sweep_report(SweepState.load(Path(args.sweep_dir)))
+        else:
+            uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
+                f"sqlite:///{Path('outputs', 'mlflow.db').resolve()}"
+            out = Path(args.out) if args.out else Path("outputs", "reports", args.experiment)
+            report = write_experiment_report(uri, args.experiment, out)
+    except (ReportError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.tables)
+    print(f"\nreport: {report.path}")
     return 0
 
 

@@ -147,20 +147,21 @@ def submit_slurm(state: SweepState, cells: List[Cell]) -> None:
 
 
 def finalize(state: SweepState) -> str:
-    """Collect results, print the table, write report.md, close the parent run."""
+    """Write report.md and its plots, attach them to the sweep's MLflow parent run and end that run
+    (FAILED if any cell did not finish). Returns the ranking table and the report's path."""
     from launcher import report
 
-    rows = report.collect(state)
-    text = report.table(rows)
-    (state.path / "report.md").write_text(f"# {state.name}\n\n{text}\n")
+    written = report.write_sweep_report(state)
     if state.tracking_uri and state.parent_run_id:
-        from mlflow.tracking import MlflowClient
+        from launcher.tracking import close_parent
 
-        client = MlflowClient(tracking_uri=state.tracking_uri)
-        client.log_artifact(state.parent_run_id, str(state.path / "report.md"))
         failed = any(c.status != "done" for c in state.cells)
-        client.set_terminated(state.parent_run_id, "FAILED" if failed else "FINISHED")
-    return text
+        try:
+            close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots,
+                         "FAILED" if failed else "FINISHED")
+        except Exception as exc:  # the report is on disk; a tracking outage must not hide it
+            print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
+    return f"{written.tables}\n\nreport: {written.path}"
 
 
 def wait_slurm(state: SweepState) -> None:

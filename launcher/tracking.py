@@ -9,7 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Sequence
 
 SECRET_KEY = re.compile(r"(password|passwd|secret|token|api[_-]?key|credential)", re.IGNORECASE)
 URI_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@", re.IGNORECASE)
@@ -53,6 +53,26 @@ def artifact_location(uri: str) -> Optional[str]:
     if uri.startswith("sqlite:///"):
         return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     return None
+
+
+def compare_url(server_uri: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
+    """The MLflow UI's compare-runs page for these runs (the route MLflow's UI links to)."""
+    from urllib.parse import quote
+
+    runs, experiments = json.dumps(list(run_ids)), json.dumps(sorted(set(experiment_ids)))
+    return f"{server_uri.rstrip('/')}/#/compare-runs?runs={quote(runs)}&experiments={quote(experiments)}"
+
+
+def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], status: str) -> None:
+    """Attach the sweep's report (report.md at the top, plots under plots/ so its relative image
+    links hold in the artifact view) to the parent run, and end the run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    client.log_artifact(run_id, str(report))
+    for p in plots:
+        client.log_artifact(run_id, str(p), "plots")
+    client.set_terminated(run_id, status)
 
 
 class SweepTracker:

@@ -1,0 +1,160 @@
+"""The report's PNG plots: throughput by cell, memory by cell, scaling over node counts.
+
+matplotlib is imported inside the functions, never at module level: the launcher starts without
+it and only a report pays for it. Figures are built with ``matplotlib.figure.Figure`` and saved
+through the Agg canvas, without pyplot: no global figure state, no GUI backend on a login node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from launcher.report import GIB, MIB, cell_label, peak_memory_gib, ranked, series_labels
+
+DPI = 110
+
+
+def _figure(width_in: float, height_in: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _colors(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """One colour per strategy, stable within a report."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    strategies: List[str] = []
+    for r in rows:
+        if r.get("strategy") not in strategies:
+            strategies.append(r.get("strategy"))
+    return {s: cmap(i % 10) for i, s in enumerate(strategies)}
+
+
+def _measured(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [r for r in ranked(rows) if r.get("throughput_samples_per_s")]
+
+
+def _barh(ax, labels: List[str], values: List[Optional[float]], colors: List[Any], fmt: str, xlabel: str) -> None:
+    ys = list(range(len(labels)))
+    shown = [v or 0.0 for v in values]
+    ax.barh(ys, shown, color=colors)
+    ax.set_yticks(ys, labels)
+    if not ax.yaxis_inverted():  # shared y axes: invert once, or the second call undoes the first
+        ax.invert_yaxis()  # best (first) on top, like the table
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    top = max(shown, default=0) or 1.0
+    ax.set_xlim(0, top * 1.18)  # room for the value labels
+    for y, v in zip(ys, values, strict=True):
+        ax.text((v or 0.0) + top * 0.01, y, "-" if v is None else format(v, fmt), va="center", fontsize=8)
+
+
+def throughput(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
+    """Total and per-device throughput per cell, ranked as in the table."""
+    measured = _measured(rows)
+    if not measured:
+        return None
+    multi = len({r.get("sweep") for r in rows}) > 1
+    labels = [cell_label(r, multi) for r in measured]
+    colors = _colors(rows)
+    bar_colors = [colors[r.get("strategy")] for r in measured]
+    fig = _figure(11, 1.4 + 0.42 * len(measured))
+    left, right = fig.subplots(1, 2, sharey=True)
+    _barh(left, labels, [r["throughput_samples_per_s"] for r in measured], bar_colors, ",.1f",
+          "samples/s (all ranks)")
+    _barh(right, labels, [r.get("throughput_samples_per_s_per_device") for r in measured], bar_colors, ",.1f",
+          "samples/s per device")
+    left.set_title("Total throughput")
+    right.set_title("Per-device throughput")
+    fig.suptitle("Throughput by cell (measured steps only)")
+    fig.savefig(path)
+    return path
+
+
+def memory(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
+    """Peak memory and model-state bytes per rank (both the maximum over ranks), per cell."""
+    measured = [r for r in _measured(rows) if peak_memory_gib(r) is not None or r.get("model_state_bytes")]
+    if not measured:
+        return None
+    multi = len({r.get("sweep") for r in rows}) > 1
+    labels = [cell_label(r, multi) for r in measured]
+    colors = _colors(rows)
+    bar_colors = [colors[r.get("strategy")] for r in measured]
+    largest = max((r.get("model_state_bytes") or 0 for r in measured), default=0)
+    unit, div = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
+    fig = _figure(11, 1.4 + 0.42 * len(measured))
+    left, right = fig.subplots(1, 2, sharey=True)
+    _barh(left, labels, [peak_memory_gib(r) for r in measured], bar_colors, ".2f", "GiB (max over ranks)")
+    state = [None if r.get("model_state_bytes") is None else r["model_state_bytes"] / div for r in measured]
+    _barh(right, labels, state, bar_colors, ".2f" if unit == "GiB" else ".1f", f"{unit} per rank (max over ranks)")
+    left.set_title("Peak memory")
+    right.set_title("Model state (params + grads + optimizer)")
+    fig.suptitle("Memory by cell")
+    fig.savefig(path)
+    return path
+
+
+def scaling(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
+    """Per-device throughput and scaling efficiency over node counts, one line per series."""
+    measured = _measured(rows)
+    by_series: Dict[str, Dict[int, List[Dict[str, Any]]]] = {}
+    for r in measured:
+        by_series.setdefault(r["series"], {}).setdefault(int(r["nodes"]), []).append(r)
+    curves = {k: v for k, v in by_series.items() if len(v) > 1}
+    if not curves:
+        return None  # nothing was measured at more than one node count
+    labels = series_labels(measured)
+    fig = _figure(11, 4.2)
+    left, right = fig.subplots(1, 2)
+    node_counts = sorted({n for points in curves.values() for n in points})
+    for key, points in sorted(curves.items(), key=lambda kv: labels[kv[0]]):
+        xs = sorted(points)
+        # Repeated cells (several sweeps) are averaged per node count.
+        per_dev = [_mean(r["throughput_samples_per_s_per_device"] for r in points[n]) for n in xs]
+        eff = [_mean(r.get("scaling_efficiency") for r in points[n]) for n in xs]
+        left.plot(xs, per_dev, marker="o", label=labels[key])
+        right.plot(xs, [None if e is None else 100 * e for e in eff], marker="o", label=labels[key])
+    right.axhline(100, color="grey", linestyle="--", linewidth=1, label="linear scaling")
+    for ax in (left, right):
+        ax.set_xticks(node_counts)
+        ax.set_xlabel("nodes")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("samples/s per device")
+    left.set_ylim(bottom=0)
+    left.set_title("Per-device throughput")
+    right.set_ylabel("% of the smallest cell's per-device throughput")
+    right.set_ylim(0, max(110, max((100 * (r.get("scaling_efficiency") or 0) for r in measured), default=0) * 1.1))
+    right.set_title("Scaling efficiency")
+    right.legend(fontsize=8, loc="lower left")
+    fig.suptitle("Scaling over node counts (one line per series)")
+    fig.savefig(path)
+    return path
+
+
+def _mean(values) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def make_all(rows: Sequence[Dict[str, Any]], plot_dir: Path) -> List[Tuple[Path, str]]:
+    """Every plot that has data, as (path, caption)."""
+    plot_dir = Path(plot_dir)
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    made = []
+    for name, fn, caption in (
+        ("throughput.png", throughput, "Throughput by cell: total (sum over ranks) and per device."),
+        ("memory.png", memory, "Memory by cell: peak memory and model-state bytes per rank (max over ranks)."),
+        ("scaling.png", scaling, "Scaling: per-device throughput and scaling efficiency over node counts, "
+                                 "one line per series (same settings except the node count)."),
+    ):
+        out = fn(rows, plot_dir / name)
+        if out is not None:
+            made.append((out, caption))
+    return made
