@@ -396,6 +396,7 @@ def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[st
         parts.append(f"Best: **{_md(best['cell'])}** at {_rate(best['throughput_samples_per_s'])} samples/s "
                      f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).")
         if noisy:
+            parts.append("")
             parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between measured "
                          "windows: rerun with more steps or repeats before trusting close rankings.")
         parts.append("")
