@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
+from launcher import tracking  # noqa: F401  (sets MLflow's retry and telemetry defaults first)
 from launcher.state import SweepState
 
 STEP_KEYS_SKIP = ("kind", "step", "time")

@@ -16,6 +16,11 @@ URI_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+)
 MASK = "***"
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no usage pings from a benchmark harness
+# MLflow's HTTP client retries with exponential backoff for minutes by default: during a tracking
+# outage every status/sync call would hang. Fail within seconds instead; JSONL keeps everything and
+# the next sync replays it. (Set before mlflow is imported; users may override both.)
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
 def mask(key: str, value: Any) -> Any:
@@ -139,3 +144,34 @@ def reopen(uri: str, run_id: str) -> None:
     from mlflow.tracking import MlflowClient
 
     MlflowClient(tracking_uri=uri).update_run(run_id, status="RUNNING")
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> Optional[str]:
+    """Why the sweep could not log to ``uri``, or None when it can (no MLflow import: fast)."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        import urllib.error
+        import urllib.request
+
+        try:
+            # Credentials in the URI are not part of the address (MLflow reads them from
+            # MLFLOW_TRACKING_USERNAME/PASSWORD); /health needs none.
+            netloc = parsed.hostname + (f":{parsed.port}" if parsed.port else "")
+            base = f"{parsed.scheme}://{netloc}{parsed.path}".rstrip("/")
+            with urllib.request.urlopen(base + "/health", timeout=timeout_s) as resp:
+                if resp.status == 200:
+                    return None
+                return f"the server answered HTTP {resp.status} on /health"
+        except urllib.error.HTTPError as exc:
+            return f"the server answered HTTP {exc.code} on /health"
+        except (urllib.error.URLError, OSError) as exc:
+            return f"no MLflow server answers there ({getattr(exc, 'reason', exc)})"
+    if parsed.scheme == "sqlite":
+        path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+        if path is None or not path.parent.is_dir():
+            return f"the directory of the SQLite file ({path.parent if path else uri}) does not exist"
+        if not os.access(path.parent, os.W_OK):
+            return f"the directory {path.parent} is not writable"
+    return None
