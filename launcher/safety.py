@@ -17,8 +17,9 @@ from jobs.spec import ConfigError
 
 # Slurm names and lists: letters, digits and . , : = @ % / + - _ [ ] (node lists, gres, times).
 PLAIN = re.compile(r"^[\w.,:=@%/+\-\[\]]*$")
-# srun / container arguments: the same plus spaces-free option syntax (--opt=value).
-ARG = re.compile(r"^[\w.,:=@%/+\-\[\]]+$")
+# srun / container arguments: one word each; '#' too (Pyxis images: nvcr.io#nvidia/pytorch), which
+# starts a shell comment only at the beginning of a word, and ARG never lets a word start with it.
+ARG = re.compile(r"^[\w.,:=@%/+\-\[\]][\w.,:=@%/+\-\[\]#]*$")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -43,8 +44,11 @@ def check_cluster(cluster) -> None:
             if not ARG.match(str(arg)):
                 raise ConfigError(setting, arg, "each entry must be one shell word without quotes, spaces or "
                                   "shell syntax.", "write options as --name=value, one per entry.")
-    _plain("cluster.container.image", cluster.container.image, "use a registry path or file path, e.g. "
-           "nvcr.io#nvidia/pytorch:24.05-py3 or /shared/images/bench.sif.")
+    image = cluster.container.image
+    if image is not None and not ARG.match(str(image)):
+        raise ConfigError("cluster.container.image", image, "must be one word without spaces or shell syntax.",
+                          "use a registry path or file path, e.g. nvcr.io#nvidia/pytorch:24.05-py3 or "
+                          "/shared/images/bench.sif.")
     for line in cluster.setup:
         if CONTROL.search(str(line)):
             raise ConfigError("cluster.setup", line, "each setup entry must be a single line (a newline or control "
