@@ -191,20 +191,52 @@ class ModelSpec:
                               f"use one of {', '.join(KNOWN_MODELS)}, or model=custom with model.target.")
 
 
+# The layout of a token file (nanoGPT's train.bin): flat uint16 token ids.
+TOKEN_DTYPE = "uint16"
+TOKEN_BYTES = 2
+
+
+def token_file_samples(path: str, seq_len: int) -> int:
+    """Samples of ``seq_len + 1`` tokens at stride ``seq_len`` in a token file, from its size alone."""
+    import os
+
+    return max(0, (os.path.getsize(path) // TOKEN_BYTES - 1) // seq_len)
+
+
+def image_folder_classes(path: str) -> list:
+    """Class names of an image folder: its subdirectories, sorted (class index = position)."""
+    import os
+
+    return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+
+
 @dataclass
 class DataSpec:
     kind: DataKind = DataKind.synthetic
+    # token_file: a flat uint16 token file; image_folder: a directory <path>/<class>/<image>.
     path: Optional[str] = None
-    num_workers: int = 0
-    pin_memory: bool = False
-    prefetch_factor: int = 2
+    num_workers: int = 0  # DataLoader worker processes per rank (0: load in the training process)
+    pin_memory: bool = True  # applied only when the ranks train on CUDA
+    prefetch_factor: int = 2  # batches each worker loads ahead; applied only with num_workers > 0
 
     def validate(self) -> None:
+        import os
+
         _non_negative("data.num_workers", self.num_workers, "use 0 (load in the training process) or more.")
         _positive("data.prefetch_factor", self.prefetch_factor, "use 2 (PyTorch's default).")
-        if self.kind is not DataKind.synthetic and not self.path:
+        if self.kind is DataKind.synthetic:
+            return
+        if not self.path:
             raise ConfigError("data.path", self.path, f"data.kind={self.kind.value} reads files.",
                               "set data.path to the dataset, or use data=synthetic.")
+        # Checked where the launcher runs: the ranks read the same path (a shared filesystem on
+        # a cluster), and a missing dataset found by every rank after queueing wastes the allocation.
+        want_dir = self.kind is DataKind.image_folder
+        if not (os.path.isdir(self.path) if want_dir else os.path.isfile(self.path)):
+            what = "a directory of class subdirectories" if want_dir else "a flat uint16 token file"
+            raise ConfigError("data.path", self.path, f"data.kind={self.kind.value} needs {what}, and there is none "
+                              "at this path.", "give the absolute path of an existing dataset that every node can "
+                              "read (a shared filesystem), or use data=synthetic.")
 
 
 @dataclass

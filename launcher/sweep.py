@@ -14,30 +14,15 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from launcher import submit
-from launcher.plan import Cell, SweepError, run_spec
-from launcher.schema import Config
+from launcher.plan import Cell, run_spec
 from launcher.state import CellState, SweepState
 
 TERMINAL = ("done", "failed", "cancelled")
 
 
-def _uniform(cells: List[Cell]) -> Config:
-    """Sweep-level settings must not vary across cells (one cluster, one tracking store)."""
-    first = cells[0].config
-    for c in cells[1:]:
-        for key in ("cluster", "tracking", "output_root", "sweep_dir", "wait"):
-            if key == "cluster" and c.config.cluster.name == first.cluster.name:
-                continue
-            if key != "cluster" and getattr(c.config, key) == getattr(first, key):
-                continue
-            raise SweepError(f"[{c.name}] {key} differs between grid points: a sweep runs on one cluster and logs "
-                             f"to one store. Fix: sweep {key} in separate commands.")
-    return first
-
-
 def prepare(cells: List[Cell], argv: List[str]) -> SweepState:
     """Create the sweep directory, MLflow parent/child runs, and the on-disk state."""
-    cfg = _uniform(cells)
+    cfg = cells[0].config  # sweep-level settings are uniform (plan._check_uniform)
     root = Path(cfg.output_root)
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else root / stamp
@@ -88,10 +73,12 @@ def _plain(tree):
 
 
 def _error_of(state: SweepState, cell: CellState, exc: Optional[BaseException]) -> str:
-    """The first rank's own error line if it wrote one, else submitit's last line."""
-    errors = sorted(state.cell_dir(cell).glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
-    if errors:
-        return errors[0].read_text().splitlines()[0]
+    """The rank that failed first, from the files the ranks left; else submitit's last line."""
+    from launcher.status import first_failure
+
+    found = first_failure(state.cell_dir(cell))
+    if found:
+        return found
     text = str(exc or "failed").strip().splitlines()
     return text[-1] if text else "failed"
 
@@ -121,10 +108,9 @@ def run_local(state: SweepState, cells: List[Cell]) -> None:
 
 
 def finish_run(state: SweepState, cs: CellState) -> None:
-    if state.tracking_uri and cs.run_id:
-        from launcher.tracking import reconcile
+    from launcher.status import finish_tracking
 
-        reconcile(state.tracking_uri, cs.run_id, cs.status, cs.error)
+    finish_tracking(state, cs)
 
 
 def submit_slurm(state: SweepState, cells: List[Cell]) -> None:
