@@ -70,7 +70,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     import torch.distributed as dist
 
     from jobs import metrics, models, parallel
-    from jobs.data import samples_unit, synthetic_batches
+    from jobs.data import input_batches, samples_unit
     from jobs.loop import StepTrace, Trainer, run_steps
 
     train, strat, prec = spec.train, spec.strategy, spec.precision
@@ -121,7 +121,8 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
-    batches = synthetic_batches(spec.model, train.batch_size, train.seed, env.rank, device)
+    batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=train.grad_accum_steps,
+                            seed=train.seed, rank=env.rank, world_size=env.world_size, device=device)
     trainer = Trainer(model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=autocast_dtype,
                       device=device, no_sync=no_sync, scaler=scaler)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -15,7 +15,9 @@ from typing import Any, Dict, List, Optional
 
 from jobs.spec import (
     ConfigError,
+    DataKind,
     DataSpec,
+    InputKind,
     ModelSpec,
     Precision,
     PrecisionSpec,
@@ -25,6 +27,8 @@ from jobs.spec import (
     TrainSpec,
     _non_negative,
     _positive,
+    image_folder_classes,
+    token_file_samples,
 )
 
 
@@ -138,6 +142,7 @@ class Config(TrainSpec):
                 "so its numbers would mislead.",
                 "use precision=bf16 on CPU, or fp16 on GPU nodes (cluster.gpus_per_node>0).",
             )
+        self._validate_data()
         if c.name is ClusterKind.slurm:
             for key, value in c.additional_parameters.items():
                 if not re.fullmatch(r"[a-z][a-z0-9_]*", str(key)) or not _SAFE_SBATCH_VALUE.match(str(value)):
@@ -150,6 +155,36 @@ class Config(TrainSpec):
             raise ConfigError("cluster.container.image", None,
                               f"cluster.container.runtime={c.container.runtime.value} needs an image.",
                               "set cluster.container.image to the worker image (see docker/).")
+
+    def _validate_data(self) -> None:
+        """A dataset that fits the model and the ranks (DataSpec.validate has checked the path exists)."""
+        d, m = self.data, self.model
+        needs = {DataKind.token_file: InputKind.tokens, DataKind.image_folder: InputKind.image}.get(d.kind)
+        if needs is not None and m.input is not needs:
+            raise ConfigError(
+                "data", d.kind.value, f"it feeds {needs.value} to the model, and model.input={m.input.value}.",
+                f"use a model that takes {needs.value} (model.input={needs.value})"
+                + (", e.g. model=gpt_tiny." if needs is InputKind.tokens else ", e.g. model=cnn or model=resnet50."),
+            )
+        ranks = self.nodes * self.cluster.tasks_per_node
+        if d.kind is DataKind.token_file:
+            samples = token_file_samples(d.path, m.seq_len)
+            if samples // ranks < self.batch_size:
+                raise ConfigError(
+                    "data.path", d.path,
+                    f"holds {samples} samples of model.seq_len+1={m.seq_len + 1} tokens: {samples // ranks} per rank "
+                    f"for {ranks} ranks, fewer than batch_size={self.batch_size}.",
+                    "use a larger token file, or lower batch_size or model.seq_len.",
+                )
+        if d.kind is DataKind.image_folder:
+            classes = image_folder_classes(d.path)
+            if not classes or len(classes) > m.num_classes:
+                raise ConfigError(
+                    "data.path", d.path,
+                    f"has {len(classes)} class subdirectories and model.num_classes={m.num_classes}.",
+                    "give a directory <path>/<class>/<image> with at least one class, and set model.num_classes "
+                    f"to at least its number of classes ({len(classes)}).",
+                )
 
 
 def register() -> None:

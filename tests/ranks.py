@@ -1,0 +1,216 @@
+"""Real multi-rank runs of ``jobs.worker.main`` on gloo, without the launcher or submitit.
+
+``run_ranks(specs, world_size, nodes=...)`` starts ``world_size`` Python processes with a
+torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR=127.0.0.1, MASTER_PORT), so ``jobs.dist.DistEnv.detect`` reads the layout exactly as
+under torchrun; ``nodes > 1`` emulates that many nodes of ``world_size // nodes`` ranks (HSDP).
+
+Every process runs all ``specs`` one after another, each on a fresh free port (importing torch
+costs more than a tiny run, so several runs share one start-up). A spec that raises on a rank is
+recorded as ``{"error": ...}`` for that rank and the next spec still runs. The whole call has a
+deadline: past it every process is killed and :class:`RanksTimeout` raised, so a deadlocked
+collective fails the test instead of hanging it.
+
+Also runnable as ``python tests/ranks.py <job.pkl> <rank>``: that is the child side.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Union
+
+REPO = Path(__file__).resolve().parent.parent
+# The variables another launcher may have left in the test's environment; DistEnv.detect would
+# read them, so the children never inherit them.
+_FOREIGN_PREFIXES = ("SLURM_", "SUBMITIT_", "TORCHELASTIC_")
+
+
+class RanksFailed(AssertionError):
+    """A rank process died (not a spec raising inside it: that is recorded in its result)."""
+
+
+class RanksTimeout(RanksFailed):
+    """The ranks did not finish before the deadline; every one was killed."""
+
+
+def free_ports(count: int) -> List[int]:
+    """``count`` distinct ports free now (all held open together, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def run_ranks(specs: Union[Any, Sequence[Any]], world_size: int, *, nodes: int = 1,
+              timeout_s: float = 120.0) -> Union[List[Dict[str, Any]], List[List[Dict[str, Any]]]]:
+    """Run ``specs`` (one RunSpec or a list) on ``world_size`` gloo ranks as ``nodes`` nodes.
+
+    Returns, per spec, each rank's result in rank order: ``jobs.worker.main``'s return value, or
+    ``{"error": "<traceback>"}`` where that spec raised on that rank. A single spec in gives a single
+    per-rank list out.
+    """
+    single = not isinstance(specs, (list, tuple))
+    spec_list = [specs] if single else list(specs)
+    if world_size % nodes:
+        raise ValueError(f"world_size={world_size} is not a multiple of nodes={nodes}")
+    per_node = world_size // nodes
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        work = Path(tmp)
+        job = work / "job.pkl"
+        job.write_bytes(pickle.dumps({"specs": spec_list, "ports": free_ports(len(spec_list))}))
+        base = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}
+        base.update(
+            WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(per_node), MASTER_ADDR="127.0.0.1",
+            # One thread per rank: the ranks share this machine's cores (the spec's
+            # layout.cpus_per_task sets torch's threads the same way).
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        )
+        procs = []
+        try:
+            for rank in range(world_size):
+                env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank % per_node), GROUP_RANK=str(rank // per_node))
+                log = open(work / f"rank{rank}.log", "wb")
+                procs.append(subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), str(job), str(rank)],
+                    cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: killed as a whole on timeout
+                ))
+                log.close()
+            _wait(procs, work, timeout_s)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    _kill(proc)
+        per_rank = [pickle.loads((work / f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
+    results = [[per_rank[r][i] for r in range(world_size)] for i in range(len(spec_list))]
+    return results[0] if single else results
+
+
+# The strategy config files (conf/strategy/*.yaml) as StrategySpec arguments.
+STRATEGIES = {
+    "ddp": dict(name="ddp"),
+    "fsdp": dict(name="fsdp", sharding="full"),
+    "zero2": dict(name="fsdp", sharding="grad_op"),
+    "hsdp": dict(name="fsdp", sharding="hybrid"),
+    "fsdp_noshard": dict(name="fsdp", sharding="none"),
+}
+
+# A gpt_tiny small enough that a 4-rank run of a few steps takes about a second on 2 cores.
+TINY_GPT = dict(name="gpt_tiny", input="tokens", seq_len=16, vocab_size=128,
+                params={"n_layer": 2, "n_head": 2, "d_model": 32})
+TINY_CNN = dict(name="cnn", input="image", image_size=16, num_classes=10, params={"width": 8, "n_layer": 2})
+
+
+def make_spec(out_dir: Union[str, Path], *, strategy: str = "ddp", precision: str = "fp32", nodes: int = 1,
+              world_size: int = 2, model: Union[Dict[str, Any], None] = None, data: Union[Dict[str, Any], None] = None,
+              strategy_args: Union[Dict[str, Any], None] = None, **train: Any):
+    """A RunSpec for ``run_ranks``: tiny gpt_tiny by default, tracking off, results under ``out_dir``.
+
+    ``train`` overrides TrainSpec fields (steps, batch_size, lr, optimizer, grad_accum_steps, ...).
+    """
+    from jobs import spec as s
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    m = dict(TINY_GPT if model is None else model)
+    strat = {**STRATEGIES[strategy], **(strategy_args or {})}
+    strat["name"] = s.Strategy(strat["name"])
+    if "sharding" in strat:
+        strat["sharding"] = s.Sharding(strat["sharding"])
+    d = dict(data or {})
+    if "kind" in d:
+        d["kind"] = s.DataKind(d["kind"])
+    t = {**dict(batch_size=4, steps=5, warmup_steps=1, seed=0, optimizer="adamw", lr=1e-2), **train}
+    t["optimizer"] = s.Optimizer(t["optimizer"])
+    if "lr_scaling" in t:
+        t["lr_scaling"] = s.LrScaling(t["lr_scaling"])
+    run = s.RunSpec(
+        cell=out.name, out_dir=str(out),
+        strategy=s.StrategySpec(**strat),
+        precision=s.PrecisionSpec(name=s.Precision(precision)),
+        model=s.ModelSpec(**{**m, "input": s.InputKind(m["input"])}),
+        data=s.DataSpec(**d),
+        train=s.TrainSpec(nodes=nodes, **t),
+        layout=s.Layout(nodes=nodes, tasks_per_node=world_size // nodes, cpus_per_task=1),
+        tracking_uri=None, run_id=None, collective_timeout_s=60.0,
+    )
+    for part in (run.strategy, run.precision, run.model, run.data, run.train):
+        part.validate()
+    return run
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tails(work: Path, n: int) -> str:
+    parts = []
+    for r in range(n):
+        log = work / f"rank{r}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        parts.append(f"--- rank {r} ---\n" + "\n".join(text.splitlines()[-25:]))
+    return "\n".join(parts)
+
+
+def _wait(procs: List[subprocess.Popen], work: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in procs]
+        if all(c == 0 for c in codes):
+            return
+        if any(c not in (None, 0) for c in codes):
+            # One rank died outright; its peers would wait for it until the collective timeout.
+            for proc in procs:
+                if proc.poll() is None:
+                    _kill(proc)
+            raise RanksFailed(f"rank exit codes {[p.returncode for p in procs]}\n{_tails(work, len(procs))}")
+        time.sleep(0.05)
+    for proc in procs:
+        _kill(proc)
+    raise RanksTimeout(f"ranks still running after {timeout_s:.0f} s; killed\n{_tails(work, len(procs))}")
+
+
+def _child(job_path: str, rank: int) -> None:
+    from jobs.worker import main
+
+    job = pickle.loads(Path(job_path).read_bytes())
+    results = []
+    for spec, port in zip(job["specs"], job["ports"], strict=True):
+        os.environ["MASTER_PORT"] = str(port)
+        try:
+            results.append(main(spec))
+        except Exception:
+            results.append({"error": traceback.format_exc()})
+    out = Path(job_path).with_name(f"rank{rank}.pkl")
+    tmp = out.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(results))
+    tmp.rename(out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: gloo occasionally aborts in its thread destructors at exit
+    # ("terminate called without an active exception") after the results are complete.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], int(sys.argv[2]))
