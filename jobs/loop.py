@@ -8,6 +8,7 @@ step, so losses are read once, after the measured window.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterator, List, Optional
@@ -17,6 +18,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from jobs.data import Batch
+from jobs.metrics import local_bytes
+from jobs.spec import LrScaling
+
+
+def scaled_lr(lr: float, scaling: LrScaling, world_size: int) -> float:
+    """The learning rate for ``world_size`` data-parallel ranks, from one tuned for a single rank.
+
+    The global batch grows with the ranks: ``linear`` multiplies by the rank count (Goyal et al.,
+    for SGD), ``sqrt`` by its square root (the usual rule for Adam-type optimizers), ``none``
+    keeps ``lr``.
+    """
+    factor = {LrScaling.none: 1.0, LrScaling.linear: float(world_size), LrScaling.sqrt: math.sqrt(world_size)}
+    return lr * factor[scaling]
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -48,6 +62,9 @@ class Trainer:
         self.model, self.optimizer, self.accum_steps = model, optimizer, accum_steps
         self.device, self.no_sync, self.scaler = device, no_sync, scaler
         self.autocast_dtype = autocast_dtype
+        # Gradient bytes this rank holds after a backward (local shards under FSDP), read once on
+        # the first step: gradients are freed after every step, so they cannot be read afterwards.
+        self.grad_bytes: Optional[int] = None
 
     def _autocast(self) -> ContextManager:
         if self.autocast_dtype is None:
@@ -69,6 +86,8 @@ class Trainer:
                     loss = loss_fn(self.model(x), y) / self.accum_steps
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
+        if self.grad_bytes is None:
+            self.grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()

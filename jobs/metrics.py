@@ -104,14 +104,18 @@ def _vm_hwm_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _local_bytes(tensor) -> int:
-    # FSDP2 parameters are DTensors: count only the shard this rank holds.
+def local_bytes(tensor) -> int:
+    """Bytes of ``tensor`` on this rank: FSDP2 parameters are DTensors, of which only the local shard counts."""
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     return local.numel() * local.element_size()
 
 
-def model_state_bytes(model, optimizer) -> Dict[str, int]:
-    """Bytes this rank holds in parameters, gradients and optimizer state (exact, from tensors)."""
+def model_state_bytes(model, optimizer, grad_bytes: Optional[int] = None) -> Dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state (exact, from tensors).
+
+    ``grad_bytes``: gradient bytes read while gradients existed (the step loop frees them after
+    every optimizer step); None counts the gradients present now.
+    """
     import torch
 
     params = list(model.parameters())
@@ -119,9 +123,9 @@ def model_state_bytes(model, optimizer) -> Dict[str, int]:
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor):
-                optim += _local_bytes(value)
-    param_b = sum(_local_bytes(p) for p in params)
-    grad_b = sum(_local_bytes(p.grad) for p in params if p.grad is not None)
+                optim += local_bytes(value)
+    param_b = sum(local_bytes(p) for p in params)
+    grad_b = grad_bytes if grad_bytes is not None else sum(local_bytes(p.grad) for p in params if p.grad is not None)
     return {"param_bytes": param_b, "grad_bytes": grad_b, "optim_state_bytes": optim,
             "model_state_bytes": param_b + grad_b + optim}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import platform
 import traceback
@@ -17,7 +16,7 @@ from typing import Any, Dict
 
 from jobs.dist import DistEnv, process_group
 from jobs.sinks import FanOut, JsonlSink, MlflowSink, NullSink
-from jobs.spec import LrScaling, Optimizer, Precision, RunSpec, Sharding, Strategy
+from jobs.spec import Optimizer, Precision, RunSpec, Sharding, Strategy
 
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.jsonl"
@@ -71,9 +70,14 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
 
     from jobs import metrics, models, parallel
     from jobs.data import input_batches, samples_unit
-    from jobs.loop import StepTrace, Trainer, run_steps
+    from jobs.loop import StepTrace, Trainer, run_steps, scaled_lr
 
     train, strat, prec = spec.train, spec.strategy, spec.precision
+    if train.sync_batchnorm and device.type != "cuda":
+        # The launcher refuses this before submitting; a RunSpec built by hand gets the same answer
+        # here instead of torch's error from inside the first forward.
+        raise ValueError("sync_batchnorm=true needs CUDA ranks: PyTorch's SyncBatchNorm refuses CPU input. "
+                         "Set sync_batchnorm=false or run on GPU nodes.")
     # Same seed on every rank: identical initial weights (DDP broadcasts them anyway, FSDP
     # shards a model every rank built identically).
     torch.manual_seed(train.seed)
@@ -114,8 +118,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     if train.compile:
         model = torch.compile(model)
 
-    lr = train.lr * {LrScaling.none: 1.0, LrScaling.linear: env.world_size,
-                     LrScaling.sqrt: math.sqrt(env.world_size)}[train.lr_scaling]
+    lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
     if train.optimizer is Optimizer.adamw:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     else:
@@ -140,14 +143,15 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     mine = {
         "step_time_s": measured.step_time_s, "data_time_s": measured.data_time_s,
         "all_step_time_s": warm.step_time_s + measured.step_time_s, "losses": losses,
-        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **metrics.peak_memory(device), **metrics.model_state_bytes(model, optimizer),
+        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **metrics.peak_memory(device),
+        **metrics.model_state_bytes(model, optimizer, grad_bytes=trainer.grad_bytes),
     }
     per_rank = metrics.gather_ranks(mine)
     unit, per_sample = samples_unit(spec.model)
     summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
                                 tokens_per_sample=per_sample, repeats=train.repeats)
     mean_loss = [sum(r["losses"][i] for r in per_rank) / len(per_rank) for i in range(train.steps)]
-    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes)
+    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr)
     flops = models.flops_per_sample(model, spec.model)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     peak = metrics.peak_flops_for(device_name, prec.name.value)

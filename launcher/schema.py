@@ -142,6 +142,14 @@ class Config(TrainSpec):
                 "so its numbers would mislead.",
                 "use precision=bf16 on CPU, or fp16 on GPU nodes (cluster.gpus_per_node>0).",
             )
+        if self.sync_batchnorm and on_cpu:
+            raise ConfigError(
+                "sync_batchnorm", True,
+                "PyTorch's SyncBatchNorm refuses CPU input (\"expected input tensor to be on GPU\"), and these ranks "
+                "run on the CPU.",
+                "drop it (sync_batchnorm=false: each rank normalises over its own batch) or run on GPU nodes "
+                "(cluster.gpus_per_node>0).",
+            )
         self._validate_data()
         if c.name is ClusterKind.slurm:
             for key, value in c.additional_parameters.items():
