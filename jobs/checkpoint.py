@@ -46,6 +46,8 @@ def save(out_dir: Path, model, optimizer, *, rank: int, meta: Dict[str, Any], ra
     # Sync point: the checkpoint is complete only when every rank has written its part.
     dist.barrier()
     if rank == 0:
+        # How many ranks wrote their part: all of them, or the barrier above would not have passed.
+        meta = {**meta, "ranks_saved": len(list(path.glob("rank*.pt")))}
         (path / "meta.json").write_text(json.dumps(meta))
         tmp = root / "latest.tmp"
         tmp.write_text(path.name)

@@ -77,6 +77,8 @@ class DistEnv:
     job_id: str = ""
     source: str = "single"  # torchrun | slurm | submitit-local | single
     hosts: Sequence[str] = field(default_factory=tuple)
+    # What `scontrol requeue` takes for this job: the array task (123_4) when it is one.
+    requeue_id: str = ""
 
     @property
     def is_head(self) -> bool:
@@ -115,6 +117,8 @@ class DistEnv:
                 node_rank=int(env.get("SLURM_NODEID", 0)), num_nodes=num_nodes,
                 master_addr=hosts[0], master_port=port_for_job(job_id),
                 hostname=hostname, job_id=job_id, source="slurm", hosts=tuple(hosts),
+                requeue_id=(f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+                            if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") else job_id),
             )
         if env.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in env:
             world = int(env["SUBMITIT_LOCAL_NTASKS"])

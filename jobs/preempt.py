@@ -12,9 +12,9 @@ strongest request), save together, and:
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
-from typing import Mapping, Optional
 
 NONE, TERM, USR2 = 0, 1, 2
 NAMES = {TERM: "SIGTERM", USR2: "SIGUSR2"}
@@ -37,7 +37,12 @@ class StopRequests:
             self._previous[signum] = signal.signal(signum, self._handler(code))
 
     def _handler(self, code: int):
-        def handle(signum, frame):  # only record: the step in flight must finish first
+        def handle(signum, frame):
+            if code == TERM and self.received >= TERM:
+                # A second SIGTERM: stop now (the first one's checkpoint did not come in time).
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            # Otherwise only record: the step in flight must finish first.
             self.received = max(self.received, code)
         return handle
 
@@ -56,20 +61,11 @@ class StopRequests:
             signal.signal(signum, handler)
 
 
-def requeue(environ: Mapping[str, str]) -> bool:
-    """Requeue this Slurm job (the one array task if it is one). False when not under Slurm."""
-    job = environ.get("SLURM_JOB_ID")
-    if not job:
-        return False
-    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
-        job = f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+def requeue(job_id: str) -> bool:
+    """Requeue this Slurm job; ``job_id`` names the array task (``123_4``) when it is one, so only
+    that task goes back to the queue, not the whole array."""
+    proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     return proc.returncode == 0
 
 
-def restarts(environ: Mapping[str, str]) -> Optional[int]:
-    value = environ.get("SLURM_RESTART_COUNT")
-    return int(value) if value and value.isdigit() else None
-
-
-__all__ = ["NAMES", "NONE", "TERM", "USR2", "Preempted", "StopRequests", "requeue", "restarts"]
+__all__ = ["NAMES", "NONE", "TERM", "USR2", "Preempted", "StopRequests", "requeue"]

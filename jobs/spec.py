@@ -180,6 +180,10 @@ class ModelSpec:
     def validate(self) -> None:
         for name in ("seq_len", "vocab_size", "image_size", "num_classes"):
             _positive(f"model.{name}", getattr(self, name), f"set model.{name} to a positive integer.")
+        if self.name == "custom" and self.target in (None, "???"):
+            raise ConfigError("model.target", self.target, "model=custom builds the class named by model.target, "
+                              "and none is given; it must be importable on the nodes.",
+                              "set model.target=package.module.Class (e.g. torchvision.models.resnet50).")
         if self.target is not None:
             module = self.target.rpartition(".")[0]
             if self.target == "???" or not module or not _module_exists(module):
@@ -284,6 +288,17 @@ class TrainSpec:
 
 
 @dataclass
+class CheckpointSpec:
+    # Save on a stop request (preemption warning USR2, requeue/cancel SIGTERM) and resume from it.
+    enabled: bool = True
+    # Also save every N steps (0: only on stop requests); bounds the work lost to a hard kill.
+    every_steps: int = 0
+
+    def validate(self) -> None:
+        _non_negative("checkpoint.every_steps", self.every_steps, "use 0 (only on stop requests) or e.g. 50.")
+
+
+@dataclass
 class Layout:
     """The resources one grid point runs on, as the launcher planned them."""
 
@@ -314,6 +329,8 @@ class RunSpec:
     # Emulate `layout.nodes` nodes with local processes (the local cluster): node rank and
     # local rank are derived from the global rank as on a real cluster.
     emulate_nodes: bool = False
-    # A collective that waits longer than this fails the job instead of hanging it.
+    # A collective that waits longer than this fails the job instead of hanging it; a rank
+    # without step progress for this long ends itself (jobs/heartbeat.py).
     collective_timeout_s: float = 300.0
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     tags: Dict[str, str] = field(default_factory=dict)

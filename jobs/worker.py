@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, Dict
 
 from jobs.dist import DistEnv, process_group
-from jobs.sinks import FanOut, JsonlSink, MlflowSink, NullSink
+from jobs.heartbeat import Heartbeat
+from jobs.preempt import Preempted
+from jobs.sinks import RUN_ID_FILE, FanOut, JsonlSink, MlflowSink, NullSink
 from jobs.spec import Optimizer, Precision, RunSpec, Sharding, Strategy
 
 RESULT_FILE = "result.json"
@@ -38,17 +40,27 @@ def main(spec: RunSpec) -> Dict[str, Any]:
     sink: NullSink = NullSink()
     if env.is_head:
         sinks = [JsonlSink(out / METRICS_FILE)]
-        if spec.tracking_uri and spec.run_id:
-            sinks.append(MlflowSink(spec.tracking_uri, spec.run_id))
+        if spec.tracking_uri:  # the run id comes with the spec, or later in a file (Slurm: created after sbatch)
+            sinks.append(MlflowSink(spec.tracking_uri, spec.run_id, out / RUN_ID_FILE))
         sink = FanOut(*sinks)
+    heartbeat = Heartbeat(out, env.rank, env.hostname, stall_timeout_s=spec.collective_timeout_s)
     try:
         with process_group(env, backend, timeout_s=spec.collective_timeout_s):
-            result = benchmark(spec, env, device, backend, sink)
+            result = benchmark(spec, env, device, backend, sink, heartbeat)
+    except Preempted as exc:
+        # Not a failure: the checkpoint is saved and the run stays open; the job resumes from it
+        # when Slurm requeues it (or when its cell is resubmitted).
+        heartbeat.close("preempted")
+        if env.is_head and not exc.requeued:
+            (out / "preempted.txt").write_text(f"rank {env.rank} on {env.hostname}: {exc}\n")
+        raise
     except BaseException as exc:
+        heartbeat.close("failed")
         error = f"rank {env.rank} on {env.hostname} failed: {type(exc).__name__}: {exc}"
         sink.finish("FAILED", error)
         (out / f"error-rank{env.rank}.txt").write_text(error + "\n\n" + traceback.format_exc())
         raise
+    heartbeat.close("finished")
     if env.is_head:
         (out / RESULT_FILE).write_text(json.dumps(result, indent=2, sort_keys=True))
     sink.finish("FINISHED")
@@ -64,13 +76,12 @@ def _fsdp_no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink) -> Dict[str, Any]:
+def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat) -> Dict[str, Any]:
     import torch
-    import torch.distributed as dist
 
-    from jobs import metrics, models, parallel
+    from jobs import metrics, models, parallel, schedule
     from jobs.data import input_batches, samples_unit
-    from jobs.loop import StepTrace, Trainer, run_steps, scaled_lr
+    from jobs.loop import Trainer, scaled_lr
 
     train, strat, prec = spec.train, spec.strategy, spec.precision
     if train.sync_batchnorm and device.type != "cuda":
@@ -130,19 +141,39 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
                       device=device, no_sync=no_sync, scaler=scaler)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    warm, measured = StepTrace(), StepTrace()
-    run_steps(trainer, batches, train.warmup_steps, sync, warm)
-    metrics.reset_peak_memory(device)
-    # Sync point: every rank starts the measured window together, so no rank's window includes
-    # waiting for a slower rank to finish its warm-up.
-    dist.barrier()
-    run_steps(trainer, batches, train.steps - train.warmup_steps, sync, measured)
+    def step_records(history_per_rank, lo: int, hi: int):
+        """Per-step records for steps lo..hi-1: mean loss over ranks, the slowest rank's time."""
+        out = []
+        for step in range(lo, hi):
+            idx = [h["steps"].index(step) for h in history_per_rank]
+            out.append({"step": step,
+                        "loss": sum(h["losses"][i] for h, i in zip(history_per_rank, idx, strict=True)) / len(idx),
+                        "step_time_ms": 1e3 * max(h["step_time_s"][i] for h, i in zip(history_per_rank, idx, strict=True))})
+        return out
 
-    # One read of all losses after the measured window (a device sync, outside the timing).
-    losses = torch.stack(warm.losses + measured.losses).float().cpu().tolist()
+    def log_before_stop(history, logged_through: int, step: int) -> int:
+        # Collective: the steps so far reach JSONL and MLflow before the job stops, so the run's
+        # step history stays continuous across a requeue.
+        histories = metrics.gather_ranks(history.portable())
+        # Steps before a layout change live only in the old ranks' histories: log from what all have.
+        first = max([logged_through] + [h["steps"][0] for h in histories])
+        sink.log_steps(step_records(histories, first, step))
+        sink.flush()
+        return step
+
+    outcome = schedule.run(
+        trainer, batches, model=model, optimizer=optimizer, env=env, device=device, out_dir=Path(spec.out_dir),
+        total_steps=train.steps, warmup_steps=train.warmup_steps, accum_steps=train.grad_accum_steps,
+        every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0, sync=sync,
+        on_step=heartbeat.beat, on_checkpoint=log_before_stop,
+        reset_peak_memory=lambda: metrics.reset_peak_memory(device),
+    )
+    heartbeat.pause()  # the final reduction and logging are not stalls
+    history = outcome.history
+    first_step_unix_s = outcome.first_step_unix_s
     mine = {
-        "step_time_s": measured.step_time_s, "data_time_s": measured.data_time_s,
-        "all_step_time_s": warm.step_time_s + measured.step_time_s, "losses": losses,
+        "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
+        "history": history.portable(),
         "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **metrics.peak_memory(device),
         **metrics.model_state_bytes(model, optimizer, grad_bytes=trainer.grad_bytes),
     }
@@ -150,8 +181,13 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     unit, per_sample = samples_unit(spec.model)
     summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
                                 tokens_per_sample=per_sample, repeats=train.repeats)
-    mean_loss = [sum(r["losses"][i] for r in per_rank) / len(per_rank) for i in range(train.steps)]
-    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr)
+    # Every rank has every step when the layout is unchanged since the first start.
+    histories = [r["history"] for r in per_rank]
+    full = all(h["steps"] == list(range(train.steps)) for h in histories)
+    mean_loss = ([sum(h["losses"][i] for h in histories) / len(histories) for i in range(train.steps)] if full
+                 else histories[0]["losses"])
+    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
+                   restarts=outcome.restarts)
     flops = models.flops_per_sample(model, spec.model)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     peak = metrics.peak_flops_for(device_name, prec.name.value)
@@ -159,20 +195,18 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink)
     if achieved is not None:
         summary["mfu"] = achieved
 
-    records = [
-        {"step": i, "loss": mean_loss[i],
-         "step_time_ms": 1e3 * max(r["all_step_time_s"][i] for r in per_rank)}
-        for i in range(train.steps)
-    ]
+    first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
+    records = step_records(histories, first_logged, train.steps)
     hosts = sorted({r["hostname"] for r in per_rank})
-    tags = {"hostnames": ",".join(hosts), "torch_version": torch.__version__, "backend": backend,
+    tags = {"hostnames": ",".join(hosts), "torch_version": str(torch.__version__), "backend": backend,
             "device_name": device_name, "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
             "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
-            "job_id": env.job_id}
+            "job_id": env.job_id, "restarts": str(outcome.restarts)}
     sink.set_tags(tags)
     sink.log_steps(records)
     sink.log_summary(summary)
     return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
+            "first_step_unix_s": first_step_unix_s,
             # What each rank used to rendezvous: all equal, or the job could not have run.
             "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank]}
 

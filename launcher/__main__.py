@@ -97,13 +97,23 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from launcher import sweep
 
-    state = sweep.prepare(cells, ["python -m launcher", *args])
     cfg = cells[0].config
+    # The MLflow runs come after submission (sweep.create_runs): importing MLflow and opening its
+    # store take ~2 s, and no job needs its run before it ends.
+    state = sweep.prepare(cells, ["python -m launcher", *args], runs=False)
     print(f"sweep {state.name}: {len(cells)} cell(s) -> {state.sweep_dir}", flush=True)
     if state.cluster == "local":
         sweep.run_local(state, cells)
     else:
         sweep.submit_slurm(state, cells)
+        if state.tracking_uri:
+            try:
+                sweep.create_runs(state, cells)
+                print(f"MLflow: parent run {state.parent_run_id}, {len(cells)} cell run(s) in {state.tracking_uri}",
+                      flush=True)
+            except Exception as exc:  # the jobs are in the queue already; their JSONL records hold everything
+                print(f"[mlflow] the jobs are submitted, but their runs could not be created in {state.tracking_uri}: "
+                      f"{type(exc).__name__}: {exc}. Each cell's metrics.jsonl has its results.", file=sys.stderr)
         if not cfg.wait:
             return 0
         sweep.wait_slurm(state)

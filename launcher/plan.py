@@ -91,27 +91,53 @@ def _explain(exc: Exception, overrides: List[str]) -> str:
     return f"[{where}] {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
+def _changes_composition(override: str, config_dir: Path) -> bool:
+    """Whether an override changes what Hydra composes (a config group, an addition or deletion, a
+    package, Hydra's own settings) rather than a value of the composed config (``nodes=2``)."""
+    key = override.split("=", 1)[0]
+    if "=" not in override or key.startswith(("+", "~", "hydra")) or "/" in key or "@" in key:
+        return True
+    return (config_dir / key).is_dir()
+
+
 def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path = CONF_DIR) -> List[Point]:
-    """Compose and validate every point; raise SweepError listing every invalid one."""
+    """Compose and validate every point; raise SweepError listing every invalid one.
+
+    Hydra composes once per distinct set of group choices; each point then gets its value
+    overrides applied to a copy, by the function Hydra's own compose applies them with (after
+    composing the defaults list). The result is the same config, and a 16-point grid over
+    strategy x precision x nodes x seed composes 4 times instead of 16 (~65 ms each).
+    """
+    import copy
+
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     from launcher.schema import register
 
     register()
+    parser = OverridesParser.create()
+    composed: Dict[Tuple[str, ...], object] = {}
     points, errors = [], []
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         for overrides in point_overrides:
+            groups = tuple(o for o in overrides if _changes_composition(o, config_dir))
+            values = [o for o in overrides if not _changes_composition(o, config_dir)]
             try:
-                cfg = hydra_compose(config_name="config", overrides=overrides)
+                if groups not in composed:
+                    composed[groups] = hydra_compose(config_name="config", overrides=list(groups))
+                cfg = copy.deepcopy(composed[groups])
+                ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides(values), cfg)
                 config: Config = OmegaConf.to_object(cfg)
                 config.validate()
             except Exception as exc:  # every kind of bad input becomes one readable line
                 errors.append(_explain(exc, overrides))
                 continue
-            values = dict(o.split("=", 1) for o in overrides if "=" in o)
-            points.append(Point(overrides, {k.lstrip("+~"): values.get(k, "") for k in swept}, config))
+            values_by_key = dict(o.split("=", 1) for o in overrides if "=" in o)
+            points.append(Point(overrides, {k.lstrip("+~"): values_by_key.get(k, "") for k in swept}, config))
     if errors:
         raise SweepError("\n".join(dict.fromkeys(errors)))
     return points
@@ -171,4 +197,5 @@ def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: Optional[str], run_id: O
         strategy=cfg.strategy, precision=cfg.precision, model=cfg.model, data=cfg.data, train=train,
         layout=cell.layout, tracking_uri=tracking_uri, run_id=run_id,
         emulate_nodes=cfg.cluster.name is ClusterKind.local, collective_timeout_s=cfg.collective_timeout_s,
+        checkpoint=cfg.checkpoint,
     )

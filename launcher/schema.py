@@ -9,11 +9,11 @@ objects, and :meth:`Config.validate` runs every check that needs no cluster.
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from jobs.spec import (
+    CheckpointSpec,
     ConfigError,
     DataKind,
     DataSpec,
@@ -82,8 +82,6 @@ class TrackingConfig:
     experiment: str = "ddp-vs-fsdp"
 
 
-_SAFE_SBATCH_VALUE = re.compile(r"^[\w.,:=@%/+\-\[\] ]*$")
-
 
 @dataclass
 class Config(TrainSpec):
@@ -98,6 +96,7 @@ class Config(TrainSpec):
     # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
     wait: Optional[bool] = None
     collective_timeout_s: float = 300.0
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     def validate(self) -> None:
         TrainSpec.validate(self)
@@ -110,6 +109,7 @@ class Config(TrainSpec):
         _non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
         _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
         _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
+        self.checkpoint.validate()
         if c.cpus_per_task is not None:
             _positive("cluster.cpus_per_task", c.cpus_per_task, "use 1 or more, or drop it to derive it.")
         if c.gpus_per_node and c.tasks_per_node != c.gpus_per_node:
@@ -151,14 +151,15 @@ class Config(TrainSpec):
                 "(cluster.gpus_per_node>0).",
             )
         self._validate_data()
-        if c.name is ClusterKind.slurm:
-            for key, value in c.additional_parameters.items():
-                if not re.fullmatch(r"[a-z][a-z0-9_]*", str(key)) or not _SAFE_SBATCH_VALUE.match(str(value)):
-                    raise ConfigError(
-                        f"cluster.additional_parameters.{key}", value,
-                        "sbatch parameters may hold letters, digits and . , : = @ % / + - [ ] only (no shell syntax).",
-                        "write the value plainly, e.g. cluster.additional_parameters.reservation=bench.",
-                    )
+        from launcher.safety import check_cluster
+
+        check_cluster(c)
+        _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
+        if c.mem_gb is not None:
+            _positive("cluster.mem_gb", c.mem_gb, "give the memory per node in GiB, or null for the default.")
+        if not self.tracking.experiment.strip():
+            raise ConfigError("tracking.experiment", self.tracking.experiment, "is empty.",
+                              "name the MLflow experiment, e.g. tracking.experiment=ddp-vs-fsdp.")
         if c.container.runtime is not None and c.container.runtime.value != "none" and not c.container.image:
             raise ConfigError("cluster.container.image", None,
                               f"cluster.container.runtime={c.container.runtime.value} needs an image.",

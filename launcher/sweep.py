@@ -20,8 +20,9 @@ from launcher.state import CellState, SweepState
 TERMINAL = ("done", "failed", "cancelled")
 
 
-def prepare(cells: List[Cell], argv: List[str]) -> SweepState:
-    """Create the sweep directory, MLflow parent/child runs, and the on-disk state."""
+def prepare(cells: List[Cell], argv: List[str], runs: bool = True) -> SweepState:
+    """Create the sweep directory, the on-disk state and, unless ``runs=False`` (then
+    :func:`create_runs` comes after submission), the MLflow parent/child runs."""
     cfg = cells[0].config  # sweep-level settings are uniform (plan._check_uniform)
     root = Path(cfg.output_root)
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -29,37 +30,59 @@ def prepare(cells: List[Cell], argv: List[str]) -> SweepState:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name.value,
                        argv=argv)
-    specs = {}
-    tracker = None
     if cfg.tracking.enabled:
         from launcher import tracking
 
         root.mkdir(parents=True, exist_ok=True)
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(root)
-        tracker = tracking.SweepTracker(state.tracking_uri, cfg.tracking.experiment)
-        state.experiment_id = tracker.experiment_id
-        state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir, "argv": " ".join(argv),
-                                                          "cluster": state.cluster, "cells": str(len(cells))})
     for cell in cells:
-        cs = CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
-                       nodes=cell.layout.nodes, world_size=cell.layout.world_size, strategy=cell.config.strategy.label,
-                       precision=cell.config.precision.name.value, model=cell.config.model.name)
-        if tracker:
-            from dataclasses import asdict
-
-            from launcher import tracking
-
-            tags = {"strategy": cs.strategy, "precision": cs.precision, "nodes": str(cs.nodes),
-                    "world_size": str(cs.world_size), "model": cs.model, "cell": cell.name}
-            params = tracking.flatten(_plain(asdict(cell.config)))
-            cs.run_id = tracker.child(state.parent_run_id, cell.name, params, tags)
-        state.cells.append(cs)
-        specs[cell.index] = run_spec(cell, sweep_dir, state.tracking_uri, cs.run_id)
-        state.save_spec(cs, specs[cell.index])
+        state.cells.append(CellState(
+            index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides, nodes=cell.layout.nodes,
+            world_size=cell.layout.world_size, strategy=cell.config.strategy.label,
+            precision=cell.config.precision.name.value, model=cell.config.model.name))
+    if runs:
+        create_runs(state, cells)
+    # Local cells log no MLflow from their ranks: the launcher waits for each cell anyway and logs
+    # its metrics.jsonl into its run as it ends (finish_run), one SQLite writer, no MLflow import on
+    # rank 0. Slurm ranks log themselves; without a run yet, rank 0 reads the run id at the end of
+    # the job from the cell's run-id file (jobs.sinks.RUN_ID_FILE), which create_runs writes.
+    worker_uri = None if state.cluster == "local" else state.tracking_uri
+    for cs, cell in zip(state.cells, cells, strict=True):
+        state.save_spec(cs, run_spec(cell, sweep_dir, worker_uri, cs.run_id))
     # Resubmission later needs the cluster settings, not only the cells' specs.
     (sweep_dir / "cluster.pkl").write_bytes(pickle.dumps(cfg.cluster))
     state.save()
     return state
+
+
+def create_runs(state: SweepState, cells: List[Cell]) -> None:
+    """The sweep's MLflow parent run and one child run per cell; each cell's run id also goes to
+    its directory, where the cell's rank 0 reads it when it logs, at the end of its job.
+
+    Importing MLflow and opening its store take ~2 s, and no job needs its run before it ends: a
+    Slurm sweep creates the runs once sbatch has accepted every job, a local sweep once its first
+    cell has ended (while nothing runs, so the work never lands in a measurement).
+    """
+    if not state.tracking_uri:
+        return
+    from dataclasses import asdict
+
+    from jobs.sinks import RUN_ID_FILE
+    from launcher import tracking
+
+    cfg = cells[0].config
+    tracker = tracking.SweepTracker(state.tracking_uri, cfg.tracking.experiment)
+    state.experiment_id = tracker.experiment_id
+    state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir, "argv": " ".join(state.argv),
+                                                      "cluster": state.cluster, "cells": str(len(cells))})
+    for cs, cell in zip(state.cells, cells, strict=True):
+        tags = {"strategy": cs.strategy, "precision": cs.precision, "nodes": str(cs.nodes),
+                "world_size": str(cs.world_size), "model": cs.model, "cell": cell.name}
+        params = tracking.flatten(_plain(asdict(cell.config)))
+        cs.run_id = tracker.child(state.parent_run_id, cell.name, params, tags)
+        state.cell_dir(cs).mkdir(parents=True, exist_ok=True)
+        (state.cell_dir(cs) / RUN_ID_FILE).write_text(cs.run_id + "\n")
+    state.save()
 
 
 def _plain(tree):
@@ -85,6 +108,7 @@ def _error_of(state: SweepState, cell: CellState, exc: Optional[BaseException]) 
 
 def run_local(state: SweepState, cells: List[Cell]) -> None:
     folder = state.path / "submitit"
+    runs_tried = False
     for cs, cell in zip(state.cells, cells, strict=True):
         if cs.status == "done":
             continue
@@ -103,6 +127,13 @@ def run_local(state: SweepState, cells: List[Cell]) -> None:
         except Exception as exc:  # a failed cell is recorded; the sweep goes on
             cs.status, cs.error = "failed", _error_of(state, cs, exc)
             print(f"    failed: {cs.error}", file=sys.stderr, flush=True)
+        if state.tracking_uri and not state.parent_run_id and not runs_tried:
+            runs_tried = True
+            try:
+                create_runs(state, cells)
+            except Exception as exc:  # tracking is best-effort here too: every cell still writes its JSONL
+                print(f"[mlflow] could not create the runs in {state.tracking_uri}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
         finish_run(state, cs)
         state.save()
 

@@ -132,10 +132,12 @@ def reconcile(uri: str, run_id: str, job_status: str, error: Optional[str] = Non
     if wanted is None:
         return
     client = MlflowClient(tracking_uri=uri)
-    current = client.get_run(run_id).info.status
-    if current == "RUNNING" or (wanted != "FINISHED" and current != wanted):
-        if error:
-            client.set_tag(run_id, "error", error[:5000])
+    run = client.get_run(run_id)
+    if error and wanted != "FINISHED" and run.data.tags.get("error") != error[:5000]:
+        # The launcher's first-failure analysis (which rank died first, and where) replaces what a
+        # surviving rank saw, often only "connection closed by peer".
+        client.set_tag(run_id, "error", error[:5000])
+    if run.info.status == "RUNNING" or (wanted != "FINISHED" and run.info.status != wanted):
         client.set_terminated(run_id, wanted)
 
 
