@@ -175,6 +175,7 @@ def summarize(per_rank: List[Dict[str, Any]], *, samples_per_step: int, tokens_p
         out["throughput_tokens_per_s"] = throughput * tokens_per_sample
         out["throughput_tokens_per_s_per_device"] = throughput * tokens_per_sample / world
     for key in per_rank[0]:
-        if key.endswith("_gib") or key.endswith("_bytes"):
+        # Memory and communication: the worst rank is the one that limits the job.
+        if key.endswith(("_gib", "_bytes")) or key.startswith("comm_"):
             out[key] = max(r[key] for r in per_rank)
     return out

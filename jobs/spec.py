@@ -260,6 +260,9 @@ class TrainSpec:
     activation_checkpointing: bool = False
     compile: bool = False
     sync_batchnorm: bool = False
+    # Extra steps after the measured window, run under the profiler to measure communication
+    # time (jobs/comm.py); not part of any throughput figure. 0 turns the probe off.
+    comm_probe_steps: int = 3
 
     def validate(self) -> None:
         for name, fix in (
@@ -272,6 +275,7 @@ class TrainSpec:
         ):
             _positive(name, getattr(self, name), fix)
         _non_negative("warmup_steps", self.warmup_steps, "use warmup_steps=0 or more.")
+        _non_negative("comm_probe_steps", self.comm_probe_steps, "use 0 (no probe) or a few steps, e.g. 3.")
         if self.warmup_steps >= self.steps:
             raise ConfigError(
                 "warmup_steps", self.warmup_steps,

@@ -168,6 +168,14 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         on_step=heartbeat.beat, on_checkpoint=log_before_stop,
         reset_peak_memory=lambda: metrics.reset_peak_memory(device),
     )
+    comm_figures = {}
+    if train.comm_probe_steps and env.world_size > 1:
+        from jobs import comm
+        from jobs.loop import StepTrace, run_steps
+
+        probe_trace = StepTrace()
+        comm_figures = comm.probe(lambda n: run_steps(trainer, batches, n, sync, probe_trace), train.comm_probe_steps,
+                                  on_gpu=device.type == "cuda")
     heartbeat.pause()  # the final reduction and logging are not stalls
     history = outcome.history
     first_step_unix_s = outcome.first_step_unix_s
@@ -175,7 +183,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
         "history": history.portable(),
         "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **metrics.peak_memory(device),
-        **metrics.model_state_bytes(model, optimizer, grad_bytes=trainer.grad_bytes),
+        **metrics.model_state_bytes(model, optimizer, grad_bytes=trainer.grad_bytes), **comm_figures,
     }
     per_rank = metrics.gather_ranks(mine)
     unit, per_sample = samples_unit(spec.model)

@@ -1,0 +1,129 @@
+"""Communication time, from the profiler's collective events.
+
+Method: after the measured window, ``probe_steps`` more training steps run under
+``torch.profiler`` (they are not part of any throughput or step-time figure). From the trace:
+
+- collective intervals: the execution of each collective (``gloo:*`` events on gloo's worker
+  threads on CPU; NCCL kernels on the GPU timeline);
+- compute intervals: the training thread's ``aten::`` operators on CPU; the non-NCCL kernels on
+  the GPU timeline;
+- ``comm_time_ms`` = length of the union of collective intervals, per step: time during which
+  some collective was in flight;
+- ``comm_exposed_ms`` = length of (collectives minus compute), per step: communication that no
+  computation hid (DDP overlaps its bucketed all-reduce with backward; FSDP prefetches
+  all-gathers);
+- ``comm_share`` = exposed / the probe's step time: the share of a step that faster
+  communication would save.
+
+Limits: the profiler adds overhead to the probe steps (so shares, not absolute times, are the
+figure to compare); on CPU, gloo's threads compete with compute for the same cores, so "hidden"
+communication still slows compute down there; CPU ops that block inside an operator (a copy
+waiting for data) count as compute. Reported per rank and reduced as the maximum.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+Interval = Tuple[float, float]
+
+_COMM_MARKERS = ("nccl", "gloo:")
+
+
+def _is_comm(name: str) -> bool:
+    low = name.lower()
+    return any(m in low for m in _COMM_MARKERS)
+
+
+def union_length(intervals: List[Interval]) -> float:
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def merged(intervals: List[Interval]) -> List[Interval]:
+    out: List[Interval] = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def minus_length(a: List[Interval], b: List[Interval]) -> float:
+    """Length of union(a) minus union(b)."""
+    a, b = merged(a), merged(b)
+    total, j = 0.0, 0
+    for lo, hi in a:
+        covered = 0.0
+        while j < len(b) and b[j][1] <= lo:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < hi:
+            covered += min(hi, b[k][1]) - max(lo, b[k][0])
+            k += 1
+        total += (hi - lo) - covered
+    return total
+
+
+def intervals_from_events(events, main_thread: int, on_gpu: bool) -> Tuple[List[Interval], List[Interval]]:
+    """(collective, compute) intervals in microseconds from profiler events."""
+    comm: List[Interval] = []
+    compute: List[Interval] = []
+    for e in events:
+        rng = e.time_range
+        span = (float(rng.start), float(rng.end))
+        is_device = getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")
+        if on_gpu:
+            if is_device:
+                (comm if _is_comm(e.name) else compute).append(span)
+        elif _is_comm(e.name):
+            comm.append(span)
+        elif e.thread == main_thread and e.name.startswith("aten::") and "wait" not in e.name:
+            compute.append(span)
+    return comm, compute
+
+
+def probe(run_steps, n_steps: int, on_gpu: bool) -> Dict[str, float]:
+    """Run ``run_steps(n_steps)`` under the profiler; per-step communication figures."""
+    import threading
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        run_steps(n_steps)
+        wall_s = time.perf_counter() - t0
+    events = prof.events()
+    # The training thread is the one that ran this function; the profiler names threads by
+    # their native id.
+    main_thread = _main_thread_id(events, threading.get_native_id())
+    comm, compute = intervals_from_events(events, main_thread, on_gpu)
+    comm_us = union_length(comm)
+    exposed_us = minus_length(comm, compute)
+    step_ms = 1e3 * wall_s / n_steps
+    return {
+        "comm_time_ms": comm_us / 1e3 / n_steps,
+        "comm_exposed_ms": exposed_us / 1e3 / n_steps,
+        "comm_probe_step_time_ms": step_ms,
+        "comm_share": (exposed_us / 1e3 / n_steps) / step_ms if step_ms else 0.0,
+    }
+
+
+def _main_thread_id(events, native_id: int) -> int:
+    threads = {e.thread for e in events}
+    if native_id in threads:
+        return native_id
+    # Fall back to the thread with the most aten:: operators (the one that trains).
+    counts: Dict[int, int] = {}
+    for e in events:
+        if e.name.startswith("aten::"):
+            counts[e.thread] = counts.get(e.thread, 0) + 1
+    return max(counts, key=counts.get) if counts else -1
