@@ -209,7 +209,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     tags = {"hostnames": ",".join(hosts), "torch_version": str(torch.__version__), "backend": backend,
             "device_name": device_name, "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
             "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
-            "job_id": env.job_id, "restarts": str(outcome.restarts)}
+            "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device)}
     sink.set_tags(tags)
     sink.log_steps(records)
     sink.log_summary(summary)
@@ -217,6 +217,20 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
             "first_step_unix_s": first_step_unix_s,
             # What each rank used to rendezvous: all equal, or the job could not have run.
             "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank]}
+
+
+def _provenance(torch, device) -> Dict[str, str]:
+    """Versions and the environment variables that change what a benchmark measures."""
+    tags = {"python_version": platform.python_version(), "cuda_version": str(torch.version.cuda),
+            "hostname_rank0": platform.node()}
+    if device.type == "cuda":
+        tags["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        tags["device_count"] = str(torch.cuda.device_count())
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(("NCCL_", "TORCH_", "OMP_", "CUDA_VISIBLE_DEVICES", "GLOO_", "MKL_", "SLURM_JOB_ID",
+                            "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK"))}
+    tags["env"] = json.dumps(env)[:5000]
+    return tags
 
 
 class Worker:
