@@ -114,6 +114,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             except Exception as exc:  # the jobs are in the queue already; their JSONL records hold everything
                 print(f"[mlflow] the jobs are submitted, but their runs could not be created in {state.tracking_uri}: "
                       f"{type(exc).__name__}: {exc}. Each cell's metrics.jsonl has its results.", file=sys.stderr)
+        sweep.print_jobs(state)
+        print(f"Follow with: python -m launcher.status {state.sweep_dir}", flush=True)
         if not cfg.wait:
             return 0
         sweep.wait_slurm(state)

@@ -79,6 +79,10 @@ def finish_tracking(state: SweepState, cell: CellState) -> None:
 
     sync_cell(state, cell)
     try:
+        from launcher.tracking import attach_cell_artifacts
+
+        attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell), state.path / "submitit",
+                              cell.job_id)
         reconcile(state.tracking_uri, cell.run_id, cell.status, cell.error)
     except Exception as exc:  # a tracking outage must not break status; the next refresh retries
         print(f"[mlflow] could not update run {cell.run_id}: {exc}", file=sys.stderr)

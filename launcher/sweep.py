@@ -49,6 +49,7 @@ def prepare(cells: List[Cell], argv: List[str], runs: bool = True) -> SweepState
     worker_uri = None if state.cluster == "local" else state.tracking_uri
     for cs, cell in zip(state.cells, cells, strict=True):
         state.save_spec(cs, run_spec(cell, sweep_dir, worker_uri, cs.run_id))
+        write_resolved_config(state.cell_dir(cs) / "config.yaml", cell)
     # Resubmission later needs the cluster settings, not only the cells' specs.
     (sweep_dir / "cluster.pkl").write_bytes(pickle.dumps(cfg.cluster))
     state.save()
@@ -73,16 +74,29 @@ def create_runs(state: SweepState, cells: List[Cell]) -> None:
     cfg = cells[0].config
     tracker = tracking.SweepTracker(state.tracking_uri, cfg.tracking.experiment)
     state.experiment_id = tracker.experiment_id
+    code = tracking.code_provenance()
     state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir, "argv": " ".join(state.argv),
-                                                      "cluster": state.cluster, "cells": str(len(cells))})
+                                                      "cluster": state.cluster, "cells": str(len(cells)), **code})
     for cs, cell in zip(state.cells, cells, strict=True):
         tags = {"strategy": cs.strategy, "precision": cs.precision, "nodes": str(cs.nodes),
-                "world_size": str(cs.world_size), "model": cs.model, "cell": cell.name}
+                "world_size": str(cs.world_size), "model": cs.model, "cell": cell.name, **code}
+        if cs.job_id and state.cluster == "slurm":
+            tags["slurm_job_id"] = cs.job_id
         params = tracking.flatten(_plain(asdict(cell.config)))
         cs.run_id = tracker.child(state.parent_run_id, cell.name, params, tags)
         state.cell_dir(cs).mkdir(parents=True, exist_ok=True)
         (state.cell_dir(cs) / RUN_ID_FILE).write_text(cs.run_id + "\n")
     state.save()
+
+
+def write_resolved_config(path: Path, cell: Cell) -> None:
+    """The cell's whole resolved config as YAML (secrets in URIs masked): what this cell ran with."""
+    from omegaconf import OmegaConf
+
+    from launcher.safety import secrets_masked
+
+    text = OmegaConf.to_yaml(OmegaConf.structured(cell.config))
+    path.write_text(f"# {cell.name}\n# overrides: {' '.join(cell.overrides)}\n" + secrets_masked(text))
 
 
 def _plain(tree):
@@ -158,9 +172,14 @@ def submit_slurm(state: SweepState, cells: List[Cell]) -> None:
     for cell, job in zip([c for g in ordered for c in g], jobs, strict=True):
         cs = state.cells[cell.index]
         cs.job_id, cs.status = job.job_id, "submitted"
-        print(f"{job.job_id}\t{cs.name}\t{state.cell_dir(cs)}\trun {cs.run_id or '-'}", flush=True)
     state.save()
-    print(f"{len(jobs)} cells in {len(ordered)} sbatch call(s). Follow with: python -m launcher.status {state.sweep_dir}")
+    print(f"{len(jobs)} cells in {len(ordered)} sbatch call(s).", flush=True)
+
+
+def print_jobs(state: SweepState) -> None:
+    """One line per submitted cell: job id, grid point, directory, MLflow run id."""
+    for cs in state.cells:
+        print(f"{cs.job_id}\t{cs.name}\t{state.cell_dir(cs)}\trun {cs.run_id or '-'}", flush=True)
 
 
 def finalize(state: SweepState) -> str:

@@ -177,3 +177,35 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> Optional[str]:
         if not os.access(path.parent, os.W_OK):
             return f"the directory {path.parent} is not writable"
     return None
+
+
+def code_provenance() -> Dict[str, str]:
+    """The project's git commit and whether the working tree had uncommitted changes."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": "unknown"}
+    return {"git_commit": commit or "unknown", "git_dirty": str(bool(dirty)).lower()}
+
+
+def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: Path, job_id: Optional[str]) -> None:
+    """The cell's resolved config, records, errors, rank logs and the rendered sbatch script."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    for name in ("config.yaml", "metrics.jsonl", "result.json", "preempted.txt"):
+        if (cell_dir / name).exists():
+            client.log_artifact(run_id, str(cell_dir / name))
+    for path in sorted(cell_dir.glob("error-rank*.txt")) + sorted((cell_dir / "ranks").glob("*")):
+        client.log_artifact(run_id, str(path), "ranks")
+    if job_id and submitit_dir.is_dir():
+        array_id = job_id.split("_")[0]
+        for path in sorted(set(submitit_dir.glob(f"{job_id}_*")) | set(submitit_dir.glob(f"{array_id}_submission.sh"))):
+            if path.suffix in (".out", ".err", ".sh"):
+                client.log_artifact(run_id, str(path), "logs")
