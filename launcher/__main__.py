@@ -100,7 +100,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = cells[0].config
     # The MLflow runs come after submission (sweep.create_runs): importing MLflow and opening its
     # store take ~2 s, and no job needs its run before it ends.
-    state = sweep.prepare(cells, ["python -m launcher", *args], runs=False)
+    try:
+        state = sweep.prepare(cells, ["python -m launcher", *args], runs=False)
+    except SweepError as exc:
+        print(f"error: {exc}\nnothing was submitted.", file=sys.stderr)
+        return 2
     print(f"sweep {state.name}: {len(cells)} cell(s) -> {state.sweep_dir}", flush=True)
     if state.cluster == "local":
         sweep.run_local(state, cells)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from launcher import submit
-from launcher.plan import Cell, run_spec
-from launcher.state import CellState, SweepState
+from launcher.plan import Cell, SweepError, run_spec
+from launcher.state import STATE_FILE, CellState, SweepState
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -27,6 +27,8 @@ def prepare(cells: List[Cell], argv: List[str], runs: bool = True) -> SweepState
     root = Path(cfg.output_root)
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else root / stamp
+    if (sweep_dir / STATE_FILE).exists():
+        return resume(sweep_dir, cells)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name.value,
                        argv=argv)
@@ -56,6 +58,28 @@ def prepare(cells: List[Cell], argv: List[str], runs: bool = True) -> SweepState
     return state
 
 
+def resume(sweep_dir: Path, cells: List[Cell]) -> SweepState:
+    """The same command on an existing sweep directory: cells already done are kept, the others run
+    again (from their checkpoints where they have one), logging into their existing MLflow runs."""
+    state = SweepState.load(sweep_dir)
+    if [c.name for c in state.cells] != [c.name for c in cells]:
+        raise SweepError(f"sweep_dir={str(sweep_dir)!r} holds another sweep ({len(state.cells)} cells: "
+                         f"{', '.join(c.name for c in state.cells[:4])}...). Fix: repeat that sweep's grid to resume "
+                         f"it, or give a new sweep_dir.")
+    again = [cs for cs in state.cells if cs.status != "done"]
+    for cs in again:
+        cs.status, cs.job_id, cs.error = "planned", None, None
+    if state.tracking_uri:
+        from launcher.tracking import reopen
+
+        for cs in again:
+            if cs.run_id:
+                reopen(state.tracking_uri, cs.run_id)
+    state.save()
+    print(f"resuming {state.name}: {len(state.cells) - len(again)} cell(s) done, {len(again)} to run", flush=True)
+    return state
+
+
 def create_runs(state: SweepState, cells: List[Cell]) -> None:
     """The sweep's MLflow parent run and one child run per cell; each cell's run id also goes to
     its directory, where the cell's rank 0 reads it when it logs, at the end of its job.
@@ -64,8 +88,8 @@ def create_runs(state: SweepState, cells: List[Cell]) -> None:
     Slurm sweep creates the runs once sbatch has accepted every job, a local sweep once its first
     cell has ended (while nothing runs, so the work never lands in a measurement).
     """
-    if not state.tracking_uri:
-        return
+    if not state.tracking_uri or state.parent_run_id:
+        return  # no tracking, or the runs exist already (a resumed sweep)
     from dataclasses import asdict
 
     from jobs.sinks import RUN_ID_FILE
@@ -161,7 +185,8 @@ def finish_run(state: SweepState, cs: CellState) -> None:
 def submit_slurm(state: SweepState, cells: List[Cell]) -> None:
     groups: Dict[tuple, List[Cell]] = {}
     for cell in cells:
-        groups.setdefault(cell.shape(), []).append(cell)
+        if state.cells[cell.index].status != "done":  # a resumed sweep skips what finished
+            groups.setdefault(cell.shape(), []).append(cell)
     cluster = cells[0].config.cluster
     ordered = list(groups.values())
     jobs = submit.submit_arrays(

@@ -72,3 +72,25 @@ def test_failing_cell_is_recorded_and_marked_failed(tmp_path, fast_overrides):
     assert cell.status == "failed" and re.match(r"rank [01] on \S+ failed: ValueError", cell.error)
     run = MlflowClient(tracking_uri=state.tracking_uri).get_run(cell.run_id)
     assert run.info.status == "FAILED" and "bogus" in run.data.tags["error"]
+
+
+def test_rerunning_a_sweep_resumes_it_without_rerunning_finished_cells(tmp_path, fast_overrides):
+    code, state = run_sweep(tmp_path, "strategy=ddp,fsdp", *fast_overrides)
+    assert code == 0
+    # As if the sweep had been interrupted during its second cell.
+    second = state.cells[1]
+    (state.cell_dir(second) / "result.json").unlink()
+    second.status = "failed"
+    state.save()
+    done_job = state.cells[0].job_id
+    code, resumed = run_sweep(tmp_path, "strategy=ddp,fsdp", *fast_overrides)
+    assert code == 0
+    assert resumed.cells[0].job_id == done_job  # not run again
+    assert resumed.cells[1].job_id != second.job_id and resumed.cells[1].status == "done"
+    assert (resumed.cell_dir(resumed.cells[1]) / "result.json").exists()
+    runs = MlflowClient(tracking_uri=resumed.tracking_uri).search_runs([resumed.experiment_id])
+    assert len(runs) == 3  # the same parent and child runs, none added
+    # Another grid on the same directory is refused.
+    code = main(["-m", "strategy=ddp,fsdp,zero2", *fast_overrides, f"output_root={tmp_path}",
+                 f"sweep_dir={tmp_path / 'sweep'}"])
+    assert code == 2
