@@ -51,38 +51,7 @@ def test_grid_expansion_and_resources_per_point():
     assert len({c.shape() for c in cells}) == 2  # two resource shapes -> two job arrays on Slurm
 
 
-@pytest.mark.parametrize(
-    "overrides, setting, fix",
-    [
-        (["strategy=nope"], "strategy", "pick one of ddp"),
-        (["nodes=0"], "nodes=0", "nodes=1 or more"),
-        (["batch_size=-4"], "batch_size=-4", "batch_size"),
-        (["warmup_steps=30", "steps=30"], "warmup_steps=30", "raise steps"),
-        (["nodes=abc"], "nodes", "right type"),
-        (["precision=bf17"], "precision", "pick one of bf16"),
-        (["strategy=hsdp", "nodes=1"], "strategy='hsdp'", "nodes=2"),
-        (["strategy=fsdp_offload"], "strategy.cpu_offload=True", "strategy=fsdp"),
-        (["precision=fp16"], "precision='fp16'", "bf16"),
-        (["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=1"], "cluster.tasks_per_node=1",
-         "cluster.tasks_per_node=8"),
-        (["cluster=local", "cluster.gpus_per_node=2", "cluster.tasks_per_node=2"], "cluster.gpus_per_node=2",
-         "cluster=slurm"),
-        (["model=custom"], "model.target", "model.target"),
-        (["model=nosuch"], "model", "pick one of bert-base"),
-        (["optimizer=lion"], "optimizer", "right type"),
-        (["steps=1.5"], "steps", "right type"),
-        (["strategy.sharding=hybrid"], "strategy.sharding", "FSDP strategy"),
-        (["repeats=50"], "repeats=50", "raise steps"),
-    ],
-)
-def test_bad_input_names_setting_and_fix(overrides, setting, fix, tmp_path, capsys):
-    out = tmp_path / "out"
-    code = main(["-m", *overrides, f"output_root={out}"])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert "nothing was submitted" in err and setting in err and fix in err, err
-    assert "Traceback" not in err
-    assert not out.exists()  # nothing created, nothing submitted
+# Bad input: the corpus lives in tests/test_bad_input.py.
 
 
 def test_sweep_without_multirun_is_refused():
