@@ -234,7 +234,11 @@ def _provenance(torch, device) -> Dict[str, str]:
 
 
 class Worker:
-    """What submitit pickles and calls on every rank (a class, so preemption can checkpoint)."""
+    """What submitit pickles and calls on every rank.
+
+    Preemption is handled inside the step loop (jobs/schedule.py, jobs/preempt.py), where all ranks
+    can agree and save together, not in submitit's per-process signal handler.
+    """
 
     def __call__(self, spec: RunSpec) -> Dict[str, Any]:
         return main(spec)
