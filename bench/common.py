@@ -1,0 +1,223 @@
+"""Shared pieces of the suite: result rows, statistics, subprocesses, the machine description."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+# torchrun is the console script installed beside this interpreter (the venv's).
+TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
+
+
+@dataclass
+class Row:
+    """One line of the results table: a figure measured for us and for the reference."""
+
+    figure: str
+    unit: str
+    ours: List[float]
+    reference: List[float]
+    target: str  # e.g. ">= 0.98" (ratio ours/reference), "<= 1.3", or a yes/no check
+    passed: Optional[bool]
+    ratio: Optional[float] = None
+    note: str = ""
+
+    @property
+    def ours_median(self) -> Optional[float]:
+        return statistics.median(self.ours) if self.ours else None
+
+    @property
+    def reference_median(self) -> Optional[float]:
+        return statistics.median(self.reference) if self.reference else None
+
+
+def ratio_of_medians(ours: Sequence[float], reference: Sequence[float]) -> Optional[float]:
+    if not ours or not reference or statistics.median(reference) == 0:
+        return None
+    return statistics.median(ours) / statistics.median(reference)
+
+
+def fmt_values(values: Sequence[float], digits: int = 3) -> str:
+    """``median [min-max] (n)``: the spread is the full range of the repeats."""
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.{digits}g}"
+    return f"{med:.{digits}g} [{min(values):.{digits}g}-{max(values):.{digits}g}] (n={len(values)})"
+
+
+def fmt_ratio(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def fmt_pass(passed: Optional[bool], target: str = "") -> str:
+    if passed is None and target == "(info)":
+        return "-"
+    return {True: "pass", False: "FAIL", None: "skipped"}[passed]
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    lines = ["| figure | unit | ours: median [min-max] | reference: median [min-max] | ratio | target | result |",
+             "|---|---|---|---|---:|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.figure} | {r.unit} | {fmt_values(r.ours)} | {fmt_values(r.reference)} | "
+                     f"{fmt_ratio(r.ratio)} | {r.target} | {fmt_pass(r.passed, r.target)} |")
+    return "\n".join(lines)
+
+
+def bench_env(threads: int, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment every measured process gets: the same threads per rank on both sides."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), MLFLOW_DISABLE_TELEMETRY="true",
+               PYTHONWARNINGS="ignore::FutureWarning")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Proc:
+    returncode: int
+    start_unix_s: float
+    end_unix_s: float
+    log: Path
+
+    @property
+    def wall_s(self) -> float:
+        return self.end_unix_s - self.start_unix_s
+
+
+def run_logged(cmd: Sequence[str], log: Path, env: Dict[str, str], timeout_s: float = 600,
+               cwd: Path = REPO, check: bool = True) -> Proc:
+    """Run ``cmd`` to completion, output to ``log``; the start time is taken right before the spawn."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        start = time.time()
+        proc = subprocess.run(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=timeout_s)
+        end = time.time()
+    if check and proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; last lines of {log}:\n{tail}")
+    return Proc(proc.returncode, start, end, log)
+
+
+def read_result(path: Path, proc: Proc) -> str:
+    """The JSON a run wrote, whatever its exit status.
+
+    gloo sometimes aborts a rank at exit, after its results are written ("terminate called
+    without an active exception", SIGABRT, ~2 launches in 60 on these machines): a run whose
+    result file exists counts; a run without one is an error, reported with its log.
+    """
+    if not path.exists():
+        tail = "\n".join(proc.log.read_text().splitlines()[-25:])
+        raise RuntimeError(f"no {path} (exit status {proc.returncode}); last lines of {proc.log}:\n{tail}")
+    return path.read_text()
+
+
+def _cpu_jiffies() -> Tuple[int, int]:
+    """(busy, total) jiffies over all CPUs since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(interval_s: float = 0.5) -> float:
+    """How many cores other processes kept busy over the last ``interval_s`` (0 when unknown)."""
+    try:
+        b0, t0 = _cpu_jiffies()
+        time.sleep(interval_s)
+        b1, t1 = _cpu_jiffies()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return (os.cpu_count() or 1) * (b1 - b0) / max(1, t1 - t0)
+
+
+# Other processes may use this much of a core before a measured run starts.
+QUIET_BUSY_CORES = 0.3
+
+
+def wait_for_quiet(max_wait_s: float, log: Optional[Callable[[str], None]] = None) -> float:
+    """Wait (up to ``max_wait_s``) until other processes leave the cores nearly idle.
+
+    On a shared machine another user's job can take a core for seconds, which moves a run by tens
+    of percent; both sides of every comparison wait the same way. Returns the busy cores measured
+    last (recorded beside each run); gives up quietly after ``max_wait_s``.
+    """
+    deadline = time.monotonic() + max_wait_s
+    busy = busy_cores()
+    waited = False
+    while busy > QUIET_BUSY_CORES and time.monotonic() < deadline:
+        waited = True
+        time.sleep(0.5)
+        busy = busy_cores()
+    if waited and log:
+        log(f"    (waited for a quiet machine: {busy:.2f} cores busy at start)")
+    return busy
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(torch_version: str, device: str) -> Dict[str, str]:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "device": device,
+        "os": f"{platform.system()} {platform.release()}",
+        "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in load),
+        "slurm": _slurm_version(),
+    }
+
+
+def _slurm_version() -> str:
+    if not shutil.which("sbatch"):
+        return "-"
+    try:
+        return subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "-"
+
+
+@dataclass
+class Settings:
+    """What both sides of every training comparison run: one place, so they cannot drift apart."""
+
+    nproc: int = 2
+    threads: int = 1
+    model: str = "gpt_tiny"
+    seq_len: int = 128
+    vocab_size: int = 4096
+    batch_size: int = 8
+    steps: int = 40
+    warmup_steps: int = 10
+    repeats: int = 3
+    quick: bool = False
+    quiet_wait_s: float = 60.0  # per measured run, at most, for other processes to leave the cores
+    work: Path = field(default_factory=lambda: REPO / "outputs" / "bench")
+
+    def train_args(self, steps: Optional[int] = None, warmup_steps: Optional[int] = None) -> List[str]:
+        return ["--model", self.model, "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size),
+                "--batch-size", str(self.batch_size), "--steps", str(steps or self.steps),
+                "--warmup-steps", str(self.warmup_steps if warmup_steps is None else warmup_steps)]

@@ -1,0 +1,155 @@
+"""Figures 1 and 2: the worker's throughput against a bare loop, and what telemetry costs.
+
+Both sides run under torchrun with the same ranks, threads per rank, model, batch, steps and
+warm-up; each times its measured window the same way (wall clock after a barrier, see
+worker_entry.py and bare_loop.py). Runs alternate ABBA so that a slow drift of a shared machine
+lands on both sides. Our runs log to a real MLflow run in a SQLite store, as the launcher's runs
+do, so figure 2 comes from the very same runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Callable, Dict, List, Tuple
+
+from bench.common import (
+    REPO,
+    TORCHRUN,
+    Row,
+    Settings,
+    bench_env,
+    ratio_of_medians,
+    read_result,
+    run_logged,
+    wait_for_quiet,
+)
+
+THROUGHPUT_TARGET = 0.98
+TELEMETRY_TARGET = 0.01
+
+
+class Tracker:
+    """The launcher's part for these runs: one experiment, one run per worker run (SQLite)."""
+
+    def __init__(self, uri: str) -> None:
+        import logging
+        import os
+
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        from mlflow.tracking import MlflowClient
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        self.client = MlflowClient(tracking_uri=uri)
+        found = self.client.get_experiment_by_name("bench")
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment("bench")
+
+    def new_run(self, name: str) -> str:
+        return self.client.create_run(self.experiment_id, run_name=name).info.run_id
+
+
+def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict]:
+    work = settings.work / "throughput"
+    work.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{(work / 'mlflow.db').resolve()}"
+    tracker = Tracker(uri)
+    env = bench_env(settings.threads)
+    launch = [TORCHRUN, "--standalone", "--nproc-per-node", str(settings.nproc)]
+    rows, details = [], {}
+    telemetry_fraction: List[float] = []
+    client_start: List[float] = []
+    comm_probe: List[float] = []
+    busy: List[float] = []
+    breakdown: Dict[str, List[float]] = {}
+
+    for strategy in ("ddp", "fsdp"):
+        ours: List[float] = []
+        bare: List[float] = []
+        ours_window: List[float] = []
+        bare_window: List[float] = []
+        reported: List[float] = []
+
+        def run_bare(i: int, strategy=strategy, bare=bare, bare_window=bare_window) -> None:
+            out = work / f"bare-{strategy}-{i}.json"
+            proc = run_logged([*launch, str(REPO / "bench" / "bare_loop.py"), "--strategy", strategy, "--out",
+                               str(out), *settings.train_args()], work / f"bare-{strategy}-{i}.log", env, check=False)
+            result = json.loads(read_result(out, proc))
+            bare.append(result["median_step_throughput_samples_per_s"])
+            bare_window.append(result["throughput_samples_per_s"])
+
+        def run_ours(i: int, strategy=strategy, ours=ours, ours_window=ours_window, reported=reported) -> None:
+            out_dir = work / f"ours-{strategy}-{i}"
+            run_id = tracker.new_run(f"bench {strategy} {i}")
+            proc = run_logged([*launch, str(REPO / "bench" / "worker_entry.py"), "--strategy", strategy,
+                               "--out-dir", str(out_dir), "--tracking-uri", uri, "--run-id", run_id,
+                               *settings.train_args()], work / f"ours-{strategy}-{i}.log", env, check=False)
+            ranks = [json.loads(read_result(out_dir / f"bench-rank{r}.json", proc)) for r in range(settings.nproc)]
+            # The bare loop's definitions: the sum over ranks of each rank's own rate.
+            per_step = settings.batch_size
+            ours.append(sum(per_step / r["median_cycle_s"] for r in ranks))
+            ours_window.append(sum(r["samples_in_window"] / r["window_s"] for r in ranks))
+            head = next(r for r in ranks if r["rank"] == 0)
+            reported.append(head["reported_throughput_samples_per_s"])
+            # Everything rank 0 does for metrics after its last step, two things aside, each reported on
+            # its own line: MLflow's one-off import and store opening (inside finish), and the
+            # communication probe (extra profiled steps: a measurement, not bookkeeping).
+            client_s = head.get("mlflow_client_start_s", 0.0)
+            probe_s = head.get("comm_probe_s", 0.0)
+            telemetry_s = head["after_window_s"] - probe_s + head.get("sink_finish_s", 0.0) - client_s
+            telemetry_fraction.append(telemetry_s / head["window_s"])
+            client_start.append(client_s)
+            comm_probe.append(probe_s)
+            for key in ("after_window_s", "comm_probe_s", "gather_s", "summarize_s", "sink_set_tags_s",
+                        "sink_log_steps_s", "sink_log_summary_s", "sink_finish_s", "mlflow_client_start_s",
+                        "window_s", "median_cycle_s"):
+                breakdown.setdefault(key, []).append(head.get(key, 0.0))
+            breakdown.setdefault("telemetry_s", []).append(telemetry_s)
+
+        log(f"  {strategy}: {settings.repeats} x (ours, bare), ABBA order")
+        for i in range(settings.repeats):
+            order = (("ours", run_ours), ("bare", run_bare)) if i % 2 == 0 else (("bare", run_bare), ("ours", run_ours))
+            for name, fn in order:
+                busy.append(wait_for_quiet(settings.quiet_wait_s, log))
+                fn(i)
+                value = (ours if name == "ours" else bare)[-1]
+                log(f"    {name} #{i + 1}: {value:.1f} samples/s")
+        ratio = ratio_of_medians(ours, bare)
+        rows.append(Row(
+            figure=f"1. throughput (median step), {strategy.upper()} ({settings.nproc} ranks x {settings.threads} thread, "
+                   f"{settings.model}, batch {settings.batch_size}/rank)",
+            unit="samples/s", ours=ours, reference=bare, target=f"ratio >= {THROUGHPUT_TARGET}",
+            passed=None if ratio is None else ratio >= THROUGHPUT_TARGET, ratio=ratio,
+            note="reference: bench/bare_loop.py under torchrun"))
+        details[f"{strategy}_reported_throughput_samples_per_s"] = reported
+        details[f"{strategy}_pair_ratios"] = [o / b for o, b in zip(ours, bare, strict=True)]
+        details[f"{strategy}_window_throughput_samples_per_s"] = {"ours": ours_window, "bare": bare_window,
+                                                                 "ratio_of_medians": ratio_of_medians(ours_window,
+                                                                                                      bare_window)}
+
+    frac = statistics.median(telemetry_fraction)
+    rows.append(Row(
+        figure="2. telemetry / measured step time (rank 0, after the window: loss read, memory, gather, "
+               "summarize, JSONL + MLflow SQLite sinks)",
+        unit="fraction", ours=telemetry_fraction, reference=[], target=f"<= {TELEMETRY_TARGET}",
+        passed=frac <= TELEMETRY_TARGET, ratio=frac))
+    rows.append(Row(
+        figure="2b. MLflow client start-up on rank 0 (import + store open), once per job, after the window",
+        unit="s", ours=client_start, reference=[], target="(info)", passed=None))
+    if any(comm_probe):
+        rows.append(Row(
+            figure="2c. communication probe on rank 0 (extra profiled steps after the window; comm_probe_steps=0 "
+                   "turns it off)", unit="s", ours=comm_probe, reference=[], target="(info)", passed=None))
+    details["telemetry_breakdown_s"] = {k: statistics.median(v) for k, v in breakdown.items()}
+    details["busy_cores_at_start"] = busy
+    return rows, details
+
+
+if __name__ == "__main__":
+    import sys
+
+    rows, details = run(Settings(repeats=int(sys.argv[1]) if len(sys.argv) > 1 else 1), print)
+    from bench.common import render_table
+
+    print(render_table(rows))
+    print(json.dumps(details, indent=1))
