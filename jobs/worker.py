@@ -220,15 +220,15 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
 
 
 def _provenance(torch, device) -> Dict[str, str]:
-    """Versions and the environment variables that change what a benchmark measures."""
+    """Versions and the environment variables that change what a benchmark measures (the rank
+    layout, Slurm's variables included, is jobs/dist.py's alone and is tagged from DistEnv)."""
     tags = {"python_version": platform.python_version(), "cuda_version": str(torch.version.cuda),
             "hostname_rank0": platform.node()}
     if device.type == "cuda":
         tags["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         tags["device_count"] = str(torch.cuda.device_count())
     env = {k: v for k, v in sorted(os.environ.items())
-           if k.startswith(("NCCL_", "TORCH_", "OMP_", "CUDA_VISIBLE_DEVICES", "GLOO_", "MKL_", "SLURM_JOB_ID",
-                            "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK"))}
+           if k.startswith(("NCCL_", "TORCH_", "OMP_", "CUDA_VISIBLE_DEVICES", "GLOO_", "MKL_"))}
     tags["env"] = json.dumps(env)[:5000]
     return tags
 
