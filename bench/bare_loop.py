@@ -3,9 +3,10 @@
     torchrun --standalone --nproc-per-node 2 bench/bare_loop.py --strategy ddp --out bare.json
 
 No harness: init_process_group, the same model (jobs.models.build_model, so both sides train the
-very same network), DDP or fully_shard per block and then the root, AdamW, a small pool of
-synthetic batches made up front, and one timed window after a barrier. Rank 0 writes one JSON
-object with the figures the suite compares against the worker.
+very same network; GPT family), DDP or fully_shard per block and then the root, AdamW, a small
+pool of synthetic batches made up front, and one timed window after a barrier, with each step's
+start recorded (the median step cycle is the figure that another process on a shared machine
+moves least). Rank 0 writes one JSON object with the figures the suite compares to the worker.
 
 Deliberately the same choices as the worker where a choice exists, so that a ratio measures the
 harness and nothing else: threads per rank from OMP_NUM_THREADS, the root FSDP unit kept

@@ -210,7 +210,7 @@ class Settings:
     seq_len: int = 128
     vocab_size: int = 4096
     batch_size: int = 8
-    steps: int = 40
+    steps: int = 60
     warmup_steps: int = 10
     repeats: int = 3
     quick: bool = False

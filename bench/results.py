@@ -37,8 +37,13 @@ sinks' `finish` (JSONL status line, one MLflow `log_batch` and `set_terminated` 
 SQLite store), divided by the measured window's wall time. Two things are timed and reported
 apart: MLflow's one-off import and store opening (`MlflowSink._client`, once per job, after the
 window: 2b) and the communication probe (`comm_probe_steps` extra profiled steps after the
-window, a measurement in its own right: 2c). The per-step bookkeeping inside the window (two
-`perf_counter` calls, list appends, a detached loss) is part of figure 1.
+window, a measurement in its own right: 2c). `gather_ranks` is a collective, so rank 0's time in
+it includes waiting for a peer still busy with its probe: the gather is charged at the time the
+last rank to arrive spent in it, and the wait goes with the probe. The per-step bookkeeping inside
+the window (two `perf_counter` calls, list appends, a detached loss, the heartbeat, the stop-
+request all-reduce) is part of figure 1. Telemetry is a constant per job (tens of ms, most of it
+MLflow's `log_batch` on SQLite), so its share falls as the window grows: the suite's runs measure
+50 steps (`--quick`: 30), a short benchmark run.
 
 **3. Time to first step.** The suite takes the wall clock right before spawning each command;
 the worker records `first_step_unix_s` (start of its first training step, rank 0) in
@@ -127,7 +132,8 @@ def details_section(rows: List[Row], details: Dict[str, Dict]) -> str:
     if "telemetry_breakdown_s" in tp:
         b = tp["telemetry_breakdown_s"]
         out.append("- Telemetry breakdown, rank 0, medians over all our runs (ms): "
-                   + ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in b.items()) + ".")
+                   + ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in b.items()) + ". `telemetry` is the "
+                   "per-job constant that figure 2 divides by the window.")
     sl = details.get("slurm") or {}
     if sl.get("skipped"):
         out.append(f"- Slurm: skipped ({sl['skipped']}).")

@@ -54,8 +54,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--vocab-size", type=int)
     p.add_argument("--batch-size", type=int, help="per rank (default 8)")
-    p.add_argument("--steps", type=int, help="steps per throughput run, warm-up included (default 40, --quick 30)")
+    p.add_argument("--steps", type=int, help="steps per throughput run, warm-up included (default 60, --quick 40)")
     p.add_argument("--warmup-steps", type=int, help="default 10")
+    p.add_argument("--quiet-wait", type=float, help="seconds each measured run may wait for other processes to "
+                   "leave the cores (default 60, --quick 20; 0: never wait)")
     p.add_argument("--work", type=Path, help="where runs write (default outputs/bench/<date>_<time>)")
     p.add_argument("--results", type=Path, default=REPO / "BENCH_RESULTS.md", help="the results file to write")
     p.add_argument("--no-write", action="store_true", help="print the table only")
@@ -79,10 +81,13 @@ def main(argv: List[str] | None = None) -> int:
         seq_len=args.seq_len or (1024 if gpu else 128),
         vocab_size=args.vocab_size or (50257 if gpu else 4096),
         batch_size=args.batch_size or 8,
-        steps=args.steps or (30 if args.quick else 40),
+        # Telemetry is a per-job constant (~50 ms here), so its share depends on the window: 50
+        # measured steps of ~0.15 s is a short benchmark run, and long enough for a stable median.
+        steps=args.steps or (40 if args.quick else 60),
         warmup_steps=args.warmup_steps if args.warmup_steps is not None else 10,
         repeats=args.repeats or (2 if args.quick else 3),
         quick=args.quick,
+        quiet_wait_s=args.quiet_wait if args.quiet_wait is not None else (20.0 if args.quick else 60.0),
         work=args.work or REPO / "outputs" / "bench" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
     )
     settings.work.mkdir(parents=True, exist_ok=True)

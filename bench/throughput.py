@@ -94,12 +94,17 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
             # Everything rank 0 does for metrics after its last step, two things aside, each reported on
             # its own line: MLflow's one-off import and store opening (inside finish), and the
             # communication probe (extra profiled steps: a measurement, not bookkeeping).
+            # The gather is a collective: rank 0's time in it includes waiting for a peer still busy
+            # with its own probe. The last rank to arrive waits least; its time is the gather's cost.
             client_s = head.get("mlflow_client_start_s", 0.0)
             probe_s = head.get("comm_probe_s", 0.0)
-            telemetry_s = head["after_window_s"] - probe_s + head.get("sink_finish_s", 0.0) - client_s
+            gather_wait_s = head.get("gather_s", 0.0) - min(r.get("gather_s", 0.0) for r in ranks)
+            telemetry_s = (head["after_window_s"] - probe_s - gather_wait_s + head.get("sink_finish_s", 0.0)
+                           - client_s)
             telemetry_fraction.append(telemetry_s / head["window_s"])
             client_start.append(client_s)
             comm_probe.append(probe_s)
+            breakdown.setdefault("gather_wait_for_peer_s", []).append(gather_wait_s)
             for key in ("after_window_s", "comm_probe_s", "gather_s", "summarize_s", "sink_set_tags_s",
                         "sink_log_steps_s", "sink_log_summary_s", "sink_finish_s", "mlflow_client_start_s",
                         "window_s", "median_cycle_s"):
