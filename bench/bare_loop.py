@@ -100,12 +100,16 @@ def main() -> None:
     dist.barrier()
     measured = args.steps - args.warmup_steps
     starts = []
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     for i in range(args.warmup_steps, args.steps):
         starts.append(time.perf_counter())
         loss = step(i)
         sync()  # sync point: on CUDA a step is done when the device is (the worker syncs per step too)
     t1 = time.perf_counter()
+    # CPU time of the whole process (gloo's threads included) over the window: unlike wall time,
+    # another process taking the core does not move it.
+    cpu_window_s = time.process_time() - cpu0
     window_s = t1 - t0
     # Step cycle times, start to start: their median is the steady-state step time, which a step
     # that another process pre-empted does not move (this machine may be shared).
@@ -114,13 +118,15 @@ def main() -> None:
     # Global throughput as the worker defines it: the sum over ranks of each rank's own rate.
     rates = [None] * world
     dist.all_gather_object(rates, (args.batch_size * measured / window_s,
-                                   args.batch_size / statistics.median(cycles)))
+                                   args.batch_size / statistics.median(cycles),
+                                   args.batch_size * measured / cpu_window_s))
     if rank == 0:
         result = {
             "impl": "bare", "strategy": args.strategy, "world_size": world, "backend": backend,
             "threads": torch.get_num_threads(), "measured_steps": measured,
             "window_s": window_s, "throughput_samples_per_s": sum(r[0] for r in rates),
             "median_step_throughput_samples_per_s": sum(r[1] for r in rates),
+            "samples_per_cpu_s": sum(r[2] for r in rates),
             "loss_last": float(loss), "script_start_unix_s": SCRIPT_START_UNIX_S,
             "first_step_unix_s": first_step_unix_s, "torch_version": torch.__version__,
         }

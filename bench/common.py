@@ -215,6 +215,7 @@ class Settings:
     repeats: int = 3
     quick: bool = False
     quiet_wait_s: float = 60.0  # per measured run, at most, for other processes to leave the cores
+    pin: bool = False  # pin each rank to its own cores in the throughput runs (bench/pin_rank.sh)
     work: Path = field(default_factory=lambda: REPO / "outputs" / "bench")
 
     def train_args(self, steps: Optional[int] = None, warmup_steps: Optional[int] = None) -> List[str]:

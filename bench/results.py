@@ -28,7 +28,12 @@ throughput: per rank, the batch over the median step cycle time (start of one st
 of the next, so everything the worker does between steps counts: timing, heartbeat, the stop-
 request all-reduce), summed over ranks. The median makes it robust to a step that another
 process on a shared machine pre-empted. The plain window mean (samples over the wall time of
-the measured window) is listed below the table as well.
+the measured window) is listed below the table as well. On CPU ranks each rank is pinned to its
+own core(s) on both sides (`bench/pin_rank.sh`, `taskset`), so ranks do not migrate. Row 1b is a
+cross-check that other processes on the machine move less: samples per second of process CPU
+time over the window (each rank's own CPU time, gloo's threads included), summed over ranks.
+This machine is a small VM on a shared host: identical runs minutes apart differ by up to ~5%,
+which is more than the 2% the target allows, so read the per-pair ratios below with the table.
 
 **2. Telemetry.** In the same runs, on rank 0, the wall time from the end of the measured window
 to the end of `benchmark()` (loss read, memory and model-state figures, `gather_ranks`,
@@ -182,7 +187,7 @@ The harness against hand-written references, measured side by side in one run of
 |---|---|
 {machine}
 
-Settings: {settings.nproc} ranks x {settings.threads} thread(s) per rank, model `{settings.model}`
+Settings: {settings.nproc} ranks x {settings.threads} thread(s) per rank{", each rank pinned to its cores" if settings.pin else ""}, model `{settings.model}`
 (seq_len {settings.seq_len}, vocab {settings.vocab_size}), batch {settings.batch_size} per rank,
 {settings.steps} steps of which {settings.warmup_steps} warm-up (throughput runs), {settings.repeats}
 repeats per side.

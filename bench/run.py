@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--quick", action="store_true", help="2 repeats, shorter runs")
-    p.add_argument("--repeats", type=int, help="repeats per side (default 3, --quick 2)")
+    p.add_argument("--repeats", type=int, help="repeats per side (default 4, --quick 2)")
     p.add_argument("--only", help=f"comma-separated subset of {','.join(FIGURES)}")
     p.add_argument("--nproc", type=int, help="ranks (default: the GPUs, else 2)")
     p.add_argument("--threads", type=int, help="threads per rank (default: cores / ranks)")
@@ -56,6 +57,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="per rank (default 8)")
     p.add_argument("--steps", type=int, help="steps per throughput run, warm-up included (default 60, --quick 40)")
     p.add_argument("--warmup-steps", type=int, help="default 10")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                   help="pin each rank to its own cores in the throughput runs (default: on for CPU ranks when "
+                   "ranks x threads fit the cores)")
     p.add_argument("--quiet-wait", type=float, help="seconds each measured run may wait for other processes to "
                    "leave the cores (default 60, --quick 20; 0: never wait)")
     p.add_argument("--work", type=Path, help="where runs write (default outputs/bench/<date>_<time>)")
@@ -85,17 +89,20 @@ def main(argv: List[str] | None = None) -> int:
         # measured steps of ~0.15 s is a short benchmark run, and long enough for a stable median.
         steps=args.steps or (40 if args.quick else 60),
         warmup_steps=args.warmup_steps if args.warmup_steps is not None else 10,
-        repeats=args.repeats or (2 if args.quick else 3),
+        repeats=args.repeats or (2 if args.quick else 4),
         quick=args.quick,
         quiet_wait_s=args.quiet_wait if args.quiet_wait is not None else (20.0 if args.quick else 60.0),
         work=args.work or REPO / "outputs" / "bench" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"),
     )
+    cores = os.cpu_count() or 1
+    settings.pin = args.pin if args.pin is not None else (not gpu and settings.nproc * settings.threads <= cores
+                                                          and bool(shutil.which("taskset")))
     settings.work.mkdir(parents=True, exist_ok=True)
     info = machine(str(device["torch"]), f"{device['gpus']} x {device['name']}" if gpu else "cpu (gloo)")
     command = " ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)])
     print(f"bench: {command}\n  {info['cpu']}, {info['cores']} cores, torch {info['torch']}, {info['device']}; "
           f"{settings.nproc} ranks x {settings.threads} threads, {settings.model}, batch {settings.batch_size}/rank, "
-          f"{settings.repeats} repeats; work dir {settings.work}", flush=True)
+          f"{settings.repeats} repeats{', ranks pinned' if settings.pin else ''}; work dir {settings.work}", flush=True)
 
     rows: List[Row] = []
     details: Dict[str, object] = {}

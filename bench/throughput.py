@@ -14,6 +14,7 @@ import statistics
 from typing import Callable, Dict, List, Tuple
 
 from bench.common import (
+    PYTHON,
     REPO,
     TORCHRUN,
     Row,
@@ -54,8 +55,10 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
     work.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{(work / 'mlflow.db').resolve()}"
     tracker = Tracker(uri)
-    env = bench_env(settings.threads)
+    env = bench_env(settings.threads, {"BENCH_THREADS_PER_RANK": str(settings.threads)})
     launch = [TORCHRUN, "--standalone", "--nproc-per-node", str(settings.nproc)]
+    if settings.pin:
+        launch += ["--no-python", str(REPO / "bench" / "pin_rank.sh"), PYTHON]
     rows, details = [], {}
     telemetry_fraction: List[float] = []
     client_start: List[float] = []
@@ -68,17 +71,21 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
         bare: List[float] = []
         ours_window: List[float] = []
         bare_window: List[float] = []
+        ours_cpu: List[float] = []
+        bare_cpu: List[float] = []
         reported: List[float] = []
 
-        def run_bare(i: int, strategy=strategy, bare=bare, bare_window=bare_window) -> None:
+        def run_bare(i: int, strategy=strategy, bare=bare, bare_window=bare_window, bare_cpu=bare_cpu) -> None:
             out = work / f"bare-{strategy}-{i}.json"
             proc = run_logged([*launch, str(REPO / "bench" / "bare_loop.py"), "--strategy", strategy, "--out",
                                str(out), *settings.train_args()], work / f"bare-{strategy}-{i}.log", env, check=False)
             result = json.loads(read_result(out, proc))
             bare.append(result["median_step_throughput_samples_per_s"])
             bare_window.append(result["throughput_samples_per_s"])
+            bare_cpu.append(result["samples_per_cpu_s"])
 
-        def run_ours(i: int, strategy=strategy, ours=ours, ours_window=ours_window, reported=reported) -> None:
+        def run_ours(i: int, strategy=strategy, ours=ours, ours_window=ours_window, ours_cpu=ours_cpu,
+                     reported=reported) -> None:
             out_dir = work / f"ours-{strategy}-{i}"
             run_id = tracker.new_run(f"bench {strategy} {i}")
             proc = run_logged([*launch, str(REPO / "bench" / "worker_entry.py"), "--strategy", strategy,
@@ -89,6 +96,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
             per_step = settings.batch_size
             ours.append(sum(per_step / r["median_cycle_s"] for r in ranks))
             ours_window.append(sum(r["samples_in_window"] / r["window_s"] for r in ranks))
+            ours_cpu.append(sum(r["samples_in_window"] / r["cpu_window_s"] for r in ranks))
             head = next(r for r in ranks if r["rank"] == 0)
             reported.append(head["reported_throughput_samples_per_s"])
             # Everything rank 0 does for metrics after its last step, two things aside, each reported on
@@ -126,6 +134,11 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
             unit="samples/s", ours=ours, reference=bare, target=f"ratio >= {THROUGHPUT_TARGET}",
             passed=None if ratio is None else ratio >= THROUGHPUT_TARGET, ratio=ratio,
             note="reference: bench/bare_loop.py under torchrun"))
+        cpu_ratio = ratio_of_medians(ours_cpu, bare_cpu)
+        rows.append(Row(
+            figure=f"1b. samples per CPU-second, {strategy.upper()} (process CPU time over the window: what another "
+                   "process taking the core does not move)", unit="samples/CPU-s", ours=ours_cpu, reference=bare_cpu,
+            target="(info)", passed=None, ratio=cpu_ratio))
         details[f"{strategy}_reported_throughput_samples_per_s"] = reported
         details[f"{strategy}_pair_ratios"] = [o / b for o, b in zip(ours, bare, strict=True)]
         details[f"{strategy}_window_throughput_samples_per_s"] = {"ours": ours_window, "bare": bare_window,

@@ -62,14 +62,14 @@ def install_timers(warmup_steps: int, total_steps: int) -> None:
         # opens when the call that runs step `warmup_steps` starts and closes when the last call
         # returns, so whatever the worker does between measured steps is inside it.
         first = steps_done[0]
-        t0 = time.perf_counter()
+        cpu0, t0 = time.process_time(), time.perf_counter()
         run_steps(trainer, batches, n_steps, *args, **kwargs)
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), time.process_time()
         steps_done[0] += n_steps
         if first == warmup_steps:
-            TIMES_S["_window_start"] = t0
+            TIMES_S["_window_start"], TIMES_S["_cpu_start"] = t0, cpu0
         if warmup_steps <= first < total_steps:  # steps run after the schedule (a probe) are not in it
-            TIMES_S["_window_end"] = t1
+            TIMES_S["_window_end"], TIMES_S["_cpu_end"] = t1, cpu1
 
     jobs.loop.run_steps = timed_run_steps
     # Each step's start, through the one call every step makes whatever the loop around it looks like.
@@ -101,6 +101,8 @@ def install_timers(warmup_steps: int, total_steps: int) -> None:
         out = benchmark(*args, **kwargs)
         end = TIMES_S.pop("_window_end")
         TIMES_S["window_s"] = end - TIMES_S.pop("_window_start")
+        # CPU time of the whole process over the window, as bare_loop.py measures it.
+        TIMES_S["cpu_window_s"] = TIMES_S.pop("_cpu_end") - TIMES_S.pop("_cpu_start")
         # Step cycle times, start to start, over the measured steps (as bare_loop.py computes them).
         starts = STEP_STARTS[warmup_steps:total_steps]
         TIMES_S["median_cycle_s"] = statistics.median(b - a for a, b in zip(starts, starts[1:] + [end], strict=True))
