@@ -30,7 +30,6 @@ class Heartbeat:
         self.rank, self.host, self.stall_timeout_s = rank, host, stall_timeout_s
         self.step: Optional[int] = None
         self.last_beat = time.monotonic()
-        self.last_write = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._write("starting")
@@ -43,18 +42,18 @@ class Heartbeat:
         os.replace(tmp, self.path)
 
     def beat(self, step: int) -> None:
-        """Called after every step; writes at most once a second (no I/O on most steps)."""
+        """Called after every step: no I/O here, the watchdog thread writes the file once a second
+        (a write and a rename in the training thread took it off the step path at random)."""
         self.step = step
-        self.last_beat = now = time.monotonic()
+        self.last_beat = time.monotonic()
         if self._thread is None:  # armed at the first step: building and compiling are not stalls
             self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
             self._thread.start()
-        if now - self.last_write >= WRITE_EVERY_S:
-            self.last_write = now
-            self._write("running")
 
     def _watch(self) -> None:
-        while not self._stop.wait(1.0):
+        self._write("running")
+        while not self._stop.wait(WRITE_EVERY_S):
+            self._write("running")
             stalled_s = time.monotonic() - self.last_beat
             if stalled_s > self.stall_timeout_s:
                 with (self.dir / f"stalled-rank{self.rank}.txt").open("w") as f:
