@@ -120,14 +120,24 @@ A/B runs of `bench/worker_entry.py` with parts of the worker switched off from o
   FSDP's throughput (asynchronous: the same); agreeing about once a second (the change above):
   indistinguishable from no agreement at all.
 - Heartbeat, stop-request signal handlers and agreement together, off vs on: within noise in
-  CPU time per sample; up to ~4% in wall time in one batch, not reproduced in the next.
+  CPU time per sample; 4-8% in wall time in one batch each for FSDP and DDP, not reproduced in
+  later batches. The heartbeat's file write has since left the training thread (see above).
+- An MLflow run (tracking on) vs none, FSDP: 12% apart in one batch, 3% the other way in the
+  next: no effect beyond noise (the sink does nothing before the window ends).
 - Python's garbage collector: the worker's process tracks ~380k objects against the bare loop's
   ~286k (torch.distributed.checkpoint and the project's modules), and a full collection costs
   ~100 ms against ~75 ms; 6 against 5 full collections per run (start-up included). Freezing the
   objects alive before the first step (`gc.freeze()`) did not help in A/B runs, so it is not in.
 - Noise: the same bare loop, pinned, minutes apart: 88-117 samples/s (FSDP), 121-139 (DDP).
-  Batches of alternated pairs of the same code gave ours/bare ratios from 0.88 to 1.01. The
-  machine is a 2-vCPU VM on a shared host; other tenants do not show in its load average.
+  Batches of alternated pairs of the same code gave ours/bare ratios from 0.88 to 1.01 (FSDP).
+  Six full runs of this suite during the day, while the changes above went in: DDP 0.92-1.01,
+  FSDP 0.87-0.98; FSDP's median stayed below 1 in all six, so a cost of a few percent in the
+  FSDP path on two pinned CPU ranks is not ruled out, though no A/B run outside the suite
+  reproduced it. The machine is a 2-vCPU VM on a shared host; other tenants do not show in its
+  load average.
+- Profiles (cProfile, rank 0, FSDP): the same operators dominate on both sides (autograd's
+  backward, linear, gloo waits); the worker's own Python per step (timing, history, heartbeat,
+  the agreement counter) does not appear among the top functions.
 """
 
 
