@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Iterator, Mapping, Optional, Sequence
@@ -140,16 +141,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def check_port_free(port: int) -> None:
-    """Fail fast with a clear message instead of a rendezvous that never completes."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("", port))
-        except OSError as exc:
-            raise RuntimeError(
-                f"MASTER_PORT {port} is already in use on {socket.gethostname()}; another process "
-                f"holds it. Set MASTER_PORT (with torchrun) or free the port."
-            ) from exc
+def check_port_free(port: int, wait_s: float = 10.0) -> None:
+    """Fail fast with a clear message instead of a rendezvous that never completes.
+
+    The probe binds the way torch's TCPStore does, with SO_REUSEADDR: a requeued job gets the
+    same job id, hence the same port, and its previous run's store leaves that port in TIME_WAIT
+    for a minute; a plain bind would refuse it although the store binds fine. A live listener
+    (another job, or the previous run's ranks still exiting) is refused either way; it gets
+    ``wait_s`` to go away before the job fails.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("", port))
+                return
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"MASTER_PORT {port} is already in use on {socket.gethostname()}; another process "
+                        f"holds it. Set MASTER_PORT (with torchrun) or free the port."
+                    ) from exc
+        time.sleep(0.5)
 
 
 def export(env: DistEnv) -> None:

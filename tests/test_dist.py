@@ -1,8 +1,12 @@
 """The rank-layout reader over tables of environment variables."""
 
+import socket
+import threading
+import time
+
 import pytest
 
-from jobs.dist import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, port_for_job
+from jobs.dist import PORT_BASE, PORT_SPAN, DistEnv, check_port_free, expand_nodelist, port_for_job
 
 
 @pytest.mark.parametrize(
@@ -60,3 +64,48 @@ def test_ports_differ_for_concurrent_jobs_and_avoid_ephemeral_range():
     assert min(ports) >= PORT_BASE and max(ports) < 32768  # below Linux's ephemeral ports
     # Array task ids such as 123_4 use their own SLURM_JOB_ID; the helper still accepts them.
     assert port_for_job("123_4") != port_for_job("123_5")
+
+
+def _port_in_time_wait() -> int:
+    """A port whose listener closed its accepted connection first, as a finished TCPStore does: the
+    port is left in TIME_WAIT, which is what a requeued job (same job id, same port) finds."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: TIME_WAIT lands on its port
+    server.close()
+    client.close()
+    with socket.socket() as plain:  # the situation is real: a plain bind is refused
+        with pytest.raises(OSError):
+            plain.bind(("", port))
+    return port
+
+
+def test_port_check_accepts_a_port_left_in_time_wait_by_a_previous_run():
+    check_port_free(_port_in_time_wait(), wait_s=0)
+
+
+def test_port_check_refuses_a_live_listener_after_waiting():
+    with socket.socket() as other_job:
+        other_job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other_job.bind(("", 0))
+        other_job.listen()
+        port = other_job.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=f"MASTER_PORT {port} is already in use"):
+            check_port_free(port, wait_s=1.0)
+        assert time.monotonic() - t0 >= 1.0
+
+
+def test_port_check_waits_for_a_listener_that_goes_away():
+    other_job = socket.socket()
+    other_job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    other_job.bind(("", 0))
+    other_job.listen()
+    port = other_job.getsockname()[1]
+    threading.Timer(0.5, other_job.close).start()  # the previous run's head rank exiting
+    check_port_free(port, wait_s=10.0)
