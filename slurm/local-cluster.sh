@@ -17,10 +17,10 @@
 #
 # What runs (all on 127.0.0.1, all as background processes started by this script):
 #   munged      own key and socket under DIR/munge (runs as user munge)
-#   mariadbd    own datadir DIR/mysql, port 16306, socket DIR/run/mysqld.sock
-#   slurmdbd    port 16819, accounting for cluster "localcluster" (sacct works)
-#   slurmctld   port 16817
-#   slurmd x4   node1..node4 on ports 17001-17004, 2 CPUs and 4000 MB each, partition "debug"
+#   mariadbd    own datadir DIR/mysql, port 7806, socket DIR/run/mysqld.sock
+#   slurmdbd    port 7819, accounting for cluster "localcluster" (sacct works)
+#   slurmctld   port 7817
+#   slurmd x4   node1..node4 on ports 7821-7824, 2 CPUs and 4000 MB each, partition "debug"
 # Each slurmd runs in its own mount + UTS namespace, with hostname nodeX and a private
 # /etc/hosts (+ nsswitch.conf with `hosts: files`), so inside a job `hostname` is the node name
 # and every node name resolves to 127.0.0.1 without DNS. slurmctld and slurmdbd get the same
@@ -83,11 +83,14 @@ for v in NODES CPUS MEM_MB TIMEOUT OFFSET; do
 done
 ((NODES >= 1 && NODES <= 64)) || die "SLURM_LOCAL_NODES must be between 1 and 64"
 ((CPUS >= 1)) || die "SLURM_LOCAL_CPUS must be >= 1"
+((OFFSET + 7821 + NODES <= 10000)) || die "SLURM_LOCAL_PORT_OFFSET=$OFFSET puts the daemons at port 10000 or above, where jobs take their MASTER_PORT: use an offset below $((10000 - 7821 - NODES))"
 
-readonly CTLD_PORT=$((16817 + OFFSET))
-readonly DBD_PORT=$((16819 + OFFSET))
-readonly DB_PORT=$((16306 + OFFSET))
-readonly SLURMD_PORT0=$((17001 + OFFSET))
+# Every port stays below 10000, out of the range the benchmark's jobs take their MASTER_PORT
+# from (jobs/dist.py: 10000-29999, derived from the job id), as a real cluster's daemons do.
+readonly CTLD_PORT=$((7817 + OFFSET))
+readonly DBD_PORT=$((7819 + OFFSET))
+readonly DB_PORT=$((7806 + OFFSET))
+readonly SLURMD_PORT0=$((7821 + OFFSET))
 
 # Layout under DIR.
 readonly ETC=$DIR/etc                      # slurm.conf, slurmdbd.conf
