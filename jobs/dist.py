@@ -161,7 +161,9 @@ def check_port_free(port: int, wait_s: float = 10.0) -> None:
                 if time.monotonic() >= deadline:
                     raise RuntimeError(
                         f"MASTER_PORT {port} is already in use on {socket.gethostname()}; another process "
-                        f"holds it. Set MASTER_PORT (with torchrun) or free the port."
+                        f"holds it. The port derives from the job id: resubmit the cell (python -m "
+                        f"launcher.status <sweep> --resubmit-failed) for a new id and port, free the port, or "
+                        f"set MASTER_PORT explicitly (torchrun)."
                     ) from exc
         time.sleep(0.5)
 
