@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from jobs import checkpoint, preempt
 from jobs.loop import StepTrace, Trainer, run_steps
@@ -54,6 +54,7 @@ class Outcome:
     restarts: int
     logged_through: int  # steps below this were already logged (before a restart)
     first_step_unix_s: float
+    resumed_from_step: Optional[int] = None  # the checkpoint this run continued from, if any
 
 
 def run(
@@ -130,4 +131,4 @@ def run(
                 raise preempt.Preempted(preempt.NAMES[request], step, requeued)
     finally:
         stop.restore()
-    return Outcome(history, restarts, logged_through, first_step_unix_s)
+    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found is not None else None)

@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Set
 
 
 def _clean(value: Any) -> Any:
@@ -38,6 +38,12 @@ class JsonlSink(NullSink):
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A run killed mid-write left half a line: end it, or this run's first record joins it.
+        if self.path.exists() and self.path.stat().st_size:
+            with self.path.open("rb+") as f:
+                f.seek(-1, 2)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
 
     def _write(self, records: Iterable[Dict[str, Any]]) -> None:
         with self.path.open("a") as f:
@@ -46,6 +52,20 @@ class JsonlSink(NullSink):
 
     def log_steps(self, records: List[Dict[str, Any]]) -> None:
         self._write({"kind": "step", **r} for r in records)
+
+    def logged_steps(self) -> Set[int]:
+        """The steps an earlier run of this job already recorded here (empty for a fresh job)."""
+        if not self.path.exists():
+            return set()
+        steps = set()
+        for line in self.path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed writer
+            if rec.get("kind") == "step":
+                steps.add(int(rec["step"]))
+        return steps
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         self._write([{"kind": "summary", "time": time.time(), **summary}])
@@ -161,10 +181,17 @@ class MlflowSink(NullSink):
 
 
 class FanOut(NullSink):
-    def __init__(self, *sinks: NullSink) -> None:
+    """Rank 0's sinks, fed the same records. One record per step: a step in ``logged_steps`` (an
+    earlier run of this job logged it, then was killed before its checkpoint completed, so the
+    resumed job ran it again) is not logged a second time, to JSONL or to MLflow."""
+
+    def __init__(self, *sinks: NullSink, logged_steps: Iterable[int] = ()) -> None:
         self.sinks = sinks
+        self.logged_steps = set(logged_steps)
 
     def log_steps(self, records):
+        records = [r for r in records if r["step"] not in self.logged_steps]
+        self.logged_steps.update(r["step"] for r in records)
         for s in self.sinks:
             s.log_steps(records)
 

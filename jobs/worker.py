@@ -39,10 +39,11 @@ def main(spec: RunSpec) -> Dict[str, Any]:
     out = Path(spec.out_dir)
     sink: NullSink = NullSink()
     if env.is_head:
-        sinks = [JsonlSink(out / METRICS_FILE)]
+        jsonl = JsonlSink(out / METRICS_FILE)
+        sinks: list = [jsonl]
         if spec.tracking_uri:  # the run id comes with the spec, or later in a file (Slurm: created after sbatch)
             sinks.append(MlflowSink(spec.tracking_uri, spec.run_id, out / RUN_ID_FILE))
-        sink = FanOut(*sinks)
+        sink = FanOut(*sinks, logged_steps=jsonl.logged_steps())
     heartbeat = Heartbeat(out, env.rank, env.hostname, stall_timeout_s=spec.collective_timeout_s)
     try:
         with process_group(env, backend, timeout_s=spec.collective_timeout_s):
@@ -210,6 +211,8 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
             "device_name": device_name, "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
             "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
             "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device)}
+    if outcome.resumed_from_step is not None:
+        tags["resumed_from_step"] = str(outcome.resumed_from_step)
     sink.set_tags(tags)
     sink.log_steps(records)
     sink.log_summary(summary)
