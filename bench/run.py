@@ -6,6 +6,7 @@
 
 Figures (each a ratio of ours to a reference measured in the same run, alternating ABBA):
   1. worker throughput vs a bare hand-written DDP / FSDP2 loop (torchrun, same settings)
+  1c. the same, paired: both step paths alternating in blocks inside one torchrun job
   2. telemetry's share of the measured step time (same runs as 1, real SQLite MLflow run)
   3. command start -> first training step: python -m launcher (local) vs torchrun + bare loop
   4. a 16-cell Slurm sweep: start -> last cell accepted by sbatch, vs hydra-submitit-launcher 1.2.0
@@ -28,10 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Dict, List
 
-from bench import imports, slurm_submit, startup, throughput
+from bench import imports, paired, slurm_submit, startup, throughput
 from bench.common import PYTHON, REPO, Row, Settings, machine, render_table
 
-FIGURES = {"throughput": throughput, "startup": startup, "slurm": slurm_submit, "imports": imports}
+FIGURES = {"throughput": throughput, "paired": paired, "startup": startup, "slurm": slurm_submit, "imports": imports}
 
 
 def probe_device() -> Dict[str, object]:
