@@ -65,6 +65,7 @@ def main() -> None:
     else:
         device, backend, sync = torch.device("cpu"), "gloo", (lambda: None)
     dist.init_process_group(backend)
+    control_group = dist.new_group(backend="gloo")  # as jobs.dist.process_group opens it for the worker
     spec = ModelSpec(name=args.model, seq_len=args.seq_len, vocab_size=args.vocab_size)
 
     def fresh_model():
@@ -123,7 +124,7 @@ def main() -> None:
         schedule.run(trainer, ours_batches, model=ours_model, optimizer=ours_opt, env=env, device=device,
                      out_dir=run_dir, total_steps=n, warmup_steps=0, accum_steps=1, every_steps=0, sync=sync,
                      on_step=heartbeat.beat, on_checkpoint=lambda history, lo, hi: hi,
-                     reset_peak_memory=lambda: metrics.reset_peak_memory(device))
+                     reset_peak_memory=lambda: metrics.reset_peak_memory(device), control_group=control_group)
 
     def timed(fn) -> float:
         dist.barrier()  # both sides start a block together, as both loops start their window

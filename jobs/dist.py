@@ -178,8 +178,13 @@ def export(env: DistEnv) -> None:
 
 
 @contextlib.contextmanager
-def process_group(env: DistEnv, backend: str, timeout_s: float) -> Iterator[None]:
-    """Open the default process group and destroy it on every exit path."""
+def process_group(env: DistEnv, backend: str, timeout_s: float) -> Iterator[object]:
+    """Open the default process group and destroy it on every exit path.
+
+    Yields a second group, on gloo (CPU tensors), for control messages (stop requests): kept out
+    of the training collectives' queue, where even one small all-reduce a second is a point at
+    which every rank waits for the slowest (jobs/preempt.py).
+    """
     import torch.distributed as dist
 
     export(env)
@@ -190,6 +195,6 @@ def process_group(env: DistEnv, backend: str, timeout_s: float) -> Iterator[None
         timeout=timedelta(seconds=timeout_s),
     )
     try:
-        yield
+        yield dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     finally:
         dist.destroy_process_group()

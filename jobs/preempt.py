@@ -3,8 +3,9 @@
 Slurm sends USR2 ``signal_delay_s`` before the time limit or a preemption (``--signal=USR2@90``;
 USR1 can collide with NCCL, submitit uses USR2 too) and SIGTERM when it requeues or cancels a job.
 A signal handler only records what arrived: the ranks are in the middle of a step and a
-checkpoint is a collective. At a step boundary, about once a second, all ranks agree (one
-all-reduce of the strongest request), save together, and:
+checkpoint is a collective. All ranks agree at step boundaries, in rounds about a second apart on
+a control group of their own (never in the training collectives' queue, never a sync point of the
+loop), save together, and:
 
 - USR2: rank 0 requeues this job (the array task alone, not the whole array) and the ranks exit;
 - SIGTERM: Slurm is already requeueing or cancelling; the ranks exit after saving.
@@ -31,17 +32,28 @@ class Preempted(Exception):
                          + ("; job requeued" if requeued else ""))
 
 
-# How often, at most, the ranks agree on stop requests. A stop is acted on within this (plus a
-# step) of the signal: well inside the 90 s preemption warning and Slurm's KillWait after SIGTERM.
+# How often, at most, the ranks agree on stop requests. A stop is acted on within about two of
+# these (plus a step) of the signal: well inside the 90 s preemption warning and Slurm's KillWait.
 CHECK_INTERVAL_S = 1.0
 
 
 class StopRequests:
-    def __init__(self) -> None:
+    """Stop requests, agreed by all ranks at the same step boundary.
+
+    ``group``: a process group for control messages only (``jobs.dist.process_group`` opens one,
+    on gloo, CPU tensors). The training collectives run on the default group; an all-reduce queued
+    among them, even of one int once a second, cost FSDP about 5% of its throughput on two CPU
+    ranks (paired blocks in one job, bench/paired_steps.py): it is a point where every rank waits
+    for the slowest, between collectives that otherwise overlap.
+    """
+
+    def __init__(self, group=None) -> None:
+        self.group = group
         self.received = NONE
-        self._until_check = 0  # step boundaries to pass before the next agreement
-        self._boundaries = 0  # boundaries since the last agreement
+        self._until_check = 0  # step boundaries to pass before the next agreement boundary
+        self._boundaries = 0  # boundaries since the last agreement boundary
         self._last_check_s: Optional[float] = None
+        self._pending = None  # (work, tensor) of the round in flight
         self._previous = {}
         for signum, code in ((signal.SIGUSR2, USR2), (signal.SIGTERM, TERM)):
             self._previous[signum] = signal.signal(signum, self._handler(code))
@@ -56,16 +68,26 @@ class StopRequests:
             self.received = max(self.received, code)
         return handle
 
-    def agreed(self, device) -> int:
-        """The strongest request any rank has received, agreed at some step boundaries (a collective
-        on those; call it at every step boundary, on every rank).
+    def _read_round(self) -> tuple[int, int]:
+        """(strongest request, smallest proposed interval) of the round in flight, (NONE, 1) if none."""
+        if self._pending is None:
+            return NONE, 1
+        work, flag = self._pending
+        self._pending = None
+        # Issued one agreement interval ago (about a second): long complete, this does not wait.
+        work.wait()
+        request, minus_every = (int(x) for x in flag.tolist())
+        return request, -minus_every
 
-        An all-reduce at every boundary cost 3-4% of the step time with FSDP on two CPU ranks (1-3
-        ms in the call, the rest in the other collectives it delayed), most of what the harness may
-        cost. So the ranks agree about once every CHECK_INTERVAL_S: each round all-reduces the
-        request and each rank's proposal for the number of steps until the next round (from its own
-        step time); the smallest proposal wins, so every rank counts the same boundaries and all
-        meet in the same collective.
+    def agreed(self) -> int:
+        """The strongest request any rank has received, agreed at some step boundaries (call it at
+        every step boundary, on every rank; the same boundaries are agreement boundaries on all).
+
+        At an agreement boundary the ranks read the round issued at the previous one: its request
+        decides whether they stop here, its smallest proposal how many boundaries until the next
+        one. Then each issues the next round, asynchronously: its current request and a proposal
+        from its own step time (steps per CHECK_INTERVAL_S). A stop is acted on within about two
+        intervals of the signal, every rank at the same step.
         """
         self._boundaries += 1
         if self._until_check > 0:
@@ -74,20 +96,29 @@ class StopRequests:
         import torch
         import torch.distributed as dist
 
+        request, every = self._read_round()
+        if request:
+            return request
         now_s = time.monotonic()
-        every = 1
+        proposal = 1
         if self._last_check_s is not None:
             step_s = max((now_s - self._last_check_s) / self._boundaries, 1e-6)
-            every = max(1, min(10_000, int(CHECK_INTERVAL_S / step_s)))
-        # MAX of the requests; MIN of the proposals, as the MAX of their negatives.
-        flag = torch.tensor([self.received, -every], dtype=torch.int64, device=device)
-        # Sync point (one round about every CHECK_INTERVAL_S, outside the timed step).
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        request, minus_every = (int(x) for x in flag.tolist())
-        self._until_check, self._boundaries, self._last_check_s = -minus_every - 1, 0, now_s
-        return request
+            proposal = max(1, min(10_000, int(CHECK_INTERVAL_S / step_s)))
+        # MAX of the requests; MIN of the proposals, as the MAX of their negatives. CPU tensor:
+        # no device sync either.
+        flag = torch.tensor([self.received, -proposal], dtype=torch.int64)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True), flag)
+        self._until_check, self._boundaries, self._last_check_s = every - 1, 0, now_s
+        return NONE
+
+    def finish(self) -> None:
+        """At the end of the schedule, on every rank: complete the round in flight (all issued it),
+        so nothing of it runs during what comes next (the communication probe measures collectives)."""
+        self._read_round()
 
     def restore(self) -> None:
+        """Put the signal handlers back (on every exit path; a failing rank does not wait for a round
+        that a dead peer will never complete)."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 

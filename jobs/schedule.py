@@ -74,11 +74,14 @@ def run(
     on_step: Callable[[int], None],
     on_checkpoint: Callable[[History, int, int], int],
     reset_peak_memory: Callable[[], None],
+    control_group=None,
 ) -> Outcome:
     """Run the schedule; raises :class:`preempt.Preempted` after saving when asked to stop.
 
     ``on_step(step)`` runs after each step (heartbeat); ``on_checkpoint(history, lo, hi)`` logs
     steps lo..hi-1 (collective) and returns the step through which everything is logged.
+    ``control_group``: where the ranks agree on stop requests (``jobs.dist.process_group`` yields
+    it); None uses the default group, i.e. the training collectives' queue.
     """
     import torch
     import torch.distributed as dist
@@ -96,7 +99,7 @@ def run(
             next(batches)
     rewarm_until = start + min(warmup_steps, max(0, total_steps - start - 1)) if found is not None else 0
 
-    stop = preempt.StopRequests()
+    stop = preempt.StopRequests(control_group)
     measuring = False
     first_step_unix_s = time.time()
     try:
@@ -114,7 +117,7 @@ def run(
             history.measured.append(is_measured)
             on_step(step)
             step += 1
-            request = stop.agreed(device)
+            request = stop.agreed()
             periodic = every_steps > 0 and step % every_steps == 0 and step < total_steps
             if not (request or periodic):
                 continue
@@ -129,6 +132,7 @@ def run(
                 if request == preempt.USR2 and env.is_head and env.requeue_id:
                     requeued = preempt.requeue(env.requeue_id)
                 raise preempt.Preempted(preempt.NAMES[request], step, requeued)
+        stop.finish()
     finally:
         stop.restore()
     return Outcome(history, restarts, logged_through, first_step_unix_s, start if found is not None else None)

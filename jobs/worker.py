@@ -46,8 +46,8 @@ def main(spec: RunSpec) -> Dict[str, Any]:
         sink = FanOut(*sinks, logged_steps=jsonl.logged_steps())
     heartbeat = Heartbeat(out, env.rank, env.hostname, stall_timeout_s=spec.collective_timeout_s)
     try:
-        with process_group(env, backend, timeout_s=spec.collective_timeout_s):
-            result = benchmark(spec, env, device, backend, sink, heartbeat)
+        with process_group(env, backend, timeout_s=spec.collective_timeout_s) as control_group:
+            result = benchmark(spec, env, device, backend, sink, heartbeat, control_group)
     except Preempted as exc:
         # Not a failure: the checkpoint is saved and the run stays open; the job resumes from it
         # when Slurm requeues it (or when its cell is resubmitted).
@@ -77,7 +77,8 @@ def _fsdp_no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat) -> Dict[str, Any]:
+def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat,
+              control_group=None) -> Dict[str, Any]:
     import torch
 
     from jobs import metrics, models, parallel, schedule
@@ -167,7 +168,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         total_steps=train.steps, warmup_steps=train.warmup_steps, accum_steps=train.grad_accum_steps,
         every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0, sync=sync,
         on_step=heartbeat.beat, on_checkpoint=log_before_stop,
-        reset_peak_memory=lambda: metrics.reset_peak_memory(device),
+        reset_peak_memory=lambda: metrics.reset_peak_memory(device), control_group=control_group,
     )
     comm_figures = {}
     if train.comm_probe_steps and env.world_size > 1:
