@@ -109,12 +109,13 @@ process group); telemetry was ~1.4% of the window (four SQLite transactions of 1
 - `jobs/sinks.py`: `MlflowSink` buffers and writes at `finish` (one `log_batch`, one
   `set_terminated`), imports MLflow only then (after the window), and reads the run id from
   `mlflow_run_id` when the spec has none (Slurm: the run is created after sbatch).
-- `jobs/preempt.py`: the ranks agree on stop requests (preemption warning, SIGTERM) about once a
-  second instead of at every step boundary. The per-step all-reduce of one int cost 1.4-1.9 ms in
-  the call (median, 2 CPU ranks, 130-210 ms steps) and 3-4% of FSDP's step time in all (A/B runs
-  with and without it; an asynchronous all-reduce cost as much). Each round now also agrees on the
-  number of steps to the next one (the smallest proposal, from each rank's step time), so every
-  rank meets the same collective; a stop is acted on within about a second.
+- `jobs/preempt.py`, `jobs/dist.py`: the ranks agree on stop requests (preemption warning,
+  SIGTERM) about once a second instead of at every step boundary, and on a gloo group of their
+  own, asynchronously: a round is issued at one agreement boundary and read at the next, where its
+  result says whether to stop and when the next boundary is (every rank stops at the same step).
+  The per-step all-reduce of one int on the training group cost 1.4-1.9 ms in the call and 3-4%
+  of FSDP's step time; once a second on the training group it still cost FSDP ~5% on this host's
+  slower steps (below); on its own group it costs nothing measurable.
 - `jobs/worker.py`: records `first_step_unix_s`; the torch version tag is a plain `str`
   (`torch.__version__` is a `TorchVersion`, and unpickling the job's result made the launcher
   import torch, ~1 s, after every local cell).
@@ -152,6 +153,25 @@ A/B runs of `bench/worker_entry.py` with parts of the worker switched off from o
   calls, same step: 1.00-1.01. In separate jobs, minutes apart, the very same bare-loop variant
   ranged 46-60 samples/s. The per-step work is the same on both sides; the cross-job gap of
   figure 1 is not in the step path, which is why figure 1c now measures it paired.
+- Figure 1c bisected (paired blocks in one job, FSDP, 40 pairs each, a later 2-core Xeon host
+  whose steps are ~2x slower than the first): the worker's schedule with the stop-request
+  agreement on the training group 0.951 and 0.948 of the bare step's throughput; the same with
+  the agreement switched off 1.031 and 0.999; the heartbeat made no difference. With ~330 ms steps
+  the once-a-second agreement ran every ~3 steps, an all-reduce queued between FSDP's collectives
+  where every rank waits for the slowest. Moved to its own gloo group and made asynchronous (see
+  above): 1.064 and 1.046 (DDP 1.038).
+- What figure 1c cannot see, because it is per process: `bench/bare_loop.py` itself, with and
+  without the worker's per-process extras injected (the heartbeat's watchdog thread writing its
+  file once a second, the stop-request signal handlers, the gloo control group, the worker's
+  imports), FSDP, 4 ABBA pairs: 49.0, 49.5, 48.9, 46.0 samples/s with them, 48.5, 48.1, 49.9,
+  48.3 without (medians 48.95 and 48.4). No cost there either. Figure 1's remaining gap in a given
+  run is the variance between separate jobs on this VM: in two full runs of the suite on the same
+  day and host, DDP's figure 1 was 1.014 and 0.920 with the same worker step path.
+- Open: in the later run our separate jobs spread 17-21% (FSDP 43.7-53.4 samples/s, the fastest
+  single run of either side being ours) against the bare loop's 3-6%: our process is sometimes
+  in a slower state for a whole run. Not the step path (1c), not the per-process extras (above);
+  what else differs per process (heap history, address layout of the same tensors) is not
+  measured yet.
 - Profiles (cProfile, rank 0, FSDP): the same operators dominate on both sides (autograd's
   backward, linear, gloo waits); the worker's own Python per step (timing, history, heartbeat,
   the agreement counter) does not appear among the top functions.
