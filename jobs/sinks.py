@@ -32,6 +32,20 @@ class NullSink:
     def finish(self, status: str, error: Optional[str] = None) -> None: ...
 
 
+def read_records(path: Path) -> List[Dict[str, Any]]:
+    """Every record of a ``metrics.jsonl`` (none if it does not exist yet)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a killed writer: the rest is still good
+    return out
+
+
 class JsonlSink(NullSink):
     """Appends one JSON object per line to ``metrics.jsonl`` (steps, summary, tags, status)."""
 
@@ -55,17 +69,7 @@ class JsonlSink(NullSink):
 
     def logged_steps(self) -> Set[int]:
         """The steps an earlier run of this job already recorded here (empty for a fresh job)."""
-        if not self.path.exists():
-            return set()
-        steps = set()
-        for line in self.path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a killed writer
-            if rec.get("kind") == "step":
-                steps.add(int(rec["step"]))
-        return steps
+        return {int(r["step"]) for r in read_records(self.path) if r.get("kind") == "step"}
 
     def log_summary(self, summary: Dict[str, Any]) -> None:
         self._write([{"kind": "summary", "time": time.time(), **summary}])

@@ -8,28 +8,16 @@ and the report run it for finished cells.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
+from jobs.sinks import read_records
 from launcher import tracking  # noqa: F401  (sets MLflow's retry and telemetry defaults first)
 from launcher.state import SweepState
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
-
-
-def _records(path: Path) -> List[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed writer: the rest is still good
-    return out
 
 
 def sync_run(client, run_id: str, records: List[dict]) -> int:
@@ -80,7 +68,7 @@ def sync_cell(state: SweepState, cell) -> int:
 
     try:
         return sync_run(MlflowClient(tracking_uri=state.tracking_uri), cell.run_id,
-                        _records(state.cell_dir(cell) / "metrics.jsonl"))
+                        read_records(state.cell_dir(cell) / "metrics.jsonl"))
     except Exception as exc:  # the records stay on disk; the next sync picks them up
         print(f"[mlflow] sync of {cell.name} failed, will retry on the next status/sync: {exc}", file=sys.stderr)
         return 0
@@ -99,7 +87,7 @@ def sync_sweep(state: SweepState) -> Dict[str, int]:
     added = {}
     for cell in state.cells:
         if cell.run_id:
-            added[cell.name] = sync_run(client, cell.run_id, _records(state.cell_dir(cell) / "metrics.jsonl"))
+            added[cell.name] = sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"))
     return added
 
 
