@@ -17,7 +17,7 @@ Run benchmark grid points of distributed training (DDP / FSDP) and compare them.
   -m, --multirun     expand comma-separated values into a grid (strategy=ddp,fsdp nodes=1,2)
   -h, --help         this help
 
-config groups (conf/):
+config groups (launcher/conf/):
 {groups}
 top-level settings: nodes, batch_size (per device), steps, warmup_steps, repeats, grad_accum_steps,
   seed, optimizer (adamw|sgd), lr, lr_scaling (none|linear|sqrt), activation_checkpointing,

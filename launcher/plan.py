@@ -8,6 +8,7 @@ Hydra's compose API builds each point against the typed schema; no torch or MLfl
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import os
 import re
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
 from launcher.schema import ClusterKind, Config
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# Package data: found next to this module in a checkout, an editable install and a wheel alike.
+CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))
 
 
 class SweepError(Exception):

@@ -102,7 +102,7 @@ def run_ranks(specs: Union[Any, Sequence[Any]], world_size: int, *, nodes: int =
     return results[0] if single else results
 
 
-# The strategy config files (conf/strategy/*.yaml) as StrategySpec arguments.
+# The strategy config files (launcher/conf/strategy/*.yaml) as StrategySpec arguments.
 STRATEGIES = {
     "ddp": dict(name="ddp"),
     "fsdp": dict(name="fsdp", sharding="full"),
