@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set
 
+from jobs import mlflow_entry
+
 
 def _clean(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
@@ -114,16 +116,9 @@ class MlflowSink(NullSink):
         return self.run_id
 
     def _client(self):
-        import os
-
-        # MLflow's HTTP client retries for minutes by default; a benchmark must not stall on a
-        # tracking outage (JSONL has everything and `launcher.sync` replays it later).
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-        from mlflow.tracking import MlflowClient
-
-        return MlflowClient(tracking_uri=self.tracking_uri)
+        # A tracking outage must not stall a benchmark: mlflow_entry sets short HTTP retries (JSONL
+        # has everything and `launcher.sync` replays it later).
+        return mlflow_entry.client(self.tracking_uri)
 
     def _try(self, what: str, fn, *args, **kwargs) -> bool:
         for attempt in range(self.RETRIES):
@@ -149,14 +144,14 @@ class MlflowSink(NullSink):
         self._add_metrics((k, v, 0) for k, v in summary.items() if isinstance(v, (int, float)))
 
     def set_tags(self, tags: Dict[str, str]) -> None:
-        self._tags.update({k: str(v)[:5000] for k, v in tags.items()})
+        self._tags.update({k: str(v)[:mlflow_entry.TAG_MAX_CHARS] for k, v in tags.items()})
 
     def flush(self) -> None:
         self._send(status=None)
 
     def finish(self, status: str, error: Optional[str] = None) -> None:
         if error:
-            self._tags["error"] = error[:5000]
+            self._tags["error"] = error[:mlflow_entry.TAG_MAX_CHARS]
         self._send(status)
 
     def _send(self, status: Optional[str]) -> None:

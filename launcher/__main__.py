@@ -86,9 +86,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_partitions(cells)
         check_tracking(cells[0].config)
     except SweepError as exc:
-        from launcher.safety import secrets_masked
+        from launcher.safety import mask
 
-        print(f"error: invalid configuration; nothing was submitted.\n{secrets_masked(str(exc))}", file=sys.stderr)
+        print(f"error: invalid configuration; nothing was submitted.\n{mask('', str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # Hydra's parser errors on malformed overrides
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0]}\nnothing was submitted. "
@@ -97,34 +97,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from launcher import sweep
 
-    cfg = cells[0].config
-    # The MLflow runs come after submission (sweep.create_runs): importing MLflow and opening its
-    # store take ~2 s, and no job needs its run before it ends.
     try:
-        state = sweep.prepare(cells, ["python -m launcher", *args], runs=False)
+        return sweep.run(cells, ["python -m launcher", *args])
     except SweepError as exc:
         print(f"error: {exc}\nnothing was submitted.", file=sys.stderr)
         return 2
-    print(f"sweep {state.name}: {len(cells)} cell(s) -> {state.sweep_dir}", flush=True)
-    if state.cluster == "local":
-        sweep.run_local(state, cells)
-    else:
-        sweep.submit_slurm(state, cells)
-        if state.tracking_uri:
-            try:
-                sweep.create_runs(state, cells)
-                print(f"MLflow: parent run {state.parent_run_id}, {len(cells)} cell run(s) in {state.tracking_uri}",
-                      flush=True)
-            except Exception as exc:  # the jobs are in the queue already; their JSONL records hold everything
-                print(f"[mlflow] the jobs are submitted, but their runs could not be created in {state.tracking_uri}: "
-                      f"{type(exc).__name__}: {exc}. Each cell's metrics.jsonl has its results.", file=sys.stderr)
-        sweep.print_jobs(state)
-        print(f"Follow with: python -m launcher.status {state.sweep_dir}", flush=True)
-        if not cfg.wait:
-            return 0
-        sweep.wait_slurm(state)
-    print(sweep.finalize(state))
-    return 0 if all(c.status == "done" for c in state.cells) else 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.report import GIB, MIB, cell_label, peak_memory_gib, ranked, series_labels
+from launcher.rows import GIB, MIB, cell_label, peak_memory_gib, ranked, series_labels
 
 DPI = 110
 

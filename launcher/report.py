@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from launcher.state import SweepState
+from jobs import mlflow_entry
+from launcher import plots, tracking
+from launcher.rows import GIB, MIB, add_derived, cell_label, num, peak_memory_gib, ranked
+from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
 
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
@@ -27,12 +29,7 @@ PLOTS_DIR = "plots"
 # noisy: its difference to a neighbour in the ranking may be noise.
 NOISY_CV = 0.03
 NOISY_FLAG = "⚠"
-GIB = 1024**3
-MIB = 1024**2
 
-# MLflow run status -> the sweep's cell status.
-_RUN_STATUS = {"FINISHED": "done", "FAILED": "failed", "KILLED": "cancelled", "RUNNING": "running",
-               "SCHEDULED": "submitted"}
 # Settings that say where and how a sweep was run, not what was measured: two runs that differ
 # only in these (and in the node count) belong to one scaling series.
 _NOT_MEASURED = ("nodes", "output_root", "sweep_dir", "wait", "collective_timeout_s", "cluster.timeout_min",
@@ -56,7 +53,7 @@ def collect(state: SweepState) -> List[Dict[str, Any]]:
         series = " ".join(o for o in cell.overrides if o.split("=", 1)[0].lstrip("+~") != "nodes")
         row: Dict[str, Any] = {"cell": cell.name, "sweep": state.name, "strategy": cell.strategy,
                                "precision": cell.precision, "model": cell.model, "nodes": cell.nodes,
-                               "world_size": cell.world_size, "status": cell.status, "error": cell.error,
+                               "world_size": cell.world_size, "status": cell.status.value, "error": cell.error,
                                "series": series, "run_id": cell.run_id}
         row.update(_train_settings(state, cell))
         row.update({k: v for k, v in result.get("tags", {}).items() if k in _ENV_TAGS})
@@ -69,7 +66,7 @@ def collect(state: SweepState) -> List[Dict[str, Any]]:
 def _train_settings(state: SweepState, cell) -> Dict[str, Any]:
     try:
         train = state.load_spec(cell).train
-    except (OSError, EOFError, AttributeError, ImportError):  # a sweep dir copied without its specs
+    except (OSError, ValueError, TypeError):  # a sweep dir copied without its specs
         return {}
     return {"batch_size": train.batch_size, "steps": train.steps, "warmup_steps": train.warmup_steps,
             "repeats": train.repeats}
@@ -79,16 +76,7 @@ def _train_settings(state: SweepState, cell) -> Dict[str, Any]:
 
 def rows_from_experiment(tracking_uri: str, experiment: str) -> List[Dict[str, Any]]:
     """One row per cell run (child run with a ``cell`` tag) of every sweep in the experiment."""
-    import logging
-
-    from mlflow.tracking import MlflowClient
-
-    # launcher.tracking turns MLflow's usage telemetry off before any client exists: without a
-    # network its attempts cost seconds per command.
-    from launcher import tracking  # noqa: F401
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow_entry.client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         names = ", ".join(e.name for e in client.search_experiments()) or "none"
@@ -116,7 +104,8 @@ def rows_from_experiment(tracking_uri: str, experiment: str) -> List[Dict[str, A
                                "strategy": tags.get("strategy", "?"), "precision": tags.get("precision", "?"),
                                "model": tags.get("model", "?"), "nodes": _int(tags.get("nodes")),
                                "world_size": _int(tags.get("world_size")),
-                               "status": _RUN_STATUS.get(run.info.status, run.info.status.lower()),
+                               "status": FROM_MLFLOW[run.info.status].value if run.info.status in FROM_MLFLOW
+                               else run.info.status.lower(),
                                "error": tags.get("error"), "series": series, "run_id": run.info.run_id,
                                "experiment_id": found.experiment_id}
         row.update({k: _int(params.get(k)) for k in ("batch_size", "steps", "warmup_steps", "repeats")
@@ -139,61 +128,10 @@ def _int(value: Optional[str]) -> Optional[int]:
         return None
 
 
-# ---- derived figures ---------------------------------------------------------------------------
-
-def add_derived(rows: List[Dict[str, Any]]) -> None:
-    """Relative performance vs the best cell of the same model, and scaling efficiency: per-device
-    throughput relative to the smallest cell of the same series (same settings except the node
-    count), preferring a base cell measured in the same sweep (absolute numbers from different
-    runs are less comparable than ratios within one)."""
-    from jobs.metrics import scaling_efficiency
-
-    measured = [r for r in rows if r.get("throughput_samples_per_s")]
-    for r in measured:
-        same_model = [p["throughput_samples_per_s"] for p in measured if p.get("model") == r.get("model")]
-        r["relative_perf"] = r["throughput_samples_per_s"] / max(same_model)
-        peers = [p for p in measured if p.get("series") == r.get("series")]
-        if len({p["world_size"] for p in peers}) > 1:
-            base = min(peers, key=lambda p: (p["world_size"], p.get("sweep") != r.get("sweep")))
-            r["scaling_efficiency"] = scaling_efficiency(r["throughput_samples_per_s_per_device"],
-                                                         base["throughput_samples_per_s_per_device"])
-
-
-def peak_memory_gib(row: Dict[str, Any]) -> Optional[float]:
-    """Peak resident set on CPU, peak allocated CUDA memory on GPUs (max over ranks)."""
-    return row.get("peak_mem_allocated_gib", row.get("peak_rss_gib"))
-
-
-def series_labels(rows: Sequence[Dict[str, Any]]) -> Dict[str, str]:
-    """A short legend label per series: the cell name without its node count (plus the sweep
-    where two different series would otherwise read the same)."""
-    first: Dict[str, Dict[str, Any]] = {}
-    for r in rows:
-        first.setdefault(r["series"], r)
-    labels = {}
-    for key, r in first.items():
-        words = [w for w in str(r["cell"]).split() if not w.startswith("nodes=")]
-        labels[key] = " ".join(words) or f"{r.get('strategy')} {r.get('precision')}"
-    counts: Dict[str, int] = {}
-    for label in labels.values():
-        counts[label] = counts.get(label, 0) + 1
-    return {k: (f"{v} ({first[k].get('sweep')})" if counts[v] > 1 else v) for k, v in labels.items()}
-
-
-def cell_label(row: Dict[str, Any], multi_sweep: bool) -> str:
-    return f"{row['cell']} ({row.get('sweep')})" if multi_sweep else str(row["cell"])
-
-
 # ---- the ranking table -------------------------------------------------------------------------
 
-def _num(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return None if math.isnan(value) or math.isinf(value) else float(value)
-
-
 def _rate(value: Any) -> str:
-    v = _num(value)
+    v = num(value)
     if v is None:
         return "-"
     return format(v, ",.0f") if v >= 1000 else format(v, ".1f")
@@ -201,14 +139,14 @@ def _rate(value: Any) -> str:
 
 def _fixed(spec: str) -> Callable[[Any], str]:
     def fmt(value: Any) -> str:
-        v = _num(value)
+        v = num(value)
         return "-" if v is None else format(v, spec)
 
     return fmt
 
 
 def _cv(row: Dict[str, Any]) -> str:
-    v = _num(row.get("throughput_cv"))
+    v = num(row.get("throughput_cv"))
     if v is None or (row.get("repeats") or 0) < 2:
         return "-"  # one measured window has no spread to report
     return f"{v:.1%} {NOISY_FLAG}" if v > NOISY_CV else f"{v:.1%}"
@@ -225,11 +163,11 @@ class Column:
 
 
 def _state_column(rows: Sequence[Dict[str, Any]]) -> Column:
-    largest = max((_num(r.get("model_state_bytes")) or 0 for r in rows), default=0)
+    largest = max((num(r.get("model_state_bytes")) or 0 for r in rows), default=0)
     unit, div, spec = ("GiB", GIB, ".2f") if largest >= GIB else ("MiB", MIB, ".1f")
 
     def value(r: Dict[str, Any]) -> Optional[float]:
-        b = _num(r.get("model_state_bytes"))
+        b = num(r.get("model_state_bytes"))
         return None if b is None else b / div
 
     return Column(f"state {unit}/rank", value, _fixed(spec))
@@ -260,20 +198,7 @@ def columns(rows: Sequence[Dict[str, Any]]) -> List[Column]:
         Column("CV", lambda r: r, _cv),
         Column("status", lambda r: r.get("status"), numeric=False),
     ]
-    return [c for c in cols if not c.optional or any(_num(c.value(r)) is not None for r in rows)]
-
-
-def ranked(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Best total throughput first; cells without results last. Sets each row's rank ``_rank``."""
-    ordered = sorted(rows, key=lambda r: -(_num(r.get("throughput_samples_per_s")) or -1))
-    n = 0
-    for r in ordered:
-        if _num(r.get("throughput_samples_per_s")) is not None:
-            n += 1
-            r["_rank"] = n
-        else:
-            r["_rank"] = None
-    return ordered
+    return [c for c in cols if not c.optional or any(num(c.value(r)) is not None for r in rows)]
 
 
 def _md(text: Any) -> str:
@@ -355,7 +280,7 @@ def _environment(rows: Sequence[Dict[str, Any]], extra: Dict[str, str]) -> str:
 
 
 def _failures(rows: Sequence[Dict[str, Any]]) -> str:
-    bad = [r for r in rows if r.get("status") != "done" or _num(r.get("throughput_samples_per_s")) is None]
+    bad = [r for r in rows if r.get("status") != "done" or num(r.get("throughput_samples_per_s")) is None]
     if not bad:
         return "All cells finished with results."
     lines = ["| cell | status | error |", "|---|---|---|"]
@@ -379,7 +304,7 @@ def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[st
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = _tables(rows)
-    done = [r for r in rows if _num(r.get("throughput_samples_per_s")) is not None]
+    done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     counts: Dict[str, int] = {}
     for r in rows:
         counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
@@ -403,8 +328,6 @@ def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[st
     report = Report(out_dir / REPORT_FILE, tables=tables)
     parts += ["## Plots", ""]
     try:
-        from launcher import plots
-
         made = plots.make_all(rows, out_dir / PLOTS_DIR)
     except Exception as exc:  # a plotting problem must not cost the measured table
         print(f"report: plots failed: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -428,6 +351,20 @@ def write_sweep_report(state: SweepState) -> Report:
     if state.tracking_uri:
         source.update({"MLflow": state.tracking_uri, "parent run": state.parent_run_id or "-"})
     return write(rows, state.path, f"Benchmark report: {state.name}", source)
+
+
+def finalize(state: SweepState) -> str:
+    """Write report.md and its plots, attach them to the sweep's MLflow parent run and end that run
+    (FAILED if any cell did not finish). Returns the ranking table and the report's path."""
+    written = write_sweep_report(state)
+    if state.tracking_uri and state.parent_run_id:
+        failed = any(c.status is not CellStatus.done for c in state.cells)
+        try:
+            tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots,
+                                  "FAILED" if failed else "FINISHED")
+        except Exception as exc:  # the report is on disk; a tracking outage must not hide it
+            print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
+    return f"{written.tables}\n\nreport: {written.path}"
 
 
 def write_experiment_report(tracking_uri: str, experiment: str, out_dir: Path) -> Report:
@@ -470,7 +407,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"sqlite:///{Path('outputs', 'mlflow.db').resolve()}"
             out = Path(args.out) if args.out else Path("outputs", "reports", args.experiment)
             report = write_experiment_report(uri, args.experiment, out)
-    except (ReportError, FileNotFoundError) as exc:
+    except (ReportError, StateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.tables)

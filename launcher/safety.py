@@ -11,7 +11,7 @@ the user's own commands, but they may not smuggle in extra lines or control char
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Tuple
+from typing import Any
 
 from jobs.spec import ConfigError
 
@@ -58,8 +58,16 @@ def check_cluster(cluster) -> None:
         raise ConfigError("cluster.python", cluster.python, "must be one line.", "give the interpreter's path.")
 
 
-def secrets_masked(text: str, pairs: Iterable[Tuple[str, Any]] = ()) -> str:
-    """``text`` with passwords in URIs hidden (error messages echo values)."""
-    from launcher.tracking import MASK, URI_PASSWORD
+SECRET_KEY = re.compile(r"(password|passwd|secret|token|api[_-]?key|credential)", re.IGNORECASE)
+URI_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@", re.IGNORECASE)
+MASK = "***"
 
-    return URI_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+
+def mask(key: str, value: Any) -> Any:
+    """The one secret mask: values of secret-looking keys, and passwords inside URIs in any text
+    (error messages, resolved configs, MLflow params)."""
+    if SECRET_KEY.search(key) and value not in (None, ""):
+        return MASK
+    if isinstance(value, str):
+        return URI_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", value)
+    return value

@@ -30,6 +30,7 @@ from jobs.spec import (
     image_folder_classes,
     token_file_samples,
 )
+from launcher.safety import check_cluster
 
 
 class ClusterKind(enum.Enum):
@@ -64,7 +65,8 @@ class ClusterConfig:
     mem_gb: Optional[float] = None
     constraint: Optional[str] = None
     exclude: Optional[str] = None
-    exclusive: bool = False
+    # Whole nodes per cell: a benchmark that shares a node measures its neighbours too.
+    exclusive: bool = True
     signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
     srun_args: List[str] = field(default_factory=list)
@@ -72,6 +74,8 @@ class ClusterConfig:
     python: Optional[str] = None  # interpreter on the nodes; default: this one
     container: ContainerConfig = field(default_factory=ContainerConfig)
     array_parallelism: int = 64
+    # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
+    max_array_size: Optional[int] = None
 
 
 @dataclass
@@ -151,8 +155,6 @@ class Config(TrainSpec):
                 "(cluster.gpus_per_node>0).",
             )
         self._validate_data()
-        from launcher.safety import check_cluster
-
         check_cluster(c)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
         if c.mem_gb is not None:

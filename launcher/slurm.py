@@ -10,8 +10,9 @@ import subprocess
 from typing import Dict, List
 
 from launcher.plan import Cell, SweepError
+from launcher.state import CellStatus, slurm_status
 
-__all__ = ["cancel", "check_partitions", "job_states", "partitions"]
+__all__ = ["cancel", "check_partitions", "job_states", "max_array_size", "partitions"]
 
 
 def partitions() -> Dict[str, dict]:
@@ -60,33 +61,65 @@ def check_partitions(cells: List[Cell]) -> None:
         raise SweepError("\n".join(errors))
 
 
-# Slurm job states (sacct) -> the sweep's cell states.
-_STATES = {
-    "PENDING": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending", "REQUEUE_FED": "pending",
-    "CONFIGURING": "pending", "RESIZING": "pending", "SUSPENDED": "pending",
-    "RUNNING": "running", "COMPLETING": "running", "STAGE_OUT": "running", "SIGNALING": "running",
-    "COMPLETED": "completed", "CANCELLED": "cancelled", "FAILED": "failed", "TIMEOUT": "failed",
-    "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed", "BOOT_FAIL": "failed", "DEADLINE": "failed",
-    "PREEMPTED": "pending",  # preempted jobs are requeued (--requeue)
-}
+def _run(args: list[str]) -> str:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    return proc.stdout if proc.returncode == 0 else ""
 
 
-def job_states(job_ids: List[str]) -> Dict[str, str]:
-    """{job id: pending|running|completed|failed|cancelled} with one sacct call; unknown ids absent."""
-    if not job_ids:
-        return {}
-    proc = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)],
-                          capture_output=True, text=True, timeout=60)
-    states: Dict[str, str] = {}
-    for line in proc.stdout.splitlines():
+def expand_array_ids(job: str) -> list[str]:
+    """``123_[0-2,5%4]`` -> 123_0, 123_1, 123_2, 123_5 (sacct and squeue fold pending array tasks)."""
+    base, sep, rest = job.partition("_[")
+    if not sep:
+        return [job]
+    ids = []
+    for part in rest.rstrip("]").split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        ids.extend(f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1))
+    return ids
+
+
+def parse_states(text: str) -> dict[str, str]:
+    """``JobID|State`` lines (sacct -X -n -P, squeue -h -o '%i|%T') -> {job id: raw state}.
+
+    A requeued job shows several records: the last one wins.
+    """
+    states: dict[str, str] = {}
+    for line in text.splitlines():
         if "|" not in line:
             continue
         job, state = line.split("|", 1)
-        # "CANCELLED by 0" -> CANCELLED. A requeued job shows several records: the last wins.
-        states[job] = _STATES.get(state.split()[0].rstrip("+"), "failed")
+        for one in expand_array_ids(job.strip()):
+            states[one] = state.strip()
     return states
 
 
-def cancel(job_ids: List[str]) -> None:
+def job_states(job_ids: list[str]) -> dict[str, CellStatus]:
+    """{job id: cell status} from one sacct call, plus one squeue call for the ids sacct does not know
+    yet (array tasks that have not started); ids that neither knows are absent."""
+    if not job_ids:
+        return {}
+    arrays = sorted({j.split("_")[0] for j in job_ids})
+    raw = parse_states(_run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(arrays)]))
+    unknown = [j for j in job_ids if j not in raw]
+    if unknown:
+        queued = parse_states(_run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(arrays)]))
+        raw.update({j: queued[j] for j in unknown if j in queued})
+    return {j: slurm_status(raw[j]) for j in job_ids if j in raw}
+
+
+def max_array_size() -> int | None:
+    """The cluster's MaxArraySize (``scontrol show config``): an array may hold that many tasks."""
+    return parse_max_array_size(_run(["scontrol", "show", "config"]))
+
+
+def parse_max_array_size(text: str) -> int | None:
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def cancel(job_ids: list[str]) -> None:
     if job_ids:
         subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60)

@@ -1,46 +1,116 @@
-"""The sweep's state on disk (sweep.json), so later commands can show, wait, cancel, resubmit
-and report without the process that submitted it."""
+"""The sweep document: one typed, versioned JSON file (``sweep.json``) plus a ``spec.json`` per cell.
+
+Later commands (status, wait, cancel, resubmit, resume, report) need nothing else: every cell
+carries its own resolved cluster settings and layout, so a resubmission can never fall back to
+another cell's settings. No pickles: a class that moves between modules does not break an old
+sweep, and a document from another version is either read or refused with what to do.
+"""
 
 from __future__ import annotations
 
+import enum
 import json
 import os
-import pickle
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+
+from jobs.codec import from_plain, to_plain
+from jobs.spec import Layout, RunSpec
+from launcher.schema import ClusterConfig
 
 STATE_FILE = "sweep.json"
+SPEC_FILE = "spec.json"
+# 1: sweep.json + spec.pkl + cluster.pkl (one cluster config for the whole sweep).
+# 2: this document; each cell has its own cluster config and a spec.json.
+VERSION = 2
+
+
+class StateError(Exception):
+    """A sweep directory that cannot be read; the message says what to do."""
+
+
+class CellStatus(str, enum.Enum):
+    planned = "planned"  # in the document, not submitted yet
+    pending = "pending"  # submitted, waiting in the queue (or requeued)
+    running = "running"
+    done = "done"  # the job ended and left a result
+    failed = "failed"
+    cancelled = "cancelled"
+    lost = "lost"  # submitted, but neither the queue nor accounting knows the job any more
+
+    @property
+    def terminal(self) -> bool:
+        return self in (CellStatus.done, CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
+
+
+# The one Slurm -> cell status table (sacct/squeue State, first word, without "+").
+# COMPLETED means the job ended with exit code 0; the cell is done only if it left a result.
+SLURM_STATUS = {
+    "PENDING": CellStatus.pending, "REQUEUED": CellStatus.pending, "REQUEUE_HOLD": CellStatus.pending,
+    "REQUEUE_FED": CellStatus.pending, "CONFIGURING": CellStatus.pending, "RESIZING": CellStatus.pending,
+    "SUSPENDED": CellStatus.pending, "PREEMPTED": CellStatus.pending,  # preempted jobs are requeued (--requeue)
+    "RUNNING": CellStatus.running, "COMPLETING": CellStatus.running, "STAGE_OUT": CellStatus.running,
+    "SIGNALING": CellStatus.running,
+    "COMPLETED": CellStatus.done, "CANCELLED": CellStatus.cancelled, "FAILED": CellStatus.failed,
+    "TIMEOUT": CellStatus.failed, "NODE_FAIL": CellStatus.failed, "OUT_OF_MEMORY": CellStatus.failed,
+    "BOOT_FAIL": CellStatus.failed, "DEADLINE": CellStatus.failed,
+}
+
+# The one cell status -> MLflow run status table, and its inverse for reports read from MLflow.
+MLFLOW_STATUS = {
+    CellStatus.planned: "SCHEDULED", CellStatus.pending: "SCHEDULED", CellStatus.running: "RUNNING",
+    CellStatus.done: "FINISHED", CellStatus.failed: "FAILED", CellStatus.cancelled: "KILLED",
+    CellStatus.lost: "FAILED",
+}
+FROM_MLFLOW = {"FINISHED": CellStatus.done, "FAILED": CellStatus.failed, "KILLED": CellStatus.cancelled,
+               "RUNNING": CellStatus.running, "SCHEDULED": CellStatus.pending}
+
+
+def slurm_status(state: str) -> CellStatus:
+    """``"CANCELLED by 0"`` -> cancelled; an unknown state counts as failed."""
+    return SLURM_STATUS.get(state.split()[0].rstrip("+") if state.strip() else "", CellStatus.failed)
 
 
 @dataclass
 class CellState:
     index: int
-    name: str
-    dirname: str
-    overrides: List[str]
-    nodes: int
-    world_size: int
+    name: str  # e.g. "strategy=fsdp nodes=2"
+    dirname: str  # e.g. "01-strategy_fsdp-nodes_2"
+    overrides: list[str]
     strategy: str
     precision: str
     model: str
-    job_id: Optional[str] = None
-    run_id: Optional[str] = None
-    status: str = "planned"  # planned | submitted | done | failed | cancelled
-    error: Optional[str] = None
+    cluster: ClusterConfig  # this cell's own resolved cluster settings
+    layout: Layout  # nodes, tasks and cores it runs on
+    job_id: str | None = None
+    run_id: str | None = None
+    status: CellStatus = CellStatus.planned
+    error: str | None = None
+    failure_class: str | None = None
     resubmits: int = 0
+    submitted_at: float | None = None  # epoch seconds of the latest submission
+
+    @property
+    def nodes(self) -> int:
+        return self.layout.nodes
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
 
 
 @dataclass
 class SweepState:
     name: str
     sweep_dir: str
-    cluster: str  # local | slurm
-    argv: List[str]
-    tracking_uri: Optional[str] = None
-    experiment_id: Optional[str] = None
-    parent_run_id: Optional[str] = None
-    cells: List[CellState] = field(default_factory=list)
+    cluster: str  # local | slurm: one kind per sweep
+    argv: list[str]
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    experiment_id: str | None = None
+    parent_run_id: str | None = None
+    cells: list[CellState] = field(default_factory=list)
+    version: int = VERSION
 
     @property
     def path(self) -> Path:
@@ -51,22 +121,36 @@ class SweepState:
 
     def save(self) -> None:
         tmp = self.path / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.write_text(json.dumps(to_plain(self), indent=1))
         os.replace(tmp, self.path / STATE_FILE)  # atomic: a reader never sees half a file
 
     @classmethod
-    def load(cls, sweep_dir: Path) -> "SweepState":
+    def load(cls, sweep_dir: Path | str) -> SweepState:
         path = Path(sweep_dir) / STATE_FILE
         if not path.exists():
-            raise FileNotFoundError(f"{sweep_dir} holds no {STATE_FILE}: pass the directory a sweep printed.")
+            raise StateError(f"{sweep_dir} holds no {STATE_FILE}: pass the directory a sweep printed.")
         data = json.loads(path.read_text())
-        data["cells"] = [CellState(**c) for c in data["cells"]]
-        return cls(**data)
+        version = data.get("version", 1)
+        if version < VERSION:
+            raise StateError(
+                f"{path} was written by an older ddp-fsdp-bench (sweep document version {version}, this one reads "
+                f"{VERSION}): its cells kept their specs as pickles and shared one cluster config. Its results and "
+                f"report stay readable in that directory. Fix: run the same grid again into a new sweep_dir to "
+                f"resume or resubmit it with this version."
+            )
+        if version > VERSION:
+            raise StateError(f"{path} was written by a newer ddp-fsdp-bench (version {version}; this one reads "
+                             f"{VERSION}). Fix: upgrade ddp-fsdp-bench (pip install -U ddp-fsdp-bench).")
+        try:
+            return from_plain(cls, data)
+        except (TypeError, ValueError) as exc:
+            raise StateError(f"{path} is not a readable sweep document ({exc}). Fix: run the grid again into a new "
+                             f"sweep_dir.") from exc
 
-    def save_spec(self, cell: CellState, spec) -> None:
+    def save_spec(self, cell: CellState, spec: RunSpec) -> None:
         d = self.cell_dir(cell)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "spec.pkl").write_bytes(pickle.dumps(spec))
+        (d / SPEC_FILE).write_text(json.dumps(to_plain(spec), indent=1))
 
-    def load_spec(self, cell: CellState):
-        return pickle.loads((self.cell_dir(cell) / "spec.pkl").read_bytes())
+    def load_spec(self, cell: CellState) -> RunSpec:
+        return from_plain(RunSpec, json.loads((self.cell_dir(cell) / SPEC_FILE).read_text()))

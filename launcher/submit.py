@@ -1,19 +1,31 @@
-"""The only module that talks to submitit: executors, parameters, job arrays by resource shape."""
+"""The one submission path: every run, resume and resubmission of cells goes through :func:`submit`.
+
+The only module that talks to submitit. Each cell carries its own resolved cluster settings
+(``CellState.cluster``) and layout; cells share a job array only when everything sbatch would be
+given is identical (:func:`group_key`), and an array never exceeds the cluster's MaxArraySize.
+Local cells run one after another in the foreground: they share this machine's cores, and two
+benchmarks running at once would measure each other.
+"""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any
 
-from jobs.spec import Layout, RunSpec
-from launcher.schema import ClusterConfig, ClusterKind, ContainerRuntime
+from jobs.codec import to_plain
+from jobs.spec import Layout
+from launcher.schema import ClusterConfig, ContainerRuntime
+from launcher.state import CellState, CellStatus, SweepState
 
 
-def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> Dict[str, Any]:
+def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one resource shape (submitit renders and quotes them)."""
-    params: Dict[str, Any] = dict(
+    params: dict[str, Any] = dict(
         job_name=job_name, nodes=layout.nodes, ntasks_per_node=layout.tasks_per_node,
         cpus_per_task=layout.cpus_per_task, time=cluster.timeout_min, signal_delay_s=cluster.signal_delay_s,
         array_parallelism=cluster.array_parallelism,
@@ -49,12 +61,99 @@ def python_command(cluster: ClusterConfig) -> str:
     return python
 
 
-def local_executor(folder: Path, layout: Layout, timeout_min: int):
+def group_key(cell: CellState) -> str:
+    """Cells with equal keys may share one sbatch call: every submission parameter is identical."""
+    params = slurm_parameters(cell.cluster, cell.layout, "")
+    return json.dumps([to_plain(params), python_command(cell.cluster)], sort_keys=True, default=str)
+
+
+def groups(cells: Sequence[CellState], max_array_size: int | None) -> list[list[CellState]]:
+    """Cells in submission order, split by :func:`group_key`, each group at most max_array_size long."""
+    by_key: dict[str, list[CellState]] = {}
+    for cell in cells:
+        by_key.setdefault(group_key(cell), []).append(cell)
+    size = max_array_size or max(1, len(cells))
+    return [g[i : i + size] for g in by_key.values() for i in range(0, len(g), size)]
+
+
+def submit(state: SweepState, cells: Sequence[CellState], *,
+           after_local_cell: Callable[[CellState], None] | None = None) -> None:
+    """Submit ``cells`` of ``state`` with each cell's own settings; the state is saved as jobs get ids.
+
+    Slurm: one sbatch per group, returning at once. Local: each cell runs to its end before the next
+    starts, then ``after_local_cell`` is called (tracking, progress).
+    """
+    for cell in cells:
+        for stale in state.cell_dir(cell).glob("error-rank*.txt"):
+            stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
+    if state.cluster == "slurm":
+        _submit_slurm(state, cells, _max_array_size(cells))
+    else:
+        _run_local(state, cells, after_local_cell)
+
+
+def _submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: int | None) -> None:
+    from jobs.worker import Worker
+
+    calls = groups(cells, max_array_size)
+    for group in calls:
+        executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name)
+        with executor.batch():
+            jobs = [executor.submit(Worker(), state.load_spec(cell)) for cell in group]
+        for cell, job in zip(group, jobs, strict=True):
+            cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.pending, None, None
+            cell.submitted_at = time.time()
+        state.save()
+    print(f"{len(cells)} cell(s) in {len(calls)} sbatch call(s).", flush=True)
+
+
+def _max_array_size(cells: Sequence[CellState]) -> int | None:
+    """The cells' own cluster.max_array_size where set, else the cluster's MaxArraySize."""
+    configured = [c.cluster.max_array_size for c in cells if c.cluster.max_array_size]
+    if configured:
+        return min(configured)
+    from launcher.slurm import max_array_size
+
+    return max_array_size()
+
+
+def _run_local(state: SweepState, cells: Sequence[CellState],
+               after_local_cell: Callable[[CellState], None] | None) -> None:
+    from jobs.worker import Worker
+    from launcher.failures import first_failure
+
+    for cell in cells:
+        executor = local_executor(state.path / "submitit", cell.cluster, cell.layout)
+        job = executor.submit(Worker(), state.load_spec(cell))
+        cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.running, None, None
+        cell.submitted_at = time.time()
+        state.save()
+        print(f"[{cell.index + 1}/{len(state.cells)}] {cell.name}: job {job.job_id}, {cell.world_size} rank(s), "
+              f"{state.cell_dir(cell)}", flush=True)
+        try:
+            job.results()
+            cell.status = CellStatus.done
+        except Exception as exc:  # a failed cell is recorded; the sweep goes on
+            cell.status = CellStatus.failed
+            cell.error = first_failure(state.cell_dir(cell)) or _last_line(exc)
+        state.save()
+        if after_local_cell is not None:
+            after_local_cell(cell)
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
+def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout):
     import submitit
 
     executor = submitit.LocalExecutor(folder=str(folder))
-    # The local executor has one "node": all ranks of the emulated nodes are its tasks.
-    executor.update_parameters(tasks_per_node=layout.world_size, timeout_min=timeout_min, nodes=1)
+    # The local executor has one "node": all ranks of the emulated nodes are its tasks, and each
+    # rank gets one of this machine's GPUs when the cell asks for GPUs.
+    executor.update_parameters(tasks_per_node=layout.world_size, timeout_min=cluster.timeout_min, nodes=1,
+                               gpus_per_node=layout.gpus_per_node * layout.nodes)
     return executor
 
 
@@ -64,25 +163,3 @@ def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_nam
     executor = submitit.SlurmExecutor(folder=str(folder), python=python_command(cluster))
     executor.update_parameters(**slurm_parameters(cluster, layout, job_name))
     return executor
-
-
-def submit_arrays(folder: Path, cluster: ClusterConfig, groups: Sequence[Tuple[Layout, List[RunSpec]]], job_name: str):
-    """One sbatch per resource shape: cells of the same shape become one job array."""
-    from jobs.worker import Worker
-
-    jobs = []
-    for layout, specs in groups:
-        executor = slurm_executor(folder, cluster, layout, job_name)
-        with executor.batch():
-            batch = [executor.submit(Worker(), spec) for spec in specs]
-        jobs.extend(batch)
-    return jobs
-
-
-def job_for(folder: Path, cluster: ClusterKind, job_id: str):
-    """Re-attach to a submitted job from its id (status, wait, cancel from a later command)."""
-    import submitit
-
-    if cluster is ClusterKind.slurm:
-        return submitit.SlurmJob(folder=str(folder), job_id=job_id, tasks=(0,))
-    return submitit.local.local.LocalJob(folder=str(folder), job_id=job_id, tasks=(0,))

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
+from jobs import mlflow_entry
+from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
 from jobs.sinks import read_records
-from launcher import tracking  # noqa: F401  (sets MLflow's retry and telemetry defaults first)
-from launcher.state import SweepState
+from launcher import tracking
+from launcher.state import CellState, SweepState
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
 
@@ -47,12 +49,12 @@ def sync_run(client, run_id: str, records: List[dict]) -> int:
         have.update((key, m.step) for m in client.get_metric_history(run_id, key))
     now_ms = int(time.time() * 1000)
     missing = [Metric(k, v, now_ms, s) for (k, s), v in sorted(wanted.items()) if (k, s) not in have]
-    for i in range(0, len(missing), 1000):  # MLflow's per-batch limit
-        client.log_batch(run_id, metrics=missing[i : i + 1000])
+    for i in range(0, len(missing), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=missing[i : i + METRICS_PER_BATCH])
     run = client.get_run(run_id)
-    new_tags = [RunTag(k, v[:5000]) for k, v in tags.items() if run.data.tags.get(k) != v[:5000]]
-    if error and run.data.tags.get("error") != error[:5000]:
-        new_tags.append(RunTag("error", error[:5000]))
+    if error:
+        tags["error"] = error
+    new_tags = [RunTag(k, v[:TAG_MAX_CHARS]) for k, v in tags.items() if run.data.tags.get(k) != v[:TAG_MAX_CHARS]]
     if new_tags:
         client.log_batch(run_id, tags=new_tags)
     if status and run.info.status == "RUNNING":
@@ -64,10 +66,8 @@ def sync_cell(state: SweepState, cell) -> int:
     """Replay one cell's records into its run (best-effort: a tracking outage is reported, not raised)."""
     if not (state.tracking_uri and cell.run_id):
         return 0
-    from mlflow.tracking import MlflowClient
-
     try:
-        return sync_run(MlflowClient(tracking_uri=state.tracking_uri), cell.run_id,
+        return sync_run(mlflow_entry.client(state.tracking_uri), cell.run_id,
                         read_records(state.cell_dir(cell) / "metrics.jsonl"))
     except Exception as exc:  # the records stay on disk; the next sync picks them up
         print(f"[mlflow] sync of {cell.name} failed, will retry on the next status/sync: {exc}", file=sys.stderr)
@@ -78,17 +78,27 @@ def sync_sweep(state: SweepState) -> Dict[str, int]:
     """{cell: points added} for every cell that has records and a run."""
     if not state.tracking_uri:
         return {}
-    import logging
-
-    from mlflow.tracking import MlflowClient
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    client = MlflowClient(tracking_uri=state.tracking_uri)
+    client = mlflow_entry.client(state.tracking_uri)
     added = {}
     for cell in state.cells:
         if cell.run_id:
             added[cell.name] = sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"))
     return added
+
+
+def finish_cell(state: SweepState, cell: CellState) -> None:
+    """A cell that ended: replay what its ranks could not log, attach its files, and make its run's
+    status and tags agree with the cell's (best-effort: the next status or sync retries)."""
+    if not (state.tracking_uri and cell.run_id):
+        return
+    sync_cell(state, cell)
+    tags = {"failure_class": cell.failure_class} if cell.failure_class else {}
+    try:
+        tracking.attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell), state.path / "submitit",
+                                       cell.job_id)
+        tracking.reconcile(state.tracking_uri, cell.run_id, cell.status, cell.error, tags)
+    except Exception as exc:  # a tracking outage must not break status; the next refresh retries
+        print(f"[mlflow] could not update run {cell.run_id}: {exc}", file=sys.stderr)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -7,29 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Sequence
 
-SECRET_KEY = re.compile(r"(password|passwd|secret|token|api[_-]?key|credential)", re.IGNORECASE)
-URI_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@", re.IGNORECASE)
-MASK = "***"
+from jobs import mlflow_entry
+from jobs.mlflow_entry import PARAM_MAX_CHARS, PARAMS_PER_BATCH, TAG_MAX_CHARS
+from launcher.safety import mask
+from launcher.state import MLFLOW_STATUS, CellStatus
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no usage pings from a benchmark harness
-# MLflow's HTTP client retries with exponential backoff for minutes by default: during a tracking
-# outage every status/sync call would hang. Fail within seconds instead; JSONL keeps everything and
-# the next sync replays it. (Set before mlflow is imported; users may override both.)
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-
-
-def mask(key: str, value: Any) -> Any:
-    """Hide secrets: values of secret-looking keys, and passwords inside URIs."""
-    if SECRET_KEY.search(key) and value not in (None, ""):
-        return MASK
-    if isinstance(value, str):
-        return URI_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", value)
-    return value
+mlflow_entry.set_defaults()  # before anything imports MLflow
 
 
 def flatten(tree: Any, prefix: str = "") -> Dict[str, Any]:
@@ -71,9 +57,7 @@ def compare_url(server_uri: str, run_ids: Sequence[str], experiment_ids: Sequenc
 def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], status: str) -> None:
     """Attach the sweep's report (report.md at the top, plots under plots/ so its relative image
     links hold in the artifact view) to the parent run, and end the run."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = mlflow_entry.client(uri)
     client.log_artifact(run_id, str(report))
     for p in plots:
         client.log_artifact(run_id, str(p), "plots")
@@ -82,14 +66,8 @@ def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], sta
 
 class SweepTracker:
     def __init__(self, uri: str, experiment: str) -> None:
-        import logging
-
-        from mlflow.tracking import MlflowClient
-
-        # After the import: MLflow configures its logger when imported. No table-creation chatter.
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = mlflow_entry.client(uri)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(
             experiment, artifact_location=artifact_location(uri))
@@ -104,48 +82,35 @@ class SweepTracker:
         run = self.client.create_run(
             self.experiment_id, run_name=name, tags={"mlflow.parentRunId": parent_id, **tags}
         )
-        # MLflow caps a param value at 6000 characters and a batch at 100 params.
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(run.info.run_id, params=items[i : i + 100])
+        items = [Param(k, str(v)[:PARAM_MAX_CHARS]) for k, v in params.items()]
+        for i in range(0, len(items), PARAMS_PER_BATCH):
+            self.client.log_batch(run.info.run_id, params=items[i : i + PARAMS_PER_BATCH])
         return run.info.run_id
 
-    def log_artifacts(self, run_id: str, paths: Iterable[Path], artifact_path: Optional[str] = None) -> None:
-        for p in paths:
-            if Path(p).exists():
-                self.client.log_artifact(run_id, str(p), artifact_path)
 
-    def status(self, run_id: str) -> str:
-        return self.client.get_run(run_id).info.status
-
-    def terminate(self, run_id: str, status: str, error: Optional[str] = None) -> None:
-        if error:
-            self.client.set_tag(run_id, "error", error[:5000])
-        self.client.set_terminated(run_id, status)
-
-
-def reconcile(uri: str, run_id: str, job_status: str, error: Optional[str] = None) -> None:
-    """Make a child run's status agree with its job's: a killed rank cannot report itself."""
-    from mlflow.tracking import MlflowClient
-
-    wanted = {"done": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}.get(job_status)
-    if wanted is None:
+def reconcile(uri: str, run_id: str, status: CellStatus, error: Optional[str] = None,
+              tags: Optional[Dict[str, str]] = None) -> None:
+    """Make a child run's status agree with its cell's: a killed rank cannot report itself."""
+    if not status.terminal:
         return
-    client = MlflowClient(tracking_uri=uri)
+    wanted = MLFLOW_STATUS[status]
+    client = mlflow_entry.client(uri)
     run = client.get_run(run_id)
-    if error and wanted != "FINISHED" and run.data.tags.get("error") != error[:5000]:
+    wanted_tags = dict(tags or {})
+    if error and wanted != "FINISHED":
         # The launcher's first-failure analysis (which rank died first, and where) replaces what a
         # surviving rank saw, often only "connection closed by peer".
-        client.set_tag(run_id, "error", error[:5000])
+        wanted_tags["error"] = error
+    for key, value in wanted_tags.items():
+        if run.data.tags.get(key) != value[:TAG_MAX_CHARS]:
+            client.set_tag(run_id, key, value[:TAG_MAX_CHARS])
     if run.info.status == "RUNNING" or (wanted != "FINISHED" and run.info.status != wanted):
         client.set_terminated(run_id, wanted)
 
 
 def reopen(uri: str, run_id: str) -> None:
     """A resubmitted cell logs on into its run: mark it running again."""
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(tracking_uri=uri).update_run(run_id, status="RUNNING")
+    mlflow_entry.client(uri).update_run(run_id, status="RUNNING")
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> Optional[str]:
@@ -196,10 +161,8 @@ def code_provenance() -> Dict[str, str]:
 
 def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: Path, job_id: Optional[str]) -> None:
     """The cell's resolved config, records, errors, rank logs and the rendered sbatch script."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    for name in ("config.yaml", "metrics.jsonl", "result.json", "preempted.txt"):
+    client = mlflow_entry.client(uri)
+    for name in ("config.yaml", "spec.json", "metrics.jsonl", "result.json", "preempted.txt"):
         if (cell_dir / name).exists():
             client.log_artifact(run_id, str(cell_dir / name))
     for path in sorted(cell_dir.glob("error-rank*.txt")) + sorted((cell_dir / "ranks").glob("*")):

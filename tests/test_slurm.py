@@ -111,14 +111,14 @@ def test_cancel_running_job_then_resubmit(tmp_path):
         time.sleep(1)
     assert cell.status == "running"
     t0 = time.monotonic()
-    assert status.cancel(state) == [cell.job_id]
+    assert [c.job_id for c in status.cancel(state)] == [cell.job_id]
     assert status.wait(state, timeout_s=60)
     assert cell.status == "cancelled" and time.monotonic() - t0 < 60
     client = MlflowClient(tracking_uri=state.tracking_uri)
     assert client.get_run(cell.run_id).info.status == "KILLED"
 
     first_job = cell.job_id
-    again = status.resubmit_failed(state)
+    again = status.resubmit(state)
     assert [c.index for c in again] == [0] and cell.job_id != first_job and cell.resubmits == 1
     assert status.wait(state, timeout_s=300)
     assert cell.status == "done", status.render(state)

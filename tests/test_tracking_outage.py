@@ -5,7 +5,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from launcher import sweep
+from launcher import submit, sweep
 from launcher.plan import compose, expand, plan
 from launcher.sync import sync_sweep
 from tests.mlflow_server import MlflowServer, free_port
@@ -19,10 +19,11 @@ def test_server_down_during_run_then_sync_restores_every_step(tmp_path, fast_ove
         points, swept = expand([*fast_overrides, "steps=8", "cluster.tasks_per_node=2", f"tracking.uri={server.uri}",
                                 f"output_root={tmp_path}", f"sweep_dir={tmp_path / 'sweep'}"], multirun=True)
         cells = plan(compose(points, swept))
-        state = sweep.prepare(cells, ["test"])  # experiment and runs exist on the server
+        state = sweep.prepare(cells, ["test"])
+        sweep.create_runs(state, cells)  # experiment and runs exist on the server
         cell = state.cells[0]
         server.stop()  # down for the whole job
-        sweep.run_local(state, cells)
+        submit.submit(state, state.cells)
         assert cell.status == "done"  # the benchmark itself does not care about tracking
         records = [json.loads(x) for x in (state.cell_dir(cell) / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records if r["kind"] == "step"] == list(range(8))

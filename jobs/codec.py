@@ -1,0 +1,75 @@
+"""Dataclasses <-> JSON-able values, driven by the type hints (stdlib only).
+
+A cell's RunSpec (``spec.json``) and the sweep document (``sweep.json``) are written with
+:func:`to_plain` and read back with :func:`from_plain`. Unlike pickles, the files survive a class
+moving between modules, and a person can read them. Enums are written as their values; an unknown
+field in the input is an error that names it, so a document from another version is refused
+rather than half-read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def to_plain(obj: Any) -> Any:
+    """A dataclass tree as dicts, lists and scalars (enums by value)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def from_plain(cls: type[T], data: Any, where: str = "") -> T:
+    """Build ``cls`` (a dataclass, enum, container or scalar type) from :func:`to_plain`'s output."""
+    return _build(cls, data, where or getattr(cls, "__name__", "value"))
+
+
+def _build(tp: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is object:
+        return data
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if data is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _build(arg, data, where)
+            except (TypeError, ValueError) as exc:
+                errors.append(str(exc))
+        raise ValueError(f"{where}: {data!r} matches none of {tp}: {'; '.join(errors)}")
+    if origin in (list, tuple, typing.List, typing.Tuple):
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        return [_build(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+    if origin in (dict, typing.Dict):
+        _key, value = typing.get_args(tp) or (str, Any)
+        return {k: _build(value, v, f"{where}.{k}") for k, v in data.items()}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(data)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise TypeError(f"{where}: expected a mapping for {tp.__name__}, got {type(data).__name__}")
+        hints = typing.get_type_hints(tp)
+        names = {f.name for f in dataclasses.fields(tp) if f.init}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} for {tp.__name__}")
+        return tp(**{k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items()})
+    if tp is float and isinstance(data, int) and not isinstance(data, bool):
+        return float(data)
+    if isinstance(tp, type) and not isinstance(data, tp):
+        raise TypeError(f"{where}: expected {tp.__name__}, got {data!r}")
+    return data
