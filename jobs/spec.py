@@ -163,36 +163,129 @@ KNOWN_MODELS = (
 )
 
 
+class LMHead(enum.Enum):
+    """Which Hugging Face language-model head ``model=hf`` builds (``model.head``)."""
+
+    auto = "auto"  # masked_lm for encoder-only architectures (bert, roberta, ...), else causal_lm
+    causal_lm = "causal_lm"  # AutoModelForCausalLM: decoders (gpt2, llama, qwen2, mistral, ...)
+    masked_lm = "masked_lm"  # AutoModelForMaskedLM: encoders (bert, roberta, ...)
+
+
+# The importable package model=hf needs, and the command that installs it (the `hf` extra).
+HF_PACKAGE = "transformers"
+HF_INSTALL = "pip install 'ddp-fsdp-bench[hf]'"
+# Keys of model.config that must agree with model.vocab_size and model.seq_len.
+HF_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+
+
 @dataclass
 class ModelSpec:
-    # A name from jobs.models.REGISTRY, or any importable class through `target`.
+    # A name from jobs.models.REGISTRY; `hf` (a Hugging Face transformers model built from a
+    # config, see below); or any importable model through `_target_`.
     name: str = "gpt_tiny"
-    # Dotted path of an importable nn.Module class (torchvision, timm, transformers...) built
-    # with `params` as keyword arguments; its input is described by the fields below.
-    target: Optional[str] = None
+    # Hydra's convention: the dotted path of an nn.Module class, or of a function returning one,
+    # called with `params` as keyword arguments; dicts with their own `_target_` inside `params`
+    # are instantiated first, recursively (hydra.utils.instantiate's semantics, without Hydra).
+    # Its input is described by the fields below.
+    _target_: Optional[str] = None
+    target: Optional[str] = None  # alias of `_target_`
     input: InputKind = InputKind.tokens
     seq_len: int = 128
     vocab_size: int = 50257
     image_size: int = 224
     num_classes: int = 1000
     params: Dict[str, Any] = field(default_factory=dict)
+    # model=hf: the architecture, as transformers.AutoConfig.for_model(arch, **config) takes it
+    # (gpt2, llama, bert, qwen2, mistral, ...), or a directory holding a config.json instead.
+    arch: Optional[str] = None
+    config: Dict[str, Any] = field(default_factory=dict)
+    config_path: Optional[str] = None
+    # model=hf: a local directory written by save_pretrained; its weights are loaded (no hub access).
+    pretrained_path: Optional[str] = None
+    head: LMHead = LMHead.auto
+
+    @property
+    def target_path(self) -> Optional[str]:
+        """The dotted path to build, from `_target_` or its alias `target` (None: a named model)."""
+        return self._target_ or self.target
+
+    @property
+    def is_hf(self) -> bool:
+        return self.name == "hf" and not self.target_path
 
     def validate(self) -> None:
         for name in ("seq_len", "vocab_size", "image_size", "num_classes"):
             _positive(f"model.{name}", getattr(self, name), f"set model.{name} to a positive integer.")
-        if self.name == "custom" and self.target in (None, "???"):
-            raise ConfigError("model.target", self.target, "model=custom builds the class named by model.target, "
-                              "and none is given; it must be importable on the nodes.",
-                              "set model.target=package.module.Class (e.g. torchvision.models.resnet50).")
-        if self.target is not None:
-            module = self.target.rpartition(".")[0]
-            if self.target == "???" or not module or not _module_exists(module):
-                raise ConfigError("model.target", self.target, "is not an importable dotted class path here.",
-                                  "set model.target=package.module.Class for an installed package "
+        if self._target_ and self.target and self._target_ != self.target:
+            raise ConfigError("model.target", self.target, f"contradicts model._target_={self._target_!r} "
+                              "(model.target is an alias of model._target_).", "set only one of the two.")
+        target = self.target_path
+        setting = "model._target_" if self._target_ else "model.target"
+        if self.name == "custom" and target in (None, "???"):
+            raise ConfigError("model.target", target, "model=custom builds the class named by model._target_ "
+                              "(alias model.target), and none is given; it must be importable on the nodes.",
+                              "set model._target_=package.module.Class (e.g. torchvision.models.resnet50).")
+        if target is not None:
+            module = target.rpartition(".")[0]
+            if target == "???" or not module or not _module_exists(module):
+                raise ConfigError(setting, target, "is not an importable dotted class path here.",
+                                  f"set {setting}=package.module.Class for an installed package "
                                   "(e.g. torchvision.models.resnet50).")
+        elif self.name == "hf":
+            self._validate_hf()
         elif self.name not in KNOWN_MODELS:
             raise ConfigError("model.name", self.name, "is not a model this project builds.",
-                              f"use one of {', '.join(KNOWN_MODELS)}, or model=custom with model.target.")
+                              f"use one of {', '.join(KNOWN_MODELS)}, model=hf with model.arch, "
+                              "or model=custom with model._target_.")
+
+    def _validate_hf(self) -> None:
+        """Cheap model=hf checks (no import); jobs.models.check_buildable does the rest."""
+        import importlib.util
+        import os
+
+        if importlib.util.find_spec(HF_PACKAGE) is None:
+            raise ConfigError("model", "hf", f"builds Hugging Face models and needs the {HF_PACKAGE} package, "
+                              "which is not installed here (nor, likely, on the nodes).",
+                              f"{HF_INSTALL} (where the launcher and the ranks run).")
+        if self.input is not InputKind.tokens:
+            raise ConfigError("model.input", self.input.value, "model=hf builds language models, which take tokens.",
+                              "set model.input=tokens.")
+        sources = [s for s in ("arch", "config_path", "pretrained_path") if getattr(self, s)]
+        if not sources:
+            raise ConfigError("model.arch", self.arch, "model=hf needs an architecture: model.arch (a name), "
+                              "model.config_path or model.pretrained_path (a directory with a config.json).",
+                              "set model.arch=gpt2 (or llama, bert, qwen2, mistral, ...).")
+        if len(sources) > 1:
+            given = " and ".join(f"model.{s}" for s in sources)
+            unset = " ".join(f"model.{s}=null" for s in sources if s != sources[-1])
+            raise ConfigError(f"model.{sources[-1]}", getattr(self, sources[-1]), f"{given} both name the "
+                              "architecture; model=hf takes one of model.arch, model.config_path and "
+                              "model.pretrained_path.",
+                              f"add {unset}" + (" 'model.config={}'" if self.config else "")
+                              + " (the shipped model=hf sets model.arch and a tiny model.config).")
+        if self.config and not self.arch:
+            raise ConfigError("model.config", dict(self.config), f"model.config overrides apply to model.arch; with "
+                              f"model.{sources[0]} the directory's config.json is used as is.",
+                              "add 'model.config={}', and edit the config.json instead.")
+        for path_setting in ("config_path", "pretrained_path"):
+            path = getattr(self, path_setting)
+            if path and not os.path.isfile(os.path.join(path, "config.json")):
+                raise ConfigError(f"model.{path_setting}", path, "holds no config.json (a local directory "
+                                  "written by save_pretrained is expected; nothing is downloaded).",
+                                  "give the absolute path of such a directory that every node can read.")
+        vocab = self.config.get("vocab_size")
+        if vocab is not None and vocab != self.vocab_size:
+            raise ConfigError("model.config.vocab_size", vocab, f"differs from model.vocab_size={self.vocab_size}, "
+                              "the vocabulary the data is drawn from.",
+                              f"set model.vocab_size={vocab} and drop model.config.vocab_size (it follows "
+                              "model.vocab_size).")
+        for key in HF_POSITION_KEYS:
+            positions = self.config.get(key)
+            if positions is not None and positions < self.seq_len:
+                raise ConfigError(f"model.config.{key}", positions, f"is below model.seq_len={self.seq_len}: "
+                                  "the model has no position for the later tokens.",
+                                  f"raise model.config.{key} to at least {self.seq_len}, or drop it (it follows "
+                                  "model.seq_len), or lower model.seq_len.")
 
 
 # The layout of a token file (nanoGPT's train.bin): flat uint16 token ids.

@@ -13,6 +13,15 @@ same init code in the same order, and gets the same weights as an eager build un
 ``torch.manual_seed`` (for unsharded parameters; DTensor parameters draw from DTensor's own
 sharded RNG streams).
 
+Models users bring. ``model._target_`` (alias ``model.target``) names any importable nn.Module
+class or function returning one, called with ``model.params``; ``_target_`` dicts inside the params
+are instantiated first, recursively (:mod:`jobs.models.instantiate`, Hydra's semantics without
+Hydra). ``model=hf`` builds a Hugging Face transformers model from a config
+(:mod:`jobs.models.hf`). A transformers model, however built, is wrapped in
+:class:`~jobs.models.hf.HFLogits`: forward returns ``.logits``, its blocks are the model's
+``_no_split_modules``, and :func:`init_weights` runs transformers' own initialisation.
+:func:`check_buildable` is the launcher's pre-submission check of all this.
+
 Blocks. :func:`shard_units` names the per-block units for per-block FSDP wrapping
 (``fully_shard`` on each unit, then on the root) and for activation checkpointing. The worker
 applies ``checkpoint_wrapper`` by replacing each unit in its parent container, through
@@ -22,7 +31,7 @@ applies ``checkpoint_wrapper`` by replacing each unit in its parent container, t
 from __future__ import annotations
 
 import functools
-import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,11 +42,13 @@ from jobs.models.bert import Bert, BertConfig
 from jobs.models.gpt import GPT, GPTConfig
 from jobs.models.resnet import RESNET_LAYOUTS, ResNet
 from jobs.models.small import CNN, MLP
-from jobs.spec import InputKind, ModelSpec
+from jobs.models.instantiate import InstantiationError, instantiate, locate
+from jobs.spec import HF_INSTALL, ConfigError, InputKind, LMHead, ModelSpec
 
 __all__ = [
     "REGISTRY",
     "build_model",
+    "check_buildable",
     "flops_per_sample",
     "init_weights",
     "param_count",
@@ -52,10 +63,8 @@ __all__ = [
 
 def _require_input(spec: ModelSpec, kind: InputKind) -> None:
     if InputKind(spec.input) is not kind:
-        raise ValueError(
-            f"model {spec.name!r} takes {kind.value} input but model.input={InputKind(spec.input).value}; "
-            f"set model.input={kind.value}."
-        )
+        raise ConfigError("model.input", InputKind(spec.input).value, f"model {spec.name!r} takes {kind.value} input.",
+                          f"set model.input={kind.value}.")
 
 
 def _params(spec: ModelSpec, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -149,37 +158,44 @@ REGISTRY: dict[str, Callable[[ModelSpec], nn.Module]] = {
 
 def _import_target(path: str) -> Callable[..., nn.Module]:
     """Resolve a dotted path such as ``torch.nn.Linear`` (nested attributes allowed)."""
-    parts = path.split(".")
-    error: Exception | None = None
-    for split in range(len(parts) - 1, 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:split]))
-        except ImportError as exc:
-            error = error or exc
-            continue
-        try:
-            for attr in parts[split:]:
-                obj = getattr(obj, attr)
-        except AttributeError as exc:
-            raise ValueError(f"model.target={path!r}: {exc}.") from exc
-        return obj
-    raise ValueError(f"model.target={path!r} is not an importable dotted path ({error}).")
+    try:
+        return locate(path)
+    except InstantiationError as exc:
+        raise ValueError(f"model.target={path!r}: {exc}") from exc
+
+
+def _build_hf(spec: ModelSpec) -> nn.Module:
+    from jobs.models.hf import build_hf
+
+    _require_input(spec, InputKind.tokens)
+    return _materialize(lambda: build_hf(spec))
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
     """The model `spec` describes, on the ambient default device (meta included).
 
-    With ``spec.target`` set, the class at that dotted path is called with ``**spec.params`` as is
-    (its parameters are initialised by its own constructor). Otherwise ``spec.name`` is looked up
-    in REGISTRY and ``spec.params`` override the named model's defaults (e.g. ``n_layer=2``).
+    With ``spec._target_`` (or its alias ``spec.target``) set, the object at that dotted path is
+    called with ``spec.params`` as keyword arguments, after instantiating any ``_target_`` dict
+    inside them (recursively); its parameters are initialised by its own constructor. A
+    transformers model comes back wrapped in HFLogits (forward returns logits). ``spec.name=hf``
+    builds a transformers model from a config (jobs.models.hf). Otherwise ``spec.name`` is looked
+    up in REGISTRY and ``spec.params`` override the named model's defaults (e.g. ``n_layer=2``).
     """
-    if spec.target:
-        return _import_target(spec.target)(**spec.params)
+    target = spec.target_path
+    if target:
+        model = instantiate({"_target_": target, **spec.params})
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model._target_={target!r} returned a {type(model).__name__}, not a torch.nn.Module.")
+        from jobs.models.hf import is_hf_model, wrap_hf
+
+        return wrap_hf(model) if is_hf_model(model) else model
+    if spec.name == "hf":
+        return _build_hf(spec)
     builder = REGISTRY.get(spec.name)
     if builder is None:
         raise ValueError(
             f"unknown model name {spec.name!r}; valid names: {', '.join(sorted(REGISTRY))} "
-            "(or set model.target to an importable nn.Module class)."
+            "(or model=hf with model.arch, or set model._target_ to an importable nn.Module class)."
         )
     return builder(spec)
 
@@ -207,10 +223,17 @@ def init_weights(model: nn.Module) -> None:
 
     Calls ``reset_parameters()`` on every module that has one (PyTorch's per-layer defaults; for
     BatchNorm this also resets the running statistics), in ``modules()`` order, and then the
-    project model's ``custom_init()`` (its family's published init), which overrides them.
-    Meant for after ``to_empty()``, whose memory is uninitialised.
+    project model's ``custom_init()`` (its family's published init), which overrides them. A
+    transformers model (HFLogits) is initialised by transformers instead, tied weights re-tied and
+    ``model.pretrained_path``'s weights loaded. Meant for after ``to_empty()``, whose memory is
+    uninitialised.
     """
     model = _unwrap(model)
+    from jobs.models.hf import HFLogits
+
+    if isinstance(model, HFLogits):  # transformers' own init covers every module (jobs.models.hf)
+        model.init_weights()
+        return
     for module in model.modules():
         reset = getattr(module, "reset_parameters", None)
         if callable(reset):
@@ -260,7 +283,9 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     """The per-block units for per-block FSDP wrapping and activation checkpointing.
 
     Project models name them (``shard_units()``): transformer layers (the ``blocks`` ModuleList),
-    ResNet Basic/Bottleneck blocks inside layer1..layer4, the MLP's and CNN's blocks. Any other
+    ResNet Basic/Bottleneck blocks inside layer1..layer4, the MLP's and CNN's blocks; a
+    transformers model (HFLogits) its ``_no_split_modules`` (GPT2Block, LlamaDecoderLayer,
+    BertLayer, ...; see HFLogits.shard_units for tied weights). Any other
     model gets the heuristic of :func:`_repeated_units`, else [].
     """
     model = _unwrap(model)
@@ -311,14 +336,180 @@ def flops_per_sample(model: nn.Module, spec: ModelSpec) -> float | None:
         parameters that take part in a matmul: all but the position (and token-type) tables; the
         tied token embedding counts, being the output projection (PaLM appendix B, Chinchilla,
         nanoGPT's estimate_mfu). Causal attention is not discounted.
+      * transformers models (model=hf, or a _target_ returning one): the same formula, N all
+        parameters but the non-token embedding tables, n_layer and d_model from the config's
+        num_hidden_layers and hidden_size (HFLogits.train_flops_per_sample).
       * ResNet, CNN: 3 * 2 * (convolution + fc MACs at spec.image_size), computed from the layer
         shapes; BatchNorm, ReLU, pooling and residual additions are left out, as in the published
         figures (ResNet-50 at 224 = 4.09 GMACs).
       * MLP: 3 * 2 * sum(in_features * out_features) over its Linear layers.
     """
     model = _unwrap(model)
+    from jobs.models.hf import HFLogits
+
+    if isinstance(model, HFLogits):
+        return model.train_flops_per_sample(spec.seq_len)
     if isinstance(model, (GPT, Bert)):
         return model.train_flops_per_sample(spec.seq_len, param_count(model))
     if isinstance(model, (ResNet, CNN, MLP)):
         return 3.0 * 2.0 * model.forward_macs(spec.image_size)
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# Checking before submission
+
+
+_TARGET_FIX = ("set model._target_ to an nn.Module subclass, or a function returning one, importable on the "
+               "nodes (e.g. torch.nn.Linear, torchvision.models.resnet50, transformers.GPT2LMHeadModel).")
+
+
+def check_buildable(spec: ModelSpec) -> None:
+    """Refuse, before anything is submitted, a model the ranks could not build; raise ConfigError.
+
+    Runs after composition, on the launcher's host (which needs the same packages as the nodes):
+    it imports torch and, for transformers models, transformers, and builds the model on the meta
+    device (no memory, no weights read), so a bad dotted path, a ``_target_`` that is not a model
+    (``os.path.join``), wrong params, an architecture transformers does not know, a config that
+    does not build, a vocabulary or position count that disagrees with model.vocab_size /
+    model.seq_len, or an input kind the model does not take are all caught here with the fix.
+    """
+    if spec.target_path:
+        _check_target(spec)
+    elif spec.name == "hf":
+        _check_hf(spec)
+    else:
+        _check_named(spec)
+
+
+def _on_meta(factory: Callable[[], Any]) -> Any:
+    with torch.device("meta"):
+        return factory()
+
+
+def _check_target(spec: ModelSpec) -> None:
+    import inspect
+
+    target = spec.target_path
+    setting = "model._target_" if spec._target_ else "model.target"
+    try:
+        fn = locate(target)
+    except InstantiationError as exc:
+        raise ConfigError(setting, target, f"does not import here: {exc}", _TARGET_FIX) from exc
+    is_class = inspect.isclass(fn)
+    if is_class and not issubclass(fn, nn.Module):
+        raise ConfigError(setting, target, f"is a class, {fn.__module__}.{fn.__qualname__}, but not a "
+                          "torch.nn.Module subclass.", _TARGET_FIX)
+    if not callable(fn):
+        raise ConfigError(setting, target, f"is a {type(fn).__name__}, not a class or a function.", _TARGET_FIX)
+    try:
+        model = _on_meta(lambda: instantiate({"_target_": target, **spec.params}))
+    except InstantiationError as exc:
+        if is_class:
+            raise ConfigError("model.params", dict(spec.params), f"building {target} with them (on the meta "
+                              f"device) failed: {exc}", f"give model.params the keyword arguments "
+                              f"{fn.__qualname__} takes.") from exc
+        raise ConfigError(setting, target, "is not an nn.Module class, and calling it with model.params (on the "
+                          f"meta device) failed: {exc}", _TARGET_FIX) from exc
+    if not isinstance(model, nn.Module):
+        raise ConfigError(setting, target, f"returned a {type(model).__name__}, not a torch.nn.Module.", _TARGET_FIX)
+    from jobs.models.hf import is_hf_model
+
+    if is_hf_model(model):
+        if InputKind(spec.input) is not InputKind.tokens:
+            raise ConfigError("model.input", InputKind(spec.input).value, f"{target} is a transformers model, "
+                              "which takes token ids.", "set model.input=tokens.")
+        _check_sizes(spec, model.config)
+
+
+def _check_named(spec: ModelSpec) -> None:
+    builder = REGISTRY.get(spec.name)
+    if builder is None:
+        raise ConfigError("model.name", spec.name, "is not a model this project builds.",
+                          f"use one of {', '.join(sorted(REGISTRY))}, model=hf, or model=custom with model._target_.")
+    try:
+        _on_meta(lambda: builder(spec))
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("model.params", dict(spec.params), f"model {spec.name!r} cannot be built with them: {exc}",
+                          "drop or correct the offending model.params key.") from exc
+
+
+def _check_sizes(spec: ModelSpec, cfg: Any) -> None:
+    from jobs.models.hf import positions_of
+
+    vocab = getattr(cfg, "vocab_size", None)
+    if isinstance(vocab, int) and vocab != spec.vocab_size:
+        raise ConfigError("model.vocab_size", spec.vocab_size, f"differs from the model's vocabulary, {vocab}: the "
+                          "data draws token ids below model.vocab_size.", f"set model.vocab_size={vocab}.")
+    positions = positions_of(cfg)
+    if positions is not None and positions < spec.seq_len:
+        raise ConfigError("model.seq_len", spec.seq_len, f"exceeds the model's {positions} positions.",
+                          f"set model.seq_len={positions} or less.")
+
+
+def _check_hf(spec: ModelSpec) -> None:
+    import difflib
+
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ConfigError("model", "hf", "builds Hugging Face models and needs the transformers package, which "
+                          "does not import here.", f"{HF_INSTALL} (where the launcher and the ranks run).") from exc
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    from jobs.models.hf import build_hf, hf_config, pick_head
+
+    _require_input(spec, InputKind.tokens)
+    known = list(transformers.CONFIG_MAPPING.keys())
+    if spec.arch and spec.arch not in known:
+        close = difflib.get_close_matches(spec.arch, known, n=5, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ConfigError("model.arch", spec.arch, f"is not an architecture transformers "
+                          f"{transformers.__version__} knows.", f"{hint}Use a model_type such as gpt2, llama, "
+                          "qwen2, mistral or bert (the keys of transformers.CONFIG_MAPPING).")
+    source = "model.arch" if spec.arch else ("model.config_path" if spec.config_path else "model.pretrained_path")
+    try:
+        cfg = hf_config(spec)
+    except Exception as exc:  # a bad override value, an unreadable config.json
+        setting, value = ("model.config", dict(spec.config)) if spec.arch else (source, getattr(spec, source[6:]))
+        raise ConfigError(setting, value, f"transformers cannot make a config of it: {type(exc).__name__}: {exc}",
+                          "correct the value (see the architecture's config class in the transformers docs).") from exc
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise ConfigError(source, spec.arch or getattr(spec, source[6:]), f"is an encoder-decoder ({cfg.model_type}): "
+                          "its forward needs decoder inputs, which the benchmark's data does not give.",
+                          "use a decoder (gpt2, llama, qwen2, mistral, ...) or an encoder (bert, roberta, ...).")
+    head = pick_head(cfg, LMHead(spec.head))
+    mapping = MODEL_FOR_MASKED_LM_MAPPING_NAMES if head is LMHead.masked_lm else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if cfg.model_type not in mapping:
+        other = LMHead.causal_lm if head is LMHead.masked_lm else LMHead.masked_lm
+        others = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if head is LMHead.masked_lm else MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        fix = (f"set model.head={other.value}." if cfg.model_type in others
+               else "use a language-model architecture such as gpt2, llama, qwen2 or bert.")
+        raise ConfigError("model.head", LMHead(spec.head).value, f"transformers has no {head.value} model for "
+                          f"model_type {cfg.model_type!r}.", fix)
+    _check_sizes(spec, cfg)
+    if spec.pretrained_path:
+        names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+        if not any(os.path.isfile(os.path.join(spec.pretrained_path, n)) for n in names):
+            raise ConfigError("model.pretrained_path", spec.pretrained_path, f"holds none of {', '.join(names)}.",
+                              "write the directory with save_pretrained, or use model.config_path for a config alone.")
+    # Construction accepts head counts that only the first forward refuses (a forward on meta
+    # tensors stops earlier, at the masks' data-dependent checks), so they are checked here.
+    heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
+        raise ConfigError("model.config.num_key_value_heads", kv_heads, f"num_attention_heads={heads} is not a multiple "
+                          f"of num_key_value_heads={kv_heads} (the {cfg.model_type} default where not set).",
+                          f"set model.config.num_key_value_heads to a divisor of {heads} (e.g. {heads}: "
+                          "multi-head attention).")
+    try:
+        _on_meta(lambda: build_hf(spec))
+    except Exception as exc:
+        raise ConfigError("model.config" if spec.arch else source, dict(spec.config) if spec.arch
+                          else getattr(spec, source[6:]), f"transformers cannot build a {cfg.model_type} model "
+                          f"from it: {type(exc).__name__}: {exc}", "correct the sizes (e.g. hidden_size divisible "
+                          "by num_attention_heads).") from exc
