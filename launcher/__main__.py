@@ -7,21 +7,27 @@ submission, waiting) and report.py (the comparison table).
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from pathlib import Path
 
 HELP = """\
-usage: python -m launcher [-m] [key=value ...]
+usage: python -m launcher [-m] [--plan] [--config-dir DIR] [key=value ...]
+       (installed: ddp-fsdp-bench [-m] ...)
 
 Run benchmark grid points of distributed training (DDP / FSDP) and compare them.
 
   -m, --multirun     expand comma-separated values into a grid (strategy=ddp,fsdp nodes=1,2)
+  --plan             compose and check everything, print the cells, their resources, predicted
+                     per-rank model state and the sbatch calls; submit and create nothing
+  --config-dir DIR   also look for configs in DIR (a site's cluster/*.yaml, experiment/*.yaml)
   -h, --help         this help
 
 config groups (launcher/conf/):
 {groups}
 top-level settings: nodes, batch_size (per device), steps, warmup_steps, repeats, grad_accum_steps,
   seed, optimizer (adamw|sgd), lr, lr_scaling (none|linear|sqrt), activation_checkpointing,
-  compile, sync_batchnorm, output_root, sweep_dir, wait, collective_timeout_s
+  compile, sync_batchnorm, output_root, sweep_dir, wait, collective_timeout_s, allow_oom
+named experiments: +experiment=NAME (the grid comes with it), e.g.
+  python -m launcher -m +experiment=resnet50_ddp_vs_fsdp_cpu
 any value: group.key=value, e.g. cluster.tasks_per_node=2 strategy.bucket_cap_mb=50
 
 examples:
@@ -43,63 +49,70 @@ def _groups() -> str:
     return "\n".join(lines)
 
 
-def check_tracking(cfg) -> None:
-    """A sweep that must log to MLflow refuses to start when the store cannot be reached."""
-    if not cfg.tracking.enabled:
-        return
-    from pathlib import Path
+def _options(args: list[str]) -> tuple[bool, bool, list[str], list[str]]:
+    """(multirun, plan only, config dirs, overrides); raises ValueError on an unknown option."""
+    multirun = plan_only = False
+    config_dirs: list[str] = []
+    overrides: list[str] = []
+    it = iter(args)
+    for arg in it:
+        if arg in ("-m", "--multirun"):
+            multirun = True
+        elif arg == "--plan":
+            plan_only = True
+        elif arg in ("--config-dir", "-cd"):
+            config_dirs.append(next(it, ""))
+        elif arg.startswith("--config-dir="):
+            config_dirs.append(arg.split("=", 1)[1])
+        elif arg.startswith("-"):
+            raise ValueError(f"unknown option {arg}")
+        else:
+            overrides.append(arg)
+    for d in config_dirs:
+        if not d or not Path(d).is_dir():
+            raise ValueError(f"--config-dir {d!r} is not a directory")
+    return multirun, plan_only, config_dirs, overrides
 
-    from launcher.plan import SweepError
-    from launcher.tracking import check_reachable, default_uri
 
-    root = Path(cfg.output_root)
-    uri = cfg.tracking.uri or default_uri(root)
-    if not cfg.tracking.uri and not root.exists():
-        return  # the default store is created under output_root
-    problem = check_reachable(uri)
-    if problem:
-        raise SweepError(f"tracking.uri={uri!r}: {problem}. Fix: start the server (mlflow server ...), fix the URI, "
-                         f"or run without MLflow (tracking=off).")
-
-
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
         print(HELP.format(groups=_groups()))
         return 0
-    multirun = any(a in ("-m", "--multirun") for a in args)
-    overrides = [a for a in args if a not in ("-m", "--multirun")]
-    unknown = [a for a in overrides if a.startswith("-")]
-    if unknown:
-        print(f"error: unknown option {unknown[0]}; nothing was submitted. Fix: see python -m launcher --help.",
-              file=sys.stderr)
+    try:
+        multirun, plan_only, config_dirs, overrides = _options(args)
+    except ValueError as exc:
+        print(f"error: {exc}; nothing was submitted. Fix: see python -m launcher --help.", file=sys.stderr)
         return 2
 
-    from launcher.plan import SweepError, compose, expand, plan
+    from launcher import plan, preflight
+    from launcher.safety import mask
 
     try:
-        points, swept = expand(overrides, multirun)
-        cells = plan(compose(points, swept))
-        if cells[0].config.cluster.name.value == "slurm":
-            from launcher.slurm import check_partitions
-
-            check_partitions(cells)
-        check_tracking(cells[0].config)
-    except SweepError as exc:
-        from launcher.safety import mask
-
+        extra = plan.search_path(config_dirs)
+        points, swept = plan.expand(overrides, multirun, extra)
+        cells = plan.plan(plan.compose(points, swept, extra=extra))
+        predicted = preflight.check(cells)
+    except plan.SweepError as exc:
         print(f"error: invalid configuration; nothing was submitted.\n{mask('', str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # Hydra's parser errors on malformed overrides
         print(f"error: {type(exc).__name__}: {str(exc).splitlines()[0]}\nnothing was submitted. "
               f"Fix: write overrides as key=value (see --help).", file=sys.stderr)
         return 2
+    if plan_only:
+        from launcher import preview, submit
+
+        size = submit.max_array_size_for([plan.cell_state(c) for c in cells]) if cells[0].config.cluster.name.value \
+            == "slurm" else None
+        print(preview.render(cells, predicted, size))
+        return 0
 
     from launcher import sweep
 
     try:
         return sweep.run(cells, ["python -m launcher", *args])
-    except SweepError as exc:
+    except plan.SweepError as exc:
         print(f"error: {exc}\nnothing was submitted.", file=sys.stderr)
         return 2
 

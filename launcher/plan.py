@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
-from launcher.schema import ClusterKind, Config
+from launcher.schema import ClusterKind, Config, did_you_mean, non_finite, schema_keys, unknown_keys
+from launcher.state import CellState
 
 # Package data: found next to this module in a checkout, an editable install and a wheel alike.
 CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))
@@ -42,18 +43,41 @@ class Cell:
     config: Config
     layout: Layout
 
-    def shape(self) -> Tuple:
-        """Cells with the same shape can share one job array (one sbatch)."""
-        c = self.config.cluster
-        return (self.layout.nodes, self.layout.tasks_per_node, self.layout.gpus_per_node, self.layout.cpus_per_task,
-                c.partition, c.timeout_min, c.mem_gb)
+
+def search_path(config_dirs: Sequence[str | Path]) -> List[str]:
+    """The override that adds a site's own config directories (``--config-dir``) to Hydra's search path,
+    before the packaged configs: a site keeps its cluster/*.yaml and experiment/*.yaml out of the package."""
+    if not config_dirs:
+        return []
+    return ["hydra.searchpath=[" + ",".join(f"file://{Path(d).resolve()}" for d in config_dirs) + "]"]
 
 
-def expand(overrides: Sequence[str], multirun: bool) -> Tuple[List[List[str]], List[str]]:
-    """The override list of every grid point, and the keys being swept."""
+def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[str]:
+    """The grid a named experiment declares (``+experiment=NAME``: its ``hydra.sweeper.params``), as
+    overrides; a key also given on the command line keeps the command line's values, as in Hydra."""
+    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "experiment"]
+    if not chosen:
+        return []
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from launcher.schema import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=[*chosen, *extra], return_hydra_config=True)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params) or {}
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return [f"{key}={value}" for key, value in params.items() if key not in given]
+
+
+def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) -> Tuple[List[List[str]], List[str]]:
+    """The override list of every grid point, and the keys being swept (an experiment's grid included)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    overrides = [*overrides, *experiment_grid(overrides, extra)]
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
     if swept and not multirun:
@@ -83,7 +107,7 @@ def _explain(exc: Exception, overrides: List[str]) -> str:
         key = getattr(exc, "full_key", None) or "?"
         msg = getattr(exc, "msg", str(exc)).splitlines()[0]
         if "not in struct" in msg or "not in '" in msg:
-            fix = f"check the spelling of {key} (python -m launcher --help); to add a new key write +{key}=<value>."
+            fix = f"{did_you_mean(key)} (python -m launcher --help lists the settings.)"
         else:
             fix = f"give {key} a value of the right type (see conf/ and the README)."
         return f"[{where}] {key}: {msg}. Fix: {fix}"
@@ -102,7 +126,8 @@ def _changes_composition(override: str, config_dir: Path) -> bool:
     return (config_dir / key).is_dir()
 
 
-def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path = CONF_DIR) -> List[Point]:
+def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path = CONF_DIR,
+            extra: Sequence[str] = ()) -> List[Point]:
     """Compose and validate every point; raise SweepError listing every invalid one.
 
     Hydra composes once per distinct set of group choices; each point then gets its value
@@ -126,14 +151,17 @@ def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path
     points, errors = [], []
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         for overrides in point_overrides:
-            groups = tuple(o for o in overrides if _changes_composition(o, config_dir))
+            groups = tuple([*extra, *(o for o in overrides if _changes_composition(o, config_dir))])
             values = [o for o in overrides if not _changes_composition(o, config_dir)]
             try:
                 if groups not in composed:
                     composed[groups] = hydra_compose(config_name="config", overrides=list(groups))
                 cfg = copy.deepcopy(composed[groups])
+                _open_dicts(cfg)
                 ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides(values), cfg)
+                _check_keys(OmegaConf.to_container(cfg, resolve=False))
                 config: Config = OmegaConf.to_object(cfg)
+                _check_finite(config)
                 config.validate()
             except Exception as exc:  # every kind of bad input becomes one readable line
                 errors.append(_explain(exc, overrides))
@@ -143,6 +171,39 @@ def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path
     if errors:
         raise SweepError("\n".join(dict.fromkeys(errors)))
     return points
+
+
+def _open_dicts(cfg) -> None:
+    """Dict-typed settings (model.params, cluster.additional_parameters) take any key, also as a whole
+    dict (``model.params={width: 96}``): Hydra's struct flag would refuse keys they do not hold yet."""
+    from omegaconf import OmegaConf
+
+    for key, is_open in schema_keys().items():
+        node = OmegaConf.select(cfg, key)
+        if is_open and node is not None:
+            OmegaConf.set_struct(node, False)
+
+
+def _check_keys(tree: dict) -> None:
+    """A key nobody reads is an error: ``+nodez=2`` or ``+strategy.bucket_capmb=10`` would run the defaults."""
+    unknown = unknown_keys(tree)
+    if unknown:
+        key = unknown[0]
+        raise ConfigError(key, _value_at(tree, key), "is not a setting of this tool (nothing would read it).",
+                          f"{did_you_mean(key)} Keys may be added only inside open dicts: "
+                          f"{', '.join(k for k, is_open in schema_keys().items() if is_open)}.")
+
+
+def _value_at(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _check_finite(config: Config) -> None:
+    bad = non_finite(config)
+    if bad:
+        raise ConfigError(bad[0], float("nan"), "is NaN or infinite.", f"give {bad[0]} a finite number.")
 
 
 def _slug(text: str) -> str:
@@ -189,6 +250,14 @@ def _check_uniform(cells: List[Cell]) -> None:
                 raise SweepError(f"[{c.name}] {key.split('.')[0]} differs between grid points: a sweep runs on one "
                                  f"cluster, logs to one store and writes one directory. Fix: sweep "
                                  f"{key.split('.')[0]} in separate commands.")
+
+
+def cell_state(cell: Cell) -> CellState:
+    """The cell as the sweep document keeps it: name, directory, its own cluster settings and layout."""
+    cfg = cell.config
+    return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
+                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=cfg.model.name,
+                     cluster=cfg.cluster, layout=cell.layout)
 
 
 def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: Optional[str], run_id: Optional[str]) -> RunSpec:

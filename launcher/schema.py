@@ -8,9 +8,13 @@ objects, and :meth:`Config.validate` runs every check that needs no cluster.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import enum
+import math
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from jobs.spec import (
     CheckpointSpec,
@@ -74,6 +78,8 @@ class ClusterConfig:
     python: Optional[str] = None  # interpreter on the nodes; default: this one
     container: ContainerConfig = field(default_factory=ContainerConfig)
     array_parallelism: int = 64
+    # GPU memory per GPU: a cell whose predicted model state exceeds it is refused before submission.
+    gpu_mem_gib: Optional[float] = None
     # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
     max_array_size: Optional[int] = None
 
@@ -100,6 +106,8 @@ class Config(TrainSpec):
     # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
     wait: Optional[bool] = None
     collective_timeout_s: float = 300.0
+    # Submit cells predicted not to fit in cluster.gpu_mem_gib anyway.
+    allow_oom: bool = False
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     def validate(self) -> None:
@@ -122,9 +130,6 @@ class Config(TrainSpec):
                 f"with cluster.gpus_per_node={c.gpus_per_node} the worker runs one rank per task and one task per GPU.",
                 f"set cluster.tasks_per_node={c.gpus_per_node}.",
             )
-        if c.name is ClusterKind.local and c.gpus_per_node:
-            raise ConfigError("cluster.gpus_per_node", c.gpus_per_node,
-                              "the local cluster runs CPU ranks on gloo.", "use cluster=slurm for GPU nodes.")
         on_cpu = c.gpus_per_node == 0
         if s.name is Strategy.fsdp and s.sharding is Sharding.hybrid:
             if self.nodes < 2:
@@ -196,6 +201,67 @@ class Config(TrainSpec):
                     "give a directory <path>/<class>/<image> with at least one class, and set model.num_classes "
                     f"to at least its number of classes ({len(classes)}).",
                 )
+
+
+# ---- the schema's keys: strict overrides, open dicts, finite numbers -------------------------
+
+def _hints(cls: type) -> Dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _is_open(tp: Any) -> bool:
+    """A dict-typed field (model.params, cluster.additional_parameters): any key may go in it."""
+    tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if typing.get_origin(tp) is Union else tp
+    return typing.get_origin(tp) in (dict, Dict) or tp is dict
+
+
+def schema_keys(cls: type = None, prefix: str = "") -> Dict[str, bool]:
+    """{dotted key: is an open dict} for every key of the schema (Config by default)."""
+    out: Dict[str, bool] = {}
+    for name, tp in _hints(cls or Config).items():
+        key = prefix + name
+        out[key] = _is_open(tp)
+        if _is_dataclass_type(tp):
+            out.update(schema_keys(tp, key + "."))
+    return out
+
+
+def unknown_keys(tree: Any, cls: type = None, prefix: str = "") -> List[str]:
+    """Keys of a composed config (plain dicts) that the schema does not have; open dicts are not looked into."""
+    hints = _hints(cls or Config)
+    found = []
+    for key, value in (tree or {}).items():
+        if key not in hints:
+            found.append(prefix + str(key))
+        elif _is_dataclass_type(hints[key]) and isinstance(value, dict):
+            found.extend(unknown_keys(value, hints[key], f"{prefix}{key}."))
+    return found
+
+
+def did_you_mean(key: str) -> str:
+    """The closest valid key, as a hint: "did you mean strategy.bucket_cap_mb?" (or the group's keys)."""
+    keys = list(schema_keys())
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]}?"
+    parent = key.rpartition(".")[0]
+    siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
+    return f"valid keys{' of ' + parent if parent else ''}: {', '.join(siblings)}."
+
+
+def non_finite(obj: Any, prefix: str = "") -> List[str]:
+    """Dotted keys whose value is a float NaN or infinity (a YAML .nan, or lr=nan on the command line)."""
+    if dataclasses.is_dataclass(obj):
+        return [k for f in dataclasses.fields(obj) for k in non_finite(getattr(obj, f.name), f"{prefix}{f.name}.")]
+    if isinstance(obj, dict):
+        return [k for name, v in obj.items() for k in non_finite(v, f"{prefix}{name}.")]
+    if isinstance(obj, list):
+        return [k for i, v in enumerate(obj) for k in non_finite(v, f"{prefix}{i}.")]
+    return [prefix[:-1]] if isinstance(obj, float) and not math.isfinite(obj) else []
 
 
 def register() -> None:

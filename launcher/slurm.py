@@ -5,8 +5,10 @@ Submission itself goes through submitit only (launcher/submit.py).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Dict, List
 
 from launcher.plan import Cell, SweepError
@@ -15,12 +17,27 @@ from launcher.state import CellStatus, slurm_status
 __all__ = ["cancel", "check_partitions", "job_states", "max_array_size", "partitions"]
 
 
+# Where Slurm's own commands look for their configuration (besides $SLURM_CONF), including the
+# configless cache that slurmd keeps on a node.
+CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/usr/local/etc/slurm.conf",
+              "/run/slurm/conf/slurm.conf")
+
+
+def configured() -> bool:
+    return bool(os.environ.get("SLURM_CONF")) or any(Path(p).exists() for p in CONF_PATHS)
+
+
 def partitions() -> Dict[str, dict]:
     """{partition: {"nodes": int, "max_nodes": int|None, "default": bool}} from sinfo."""
     if not shutil.which("sinfo"):
         raise SweepError("cluster=slurm: sinfo is not on PATH, so this machine cannot reach a Slurm cluster. "
                          "Fix: run from a login node (or export SLURM_CONF for the local test cluster), or use cluster=local.")
-    proc = subprocess.run(["sinfo", "--noheader", "--format=%P|%D|%l"], capture_output=True, text=True, timeout=30)
+    if not configured():
+        raise SweepError("cluster=slurm: no Slurm configuration on this machine (SLURM_CONF is not set and none of "
+                         f"{', '.join(CONF_PATHS)} exists), and asking Slurm anyway would look its controller up in "
+                         "DNS. Fix: export SLURM_CONF=/path/to/slurm.conf (the local test cluster prints it), or run "
+                         "from a login node of the cluster.")
+    proc = subprocess.run(["sinfo", "--noheader", "--format=%P|%D|%l|%c"], capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
         raise SweepError(f"cluster=slurm: sinfo failed ({proc.stderr.strip()}). Fix: check that Slurm answers "
                          f"(sinfo) before submitting.")
@@ -28,11 +45,14 @@ def partitions() -> Dict[str, dict]:
     for line in proc.stdout.split("\n"):
         if not line.strip():
             continue
-        name, nodes, _limit = line.split("|")
+        name, nodes, _limit, cpus = line.split("|")
         default = name.endswith("*")
         name = name.rstrip("*")
-        entry = out.setdefault(name, {"nodes": 0, "default": default})
+        entry = out.setdefault(name, {"nodes": 0, "default": default, "cpus": None})
         entry["nodes"] += int(nodes)
+        node_cpus = int(cpus.rstrip("+")) if cpus.rstrip("+").isdigit() else None
+        if node_cpus:  # the smallest node of the partition decides what every node can give
+            entry["cpus"] = min(entry["cpus"] or node_cpus, node_cpus)
     proc = subprocess.run(["scontrol", "show", "partition", "--oneliner"], capture_output=True, text=True, timeout=30)
     for line in proc.stdout.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
@@ -57,6 +77,10 @@ def check_partitions(cells: List[Cell]) -> None:
         if cell.layout.nodes > limit:
             errors.append(f"[{cell.name}] nodes={cell.layout.nodes}: partition {name} allows at most {limit} "
                           f"node(s) per job. Fix: use nodes<={limit} or another partition.")
+        if c.cpus_per_task is None and cell.layout.gpus_per_node and parts[name]["cpus"]:
+            # A GPU rank needs cores for its DataLoader workers, NCCL's proxy threads and (offload) the
+            # CPU optimizer: by default it gets its share of the node, not Slurm's single core.
+            cell.layout.cpus_per_task = max(1, parts[name]["cpus"] // cell.layout.tasks_per_node)
     if errors:
         raise SweepError("\n".join(errors))
 

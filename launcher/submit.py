@@ -87,7 +87,7 @@ def submit(state: SweepState, cells: Sequence[CellState], *,
         for stale in state.cell_dir(cell).glob("error-rank*.txt"):
             stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
     if state.cluster == "slurm":
-        _submit_slurm(state, cells, _max_array_size(cells))
+        _submit_slurm(state, cells, max_array_size_for(cells))
     else:
         _run_local(state, cells, after_local_cell)
 
@@ -107,7 +107,7 @@ def _submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size:
     print(f"{len(cells)} cell(s) in {len(calls)} sbatch call(s).", flush=True)
 
 
-def _max_array_size(cells: Sequence[CellState]) -> int | None:
+def max_array_size_for(cells: Sequence[CellState]) -> int | None:
     """The cells' own cluster.max_array_size where set, else the cluster's MaxArraySize."""
     configured = [c.cluster.max_array_size for c in cells if c.cluster.max_array_size]
     if configured:
@@ -155,6 +155,12 @@ def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout):
     executor.update_parameters(tasks_per_node=layout.world_size, timeout_min=cluster.timeout_min, nodes=1,
                                gpus_per_node=layout.gpus_per_node * layout.nodes)
     return executor
+
+
+def sbatch_script(cell: CellState, folder: Path, job_name: str) -> str:
+    """The sbatch script submitit would write for ``cell`` (its own rendering; nothing is written)."""
+    executor = slurm_executor(folder, cell.cluster, cell.layout, job_name)
+    return executor._make_submission_file_text(executor._submitit_command_str, "plan")
 
 
 def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str):

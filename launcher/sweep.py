@@ -16,7 +16,7 @@ from typing import Any
 
 from jobs.sinks import RUN_ID_FILE
 from launcher import report, status, submit, tracking
-from launcher.plan import Cell, SweepError, run_spec
+from launcher.plan import Cell, SweepError, cell_state, run_spec
 from launcher.safety import mask
 from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState
 from launcher.sync import finish_cell
@@ -56,7 +56,7 @@ def prepare(cells: list[Cell], argv: list[str]) -> SweepState:
                        argv=argv, experiment=cfg.tracking.experiment if cfg.tracking.enabled else None)
     if cfg.tracking.enabled:
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
-    state.cells = [_cell_state(cell) for cell in cells]
+    state.cells = [cell_state(cell) for cell in cells]
     # Local cells log no MLflow from their ranks: the launcher waits for each cell anyway and logs
     # its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import on rank 0).
     # Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.
@@ -66,13 +66,6 @@ def prepare(cells: list[Cell], argv: list[str]) -> SweepState:
         write_resolved_config(state.cell_dir(cs) / "config.yaml", cell)
     state.save()
     return state
-
-
-def _cell_state(cell: Cell) -> CellState:
-    cfg = cell.config
-    return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
-                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=cfg.model.name,
-                     cluster=cfg.cluster, layout=cell.layout)
 
 
 def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:

@@ -40,7 +40,13 @@ CORPUS = [
     (["model.name=gpt5"], "model.name='gpt5'", "use one of"),
     (["optimizer=lion"], "optimizer", "right type"),
     (["strategy.sharding=zero5"], "strategy.sharding", "right type"),
-    (["batchsize=8"], "batchsize", "check the spelling"),
+    (["batchsize=8"], "batchsize", "did you mean batch_size?"),
+    (["+nodez=2"], "nodez", "did you mean nodes?"),
+    (["+strategy.bucket_capmb=10"], "strategy.bucket_capmb", "did you mean strategy.bucket_cap_mb?"),
+    (["cluster.partiton=gpu"], "cluster.partiton", "did you mean cluster.partition?"),
+    # numbers that are not numbers
+    (["lr=nan"], "lr=nan", "finite number"),
+    (["strategy.bucket_cap_mb=inf"], "strategy.bucket_cap_mb", "finite number"),
     (["model=custom"], "model.target", "importable"),
     (["model=custom", "model.target=no.such.module.Model"], "model.target='no.such.module.Model'", "importable"),
     # impossible combinations
@@ -52,7 +58,11 @@ CORPUS = [
     (["precision.param_dtype=bf16"], "precision.param_dtype='bf16'", "precision=bf16"),
     (["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=1"], "cluster.tasks_per_node=1",
      "cluster.tasks_per_node=8"),
-    (["cluster.gpus_per_node=2", "cluster.tasks_per_node=2"], "cluster.gpus_per_node=2", "cluster=slurm"),
+    (["cluster.gpus_per_node=2", "cluster.tasks_per_node=2"], "needs 2 GPU(s) on this machine; nvidia-smi finds 0",
+     "cluster=slurm"),
+    # models that would fail only on the ranks
+    (["model=custom", "model.target=os.path.join"], "os.path.join", "nn.Module"),
+    (["model=custom", "model._target_=os.path.join"], "os.path.join", "nn.Module"),
     (["cluster=slurm", "cluster.container.runtime=pyxis"], "cluster.container.image", "worker image"),
     (["-m", "cluster=local,slurm"], "cluster differs", "separate commands"),
     (["-m", "nodes=1,1"], "run twice", "remove the repeated value"),

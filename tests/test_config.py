@@ -3,8 +3,9 @@
 import pytest
 
 from jobs.spec import InputKind, Precision, Sharding, Strategy
+from launcher import submit
 from launcher.__main__ import main
-from launcher.plan import CONF_DIR, SweepError, compose, expand, plan
+from launcher.plan import CONF_DIR, SweepError, cell_state, compose, expand, plan
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
 # Options that need more than their own file to be valid (refused on CPU, or need a node count).
@@ -48,7 +49,8 @@ def test_grid_expansion_and_resources_per_point():
     assert [c.name for c in cells] == ["strategy=ddp nodes=1", "strategy=ddp nodes=2",
                                        "strategy=fsdp nodes=1", "strategy=fsdp nodes=2"]
     assert [c.layout.world_size for c in cells] == [2, 4, 2, 4]
-    assert len({c.shape() for c in cells}) == 2  # two resource shapes -> two job arrays on Slurm
+    # two resource shapes -> two job arrays on Slurm
+    assert len(submit.groups([cell_state(c) for c in cells], None)) == 2
 
 
 # Bad input: the corpus lives in tests/test_bad_input.py.

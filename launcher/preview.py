@@ -1,0 +1,43 @@
+"""``python -m launcher --plan [-m] ...``: what a sweep would submit, composed and checked like a real
+run, printed without submitting anything or creating any file or MLflow run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher import fit, submit
+from launcher.plan import Cell, cell_state
+from launcher.schema import ClusterKind
+
+
+def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_size: int | None = None) -> str:
+    """Cells with resources and predicted per-rank model state, then the sbatch calls with their scripts."""
+    return "\n".join([*_cells(cells, predicted), "", *_submissions(cells, max_array_size)])
+
+
+def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:
+    lines = [f"{len(cells)} cell(s):", "",
+             "| # | cell | nodes x ranks | GPUs/node | CPUs/rank | time min | model params | params/rank | "
+             "grads/rank | optimizer/rank | state/rank |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for cell in cells:
+        c, lay, state = cell.config.cluster, cell.layout, predicted.get(cell.index)
+        figures = ([f"{state.param_count:,}", fit.human(state.params), fit.human(state.grads),
+                    fit.human(state.optimizer), fit.human(state.total)] if state else ["-"] * 5)
+        lines.append(f"| {cell.index} | {cell.name} | {lay.nodes} x {lay.tasks_per_node} | {lay.gpus_per_node} | "
+                     f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + " |")
+    return lines
+
+
+def _submissions(cells: list[Cell], max_array_size: int | None) -> list[str]:
+    if cells[0].config.cluster.name is ClusterKind.local:
+        return [f"local: {len(cells)} job(s), one after another on this machine (submitit LocalExecutor)."]
+    states = [cell_state(c) for c in cells]
+    calls = submit.groups(states, max_array_size)
+    lines = [f"slurm: {len(calls)} sbatch call(s)" + (f" (arrays split at MaxArraySize {max_array_size})"
+                                                     if max_array_size else "") + ":"]
+    folder = Path(cells[0].config.output_root).resolve() / "<sweep>" / "submitit"
+    for i, group in enumerate(calls, 1):
+        lines += ["", f"--- sbatch call {i}: array of {len(group)}: cells {', '.join(str(c.index) for c in group)}",
+                  submit.sbatch_script(group[0], folder, "<sweep name>").rstrip()]
+    return lines
