@@ -131,6 +131,7 @@ def _run_local(state: SweepState, cells: Sequence[CellState],
         print(f"[{cell.index + 1}/{len(state.cells)}] {cell.name}: job {job.job_id}, {cell.world_size} rank(s), "
               f"{state.cell_dir(cell)}", flush=True)
         try:
+            _follow(job, state.cell_dir(cell), state.load_spec(cell).train.steps)
             job.results()
             cell.status = CellStatus.done
         except Exception as exc:  # a failed cell is recorded; the sweep goes on
@@ -139,6 +140,30 @@ def _run_local(state: SweepState, cells: Sequence[CellState],
         state.save()
         if after_local_cell is not None:
             after_local_cell(cell)
+
+
+def _follow(job, cell_dir: Path, steps: int, poll_s: float = 1.0, plain_every_s: float = 30.0) -> None:
+    """Step progress from rank 0's heartbeat until the job ends: a live line on a terminal, a plain
+    line every ``plain_every_s`` otherwise (logs stay short)."""
+    live = sys.stdout.isatty()
+    beat = cell_dir / "ranks" / "rank0.json"
+    shown, last_plain = None, time.monotonic()
+    while not job.done():
+        time.sleep(poll_s)
+        try:
+            step = json.loads(beat.read_text()).get("step")
+        except (OSError, ValueError):
+            continue
+        if step is None or step == shown:
+            continue
+        shown = step
+        if live:
+            print(f"\r    step {step + 1}/{steps}", end="", flush=True)
+        elif time.monotonic() - last_plain >= plain_every_s:
+            print(f"    step {step + 1}/{steps}", flush=True)
+            last_plain = time.monotonic()
+    if live and shown is not None:
+        print("\r" + " " * 30 + "\r", end="", flush=True)
 
 
 def _last_line(exc: BaseException) -> str:
