@@ -29,8 +29,9 @@ Initialisation. ``build_model`` builds the skeleton on meta, ``to_empty`` and th
 :meth:`HFLogits.init_weights` (the same path a deferred-init worker takes): every
 ``_is_hf_initialized`` flag is cleared, the model's own ``initialize_weights()`` runs (its
 ``_init_weights`` per module: normal(0, initializer_range), GPT-2's scaled residual projections,
-BERT's position ids, rotary ``inv_freq`` buffers, ...), tied weights are re-tied (``to_empty`` gives
-every parameter its own storage), and with ``pretrained_path`` the directory's weights are copied in
+BERT's position ids, rotary ``inv_freq`` buffers, ...), with tied weights tied before and after
+(``to_empty`` on an unsharded model gives every parameter its own storage, while a model sharded on
+meta keeps them tied; tying first makes both draw the same numbers), and with ``pretrained_path`` the directory's weights are copied in
 (into DTensor shards too).
 """
 
@@ -168,6 +169,9 @@ class HFLogits(nn.Module):
             for obj in [*hf.modules(), *hf.parameters(), *hf.buffers()]:
                 if getattr(obj, "_is_hf_initialized", False):
                     obj._is_hf_initialized = False
+            # Tie first: an eager build's to_empty untied the embeddings while a sharded model kept
+            # them tied; tied in both, both draw the same numbers (the output layer's draw wins).
+            hf.tie_weights()
             hf.initialize_weights()
             hf.tie_weights()
         if self.pretrained_path:
