@@ -177,22 +177,103 @@ def export(env: DistEnv) -> None:
     )
 
 
+# ---- device -------------------------------------------------------------------------------------
+
+def choose_device(gpus_per_node: int, local_rank: int, local_world_size: int, visible_count: int) -> tuple[str, str]:
+    """(device, backend) from the configuration, never from ``torch.cuda.is_available()`` alone.
+
+    ``gpus_per_node == 0``: ("cpu", "gloo"), whatever GPUs the host has. Otherwise one GPU per
+    rank on NCCL: with one visible device (Slurm binds one GPU per task, or CUDA_VISIBLE_DEVICES
+    names one) it is ``cuda:0``; with one per local rank visible (a whole node: local runs,
+    torchrun) it is ``cuda:<local_rank>``. Any other count fails here, with the count and the fix,
+    instead of putting two ranks on one GPU (NCCL: "Duplicate GPU detected").
+    """
+    if gpus_per_node <= 0:
+        return "cpu", "gloo"
+    if visible_count <= 0:
+        raise RuntimeError(
+            f"cluster.gpus_per_node={gpus_per_node} but local rank {local_rank} sees no CUDA device "
+            f"(torch.cuda.device_count()=0). Fix: run on GPU nodes with a CUDA build of torch and check "
+            f"CUDA_VISIBLE_DEVICES, or set cluster.gpus_per_node=0 for CPU ranks.")
+    if visible_count == 1:
+        return "cuda:0", "nccl"
+    if visible_count == local_world_size:
+        return f"cuda:{local_rank}", "nccl"
+    raise RuntimeError(
+        f"local rank {local_rank} of {local_world_size} on this node sees {visible_count} CUDA devices; each rank "
+        f"needs exactly one GPU: either 1 visible device per rank (Slurm: --gpus-per-task=1 or "
+        f"--gpu-bind=single:1) or all {local_world_size} of the node's ranks' GPUs. Fix: set "
+        f"cluster.tasks_per_node=cluster.gpus_per_node={visible_count} to use them all, or restrict "
+        f"CUDA_VISIBLE_DEVICES to {local_world_size} devices (e.g. "
+        f"CUDA_VISIBLE_DEVICES={','.join(map(str, range(local_world_size)))}).")
+
+
+def backend_for(device_type: str) -> str:
+    """The default group's backend: CUDA ranks get NCCL for CUDA tensors AND gloo for CPU tensors
+    (fp16 found-inf flags and optimizer state under CPU offload are all-reduced on the CPU; an
+    NCCL-only group fails there), as torchtitan does whenever offload is on."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
+def duplicate_gpus(placements: Sequence[Sequence[str]]) -> list[str]:
+    """Problems in a (host, GPU UUID) list indexed by rank: one line per GPU used by 2+ ranks."""
+    seen: dict[tuple[str, str], list[int]] = {}
+    for rank, (host, uuid) in enumerate(placements):
+        seen.setdefault((host, uuid), []).append(rank)
+    return [f"ranks {ranks} share GPU {uuid} on {host}" for (host, uuid), ranks in seen.items() if len(ranks) > 1]
+
+
+def check_unique_gpus(placements: Sequence[Sequence[str]]) -> None:
+    problems = duplicate_gpus(placements)
+    if problems:
+        raise RuntimeError(
+            "two or more ranks run on the same GPU: " + "; ".join(problems) + ". Each rank needs its own GPU. "
+            "Fix: cluster.tasks_per_node=cluster.gpus_per_node, and on Slurm bind one GPU per task "
+            "(--gpus-per-task=1) or let every rank see all of the node's GPUs.")
+
+
+def gloo_interface_problem(host_ip: str, num_nodes: int, environ: Mapping[str, str]) -> Optional[str]:
+    """Multi-node gloo binds to the address the host name resolves to; a loopback one (Debian's
+    127.0.1.1 line in /etc/hosts) leaves other nodes unable to connect."""
+    if num_nodes <= 1 or environ.get("GLOO_SOCKET_IFNAME") or not host_ip.startswith("127."):
+        return None
+    return (f"this host's name resolves to {host_ip} (loopback) and the job spans {num_nodes} nodes: gloo would "
+            f"listen where no other node can reach it. Fix: export GLOO_SOCKET_IFNAME=<the interface between "
+            f"nodes, e.g. eth0 or ib0> (and NCCL_SOCKET_IFNAME), or fix /etc/hosts.")
+
+
+def resolve_host(hostname: str) -> str:
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError:
+        return ""
+
+
 @contextlib.contextmanager
-def process_group(env: DistEnv, backend: str, timeout_s: float) -> Iterator[object]:
+def process_group(env: DistEnv, backend: str, timeout_s: float, device=None) -> Iterator[object]:
     """Open the default process group and destroy it on every exit path.
 
-    Yields a second group, on gloo (CPU tensors), for control messages (stop requests): kept out
-    of the training collectives' queue, where even one small all-reduce a second is a point at
-    which every rank waits for the slowest (jobs/preempt.py).
+    ``device``: this rank's CUDA device (after ``set_device``); passed as ``device_id`` so the
+    NCCL communicator binds to it eagerly (torch >= 2.3). Yields a second group, on gloo (CPU
+    tensors), for control messages (stop requests): kept out of the training collectives' queue,
+    where even one small all-reduce a second is a point at which every rank waits for the slowest
+    (jobs/preempt.py).
     """
+    import sys
+
     import torch.distributed as dist
 
     export(env)
     if env.is_head and env.source != "torchrun":
         check_port_free(env.master_port)
+    if "gloo" in backend:
+        problem = gloo_interface_problem(resolve_host(env.hostname), env.num_nodes, os.environ)
+        if problem:
+            print(f"warning: {problem}", file=sys.stderr, flush=True)
+    extra = {"device_id": device} if device is not None and getattr(device, "type", "") == "cuda" else {}
     dist.init_process_group(
         backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=timeout_s), **extra,
     )
     try:
         yield dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
