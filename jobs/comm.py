@@ -5,8 +5,11 @@ Method: after the measured window, ``probe_steps`` more training steps run under
 
 - collective intervals: the execution of each collective (``gloo:*`` events on gloo's worker
   threads on CPU; NCCL kernels on the GPU timeline);
-- compute intervals: the training thread's ``aten::`` operators on CPU; the non-NCCL kernels on
-  the GPU timeline;
+- compute intervals: the training thread's ``aten::`` operators on CPU; on the GPU timeline the
+  kernels that are neither NCCL kernels nor copies. GPU events that mirror ``record_function``
+  ranges (``is_user_annotation``: FSDP2's ``FSDP::all_gather`` spans its NCCL kernels) are
+  neither compute nor communication; only kernels named ``ncclDevKernel*``/``ncclKernel*`` are
+  communication; memcpy/memset are reported on their own (``memcpy_time_ms``);
 - ``comm_time_ms`` = length of the union of collective intervals, per step: time during which
   some collective was in flight;
 - ``comm_exposed_ms`` = length of (collectives minus compute), per step: communication that no
@@ -28,11 +31,22 @@ from typing import Dict, List, Tuple
 Interval = Tuple[float, float]
 
 _COMM_MARKERS = ("nccl", "gloo:")
+_NCCL_KERNELS = ("ncclDevKernel", "ncclKernel")
 
 
 def _is_comm(name: str) -> bool:
     low = name.lower()
     return any(m in low for m in _COMM_MARKERS)
+
+
+def gpu_event_kind(name: str) -> str:
+    """"comm" (an NCCL kernel), "memcpy" (copies and fills) or "compute", for a GPU kernel."""
+    if name.startswith(_NCCL_KERNELS):
+        return "comm"
+    low = name.lower()
+    if low.startswith(("memcpy", "memset")) or "memcpy" in low:
+        return "memcpy"
+    return "compute"
 
 
 def union_length(intervals: List[Interval]) -> float:
@@ -71,22 +85,29 @@ def minus_length(a: List[Interval], b: List[Interval]) -> float:
     return total
 
 
-def intervals_from_events(events, main_thread: int, on_gpu: bool) -> Tuple[List[Interval], List[Interval]]:
-    """(collective, compute) intervals in microseconds from profiler events."""
-    comm: List[Interval] = []
-    compute: List[Interval] = []
+def classify_events(events, main_thread: int, on_gpu: bool) -> Dict[str, List[Interval]]:
+    """{"comm", "compute", "memcpy"} intervals in microseconds from profiler events."""
+    out: Dict[str, List[Interval]] = {"comm": [], "compute": [], "memcpy": []}
     for e in events:
+        if getattr(e, "is_user_annotation", False):
+            continue  # a record_function range (CPU or its GPU mirror), not work of its own
         rng = e.time_range
         span = (float(rng.start), float(rng.end))
         is_device = getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")
         if on_gpu:
             if is_device:
-                (comm if _is_comm(e.name) else compute).append(span)
+                out[gpu_event_kind(e.name)].append(span)
         elif _is_comm(e.name):
-            comm.append(span)
+            out["comm"].append(span)
         elif e.thread == main_thread and e.name.startswith("aten::") and "wait" not in e.name:
-            compute.append(span)
-    return comm, compute
+            out["compute"].append(span)
+    return out
+
+
+def intervals_from_events(events, main_thread: int, on_gpu: bool) -> Tuple[List[Interval], List[Interval]]:
+    """(collective, compute) intervals in microseconds from profiler events."""
+    kinds = classify_events(events, main_thread, on_gpu)
+    return kinds["comm"], kinds["compute"]
 
 
 def probe(run_steps, n_steps: int, on_gpu: bool) -> Dict[str, float]:
@@ -105,11 +126,18 @@ def probe(run_steps, n_steps: int, on_gpu: bool) -> Dict[str, float]:
     # The training thread is the one that ran this function; the profiler names threads by
     # their native id.
     main_thread = _main_thread_id(events, threading.get_native_id())
-    comm, compute = intervals_from_events(events, main_thread, on_gpu)
+    kinds = classify_events(events, main_thread, on_gpu)
+    return figures(kinds, wall_s, n_steps)
+
+
+def figures(kinds: Dict[str, List[Interval]], wall_s: float, n_steps: int) -> Dict[str, float]:
+    """Per-step figures (ms) from classified intervals (us) of ``n_steps`` steps that took ``wall_s``."""
+    comm, compute = kinds["comm"], kinds["compute"]
     comm_us = union_length(comm)
     exposed_us = minus_length(comm, compute)
     step_ms = 1e3 * wall_s / n_steps
     return {
+        "memcpy_time_ms": union_length(kinds.get("memcpy", [])) / 1e3 / n_steps,
         "comm_time_ms": comm_us / 1e3 / n_steps,
         "comm_exposed_ms": exposed_us / 1e3 / n_steps,
         "comm_probe_step_time_ms": step_ms,
