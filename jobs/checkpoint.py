@@ -73,3 +73,26 @@ def load(path: Path, model, optimizer, *, rank: int, world_size: int) -> Tuple[D
     mine = path / f"rank{rank}.pt"
     same_layout = meta.get("world_size") == world_size and mine.exists()
     return meta, (torch.load(mine, weights_only=False) if same_layout else None)
+
+
+def rng_state(device) -> Dict[str, Any]:
+    """This rank's RNG streams: the CPU generator, and the CUDA generator of ``device`` on GPU
+    (dropout and random inits on the GPU draw from it)."""
+    import torch
+
+    state: Dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if getattr(device, "type", "cpu") == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: Any, device) -> None:
+    """Undo :func:`rng_state`; also takes the older format (the CPU state tensor alone)."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        torch.set_rng_state(state)
+        return
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)

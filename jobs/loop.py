@@ -43,6 +43,9 @@ class StepTrace:
     step_time_s: List[float] = field(default_factory=list)
     data_time_s: List[float] = field(default_factory=list)
     losses: List[torch.Tensor] = field(default_factory=list)
+    # fp16 only: per step, whether the GradScaler skipped the optimizer step (inf/NaN gradients),
+    # as device booleans read after the window (no sync point in the loop).
+    skipped: List = field(default_factory=list)
 
 
 class Trainer:
@@ -65,6 +68,8 @@ class Trainer:
         # Gradient bytes this rank holds after a backward (local shards under FSDP), read once on
         # the first step: gradients are freed after every step, so they cannot be read afterwards.
         self.grad_bytes: Optional[int] = None
+        # The last step's "GradScaler skipped it" flag (a device bool tensor), None without a scaler.
+        self.last_skipped = None
 
     def _autocast(self) -> ContextManager:
         if self.autocast_dtype is None:
@@ -89,8 +94,12 @@ class Trainer:
         if self.grad_bytes is None:
             self.grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
         if self.scaler:
+            # The scale drops (backoff) exactly when the step was skipped for inf/NaN gradients;
+            # compared on the device, read after the window.
+            before = self.scaler._scale.clone()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            self.last_skipped = self.scaler._scale < before
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -108,3 +117,5 @@ def run_steps(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Ca
         trace.step_time_s.append(time.perf_counter() - t0)
         trace.data_time_s.append(data_time_s)
         trace.losses.append(loss)
+        if trainer.last_skipped is not None:
+            trace.skipped.append(trainer.last_skipped)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 GIB = 1024**3
 
@@ -38,40 +38,117 @@ def scaling_efficiency(per_device: float, base_per_device: float) -> float:
 
 
 def mfu(flops_per_sample: Optional[float], samples_per_s_per_device: float, peak_flops_per_s: Optional[float]) -> Optional[float]:
-    """Model FLOPs utilisation: achieved model FLOP/s per device over the device's peak."""
-    if not flops_per_sample or not peak_flops_per_s:
-        return None
-    return flops_per_sample * samples_per_s_per_device / peak_flops_per_s
+    """Model FLOPs utilisation: achieved model FLOP/s per device over the device's peak (None
+    when unknown, or when above 1: see :func:`mfu_checked` for the reason)."""
+    return mfu_checked(flops_per_sample, samples_per_s_per_device, peak_flops_per_s)[0]
 
 
-# Dense peak FLOP/s per device and dtype (vendor datasheets, without sparsity). MFU is reported
-# only for devices listed here; CPUs have no meaningful single figure and get none.
-PEAK_FLOPS_PER_S: Dict[str, Dict[str, float]] = {
-    "H100 SXM": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12},
-    "H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
-    "V100": {"fp32": 15.7e12, "fp16": 125e12},
-    "L40S": {"fp32": 91.6e12, "bf16": 362e12, "fp16": 362e12},
-}
+def mfu_checked(flops_per_sample: Optional[float], samples_per_s_per_device: float,
+                peak_flops_per_s: Optional[float]) -> Tuple[Optional[float], Optional[str]]:
+    """(MFU or None, why it is None). An MFU above 100% is never reported: it means the peak is
+    wrong for this device or math mode (e.g. TF32 on while the fp32 peak was used) or the FLOP
+    count is, and either way the number would mislead."""
+    if not flops_per_sample:
+        return None, "no FLOP count for this model"
+    if not peak_flops_per_s:
+        return None, "no peak FLOP/s known for this device and precision"
+    value = flops_per_sample * samples_per_s_per_device / peak_flops_per_s
+    if value > 1.0:
+        return None, (f"computed MFU {value:.2f} exceeds 1: the device peak ({peak_flops_per_s / 1e12:.1f} TFLOP/s) "
+                      f"or the model's FLOP count is wrong for this run")
+    return value, None
 
 
-def peak_flops_for(device_name: str, precision: str) -> Optional[float]:
-    # fp32 matmuls on Ampere+ run as TF32 only when enabled; we compare against plain fp32.
-    for key, table in PEAK_FLOPS_PER_S.items():
-        if all(part in device_name for part in key.split()):
-            return table.get(precision)
+# Dense peak FLOP/s per device and math mode (vendor datasheets, without sparsity), matched on
+# the name torch.cuda.get_device_name() reports. Matching follows torchtitan's get_peak_flops:
+# family first ("H100"), then the variant ("NVL", "PCIe"), else the SXM part, because the SXM
+# H100 reports itself as "NVIDIA H100 80GB HBM3" with no "SXM". A device not listed gets no MFU:
+# never another GPU's figures. "tf32": None marks a GPU without TF32 units (fp32 math always).
+_T = 1e12
+_H100_SXM = {"fp32": 67 * _T, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
+_H100_PCIE = {"fp32": 51 * _T, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T}
+_H100_NVL = {"fp32": 60 * _T, "tf32": 417.5 * _T, "bf16": 835 * _T, "fp16": 835 * _T}
+_A100 = {"fp32": 19.5 * _T, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
+# (name tokens that must all appear, case-insensitive; first match wins, most specific first)
+PEAK_FLOPS_PER_S: List[Tuple[Tuple[str, ...], Dict[str, Optional[float]]]] = [
+    (("GH200",), _H100_SXM),  # Grace Hopper: the H100 SXM's tensor cores (before "H200")
+    (("H200", "NVL"), _H100_NVL),
+    (("H200",), _H100_SXM),  # same compute as the H100 SXM, more memory
+    (("H100", "NVL"), _H100_NVL),
+    (("H100", "PCIe"), _H100_PCIE),
+    (("H100",), _H100_SXM),  # "NVIDIA H100 80GB HBM3" = SXM5
+    (("H800", "PCIe"), _H100_PCIE),
+    (("H800",), _H100_SXM),  # export H100: same compute, less NVLink
+    (("H20",), {"fp32": 44 * _T, "tf32": 74 * _T, "bf16": 148 * _T, "fp16": 148 * _T}),
+    (("B200",), {"bf16": 2250 * _T, "fp16": 2250 * _T}),  # torchtitan's figure; fp32/tf32 not listed
+    (("A100",), _A100),
+    (("A800",), _A100),
+    (("A10G",), {"fp32": 31.2 * _T, "tf32": 62.5 * _T, "bf16": 125 * _T, "fp16": 125 * _T}),  # AWS: A10 figures
+    (("A10",), {"fp32": 31.2 * _T, "tf32": 62.5 * _T, "bf16": 125 * _T, "fp16": 125 * _T}),
+    (("A30",), {"fp32": 10.3 * _T, "tf32": 82 * _T, "bf16": 165 * _T, "fp16": 165 * _T}),
+    (("L40S",), {"fp32": 91.6 * _T, "tf32": 183 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T}),
+    (("L40",), {"fp32": 90.5 * _T, "tf32": 90.5 * _T, "bf16": 181 * _T, "fp16": 181 * _T}),
+    (("L4",), {"fp32": 30.3 * _T, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T}),
+    (("V100S",), {"fp32": 16.4 * _T, "tf32": None, "fp16": 130 * _T}),
+    (("V100", "PCIE"), {"fp32": 14 * _T, "tf32": None, "fp16": 112 * _T}),
+    (("V100",), {"fp32": 15.7 * _T, "tf32": None, "fp16": 125 * _T}),  # SXM2
+    (("T4",), {"fp32": 8.1 * _T, "tf32": None, "fp16": 65 * _T}),
+    (("MI300X",), {"fp32": 163.4 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T}),
+    (("MI325X",), {"fp32": 163.4 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T}),
+]
+
+
+def _matches(device_name: str, tokens: Tuple[str, ...]) -> bool:
+    # Whole words only, "-" splitting them ("A100-SXM4-80GB"): "L40" is not "L40S", "H20" not "H200".
+    words = set(device_name.upper().replace("-", " ").replace("_", " ").split())
+    return all(t.upper() in words for t in tokens)
+
+
+def device_peaks(device_name: str) -> Optional[Dict[str, Optional[float]]]:
+    for tokens, table in PEAK_FLOPS_PER_S:
+        if _matches(device_name, tokens):
+            return table
     return None
+
+
+def fp32_math(matmul_allow_tf32: bool, cudnn_allow_tf32: bool, float32_matmul_precision: str,
+              has_conv: bool) -> str:
+    """The math fp32 ops run in, hence which peak an fp32 run's MFU divides by: "tf32" when the
+    model's main op class may use TF32 (convolutions: cudnn.allow_tf32, on by default; matmuls:
+    cuda.matmul.allow_tf32 or float32_matmul_precision "high"/"medium", off by default), else
+    "fp32". A model with both counts as TF32 if either may: the higher peak, the lower MFU."""
+    matmul_tf32 = matmul_allow_tf32 or float32_matmul_precision in ("high", "medium")
+    return "tf32" if matmul_tf32 or (has_conv and cudnn_allow_tf32) else "fp32"
+
+
+def peak_flops_for(device_name: str, precision: str, math: Optional[str] = None) -> Optional[float]:
+    """Peak FLOP/s of ``device_name`` for ``precision`` (fp32 | bf16 | fp16); ``math`` ("fp32" |
+    "tf32", from :func:`fp32_math`) picks the fp32 column. None when not known."""
+    table = device_peaks(device_name)
+    if table is None:
+        return None
+    key = precision
+    if precision == "fp32" and math == "tf32":
+        # A GPU without TF32 units (V100, T4) runs fp32 math whatever the flags say.
+        key = "fp32" if table.get("tf32", 0.0) is None else "tf32"
+    return table.get(key)
+
+
+def precision_settings(torch) -> Dict[str, str]:
+    """The fp32 math settings in force (tags): they decide the fp32 peak (M4)."""
+    return {"cuda_matmul_allow_tf32": str(bool(torch.backends.cuda.matmul.allow_tf32)),
+            "cudnn_allow_tf32": str(bool(torch.backends.cudnn.allow_tf32)),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
 
 
 # ---- memory --------------------------------------------------------------------------------
 
 def reset_peak_memory(device) -> None:
+    """Reset the device's peak counters and the host's peak RSS (both are read on GPU too)."""
     import torch
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return
     try:
         # Linux: writing 5 resets VmHWM (peak resident set) to the current RSS.
         with open("/proc/self/clear_refs", "w") as f:
@@ -83,12 +160,34 @@ def reset_peak_memory(device) -> None:
 def peak_memory(device) -> Dict[str, float]:
     import torch
 
+    # Host RSS on GPU too: CPU offload moves the parameters and optimizer state there.
+    out = {"peak_rss_gib": _vm_hwm_bytes() / GIB}
     if device.type == "cuda":
-        return {
-            "peak_mem_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-            "peak_mem_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
-        }
-    return {"peak_rss_gib": _vm_hwm_bytes() / GIB}
+        out.update(peak_mem_allocated_gib=torch.cuda.max_memory_allocated(device) / GIB,
+                   peak_mem_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB)
+    return out
+
+
+def current_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def setup_memory(device, rss_before_bytes: int) -> Dict[str, float]:
+    """Memory the model setup (build, shard, materialise) took: host RSS growth to its peak since
+    :func:`reset_peak_memory`, and on GPU the allocator's peak. Read before the window's reset."""
+    import torch
+
+    out = {"setup_rss_growth_gib": max(0, _vm_hwm_bytes() - rss_before_bytes) / GIB}
+    if device.type == "cuda":
+        out["setup_peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+    return out
 
 
 def _vm_hwm_bytes() -> int:
@@ -176,6 +275,36 @@ def summarize(per_rank: List[Dict[str, Any]], *, samples_per_step: int, tokens_p
         out["throughput_tokens_per_s_per_device"] = throughput * tokens_per_sample / world
     for key in per_rank[0]:
         # Memory and communication: the worst rank is the one that limits the job.
-        if key.endswith(("_gib", "_bytes")) or key.startswith("comm_"):
+        if key.endswith(("_gib", "_bytes")) or key.startswith(("comm_", "memcpy_", "fp16_")):
             out[key] = max(r[key] for r in per_rank)
     return out
+
+
+# ---- per-step records ------------------------------------------------------------------------
+
+def step_records(histories: List[Dict[str, Any]], lo: int, hi: int) -> List[Dict[str, float]]:
+    """Per-step records for steps lo..hi-1 from every rank's portable history: the mean loss over
+    ranks and the slowest rank's step time (a synchronous step ends when the last rank ends)."""
+    out = []
+    for step in range(lo, hi):
+        idx = [h["steps"].index(step) for h in histories]
+        pairs = list(zip(histories, idx, strict=True))
+        out.append({"step": step, "loss": sum(h["losses"][i] for h, i in pairs) / len(pairs),
+                    "step_time_ms": 1e3 * max(h["step_time_s"][i] for h, i in pairs)})
+    return out
+
+
+def mean_losses(histories: List[Dict[str, Any]], total_steps: int) -> List[float]:
+    """Loss per step averaged over ranks; rank 0's own when not every rank ran every step (a
+    resume on a different layout: the old ranks' steps live only in rank 0's restored history)."""
+    if all(h["steps"] == list(range(total_steps)) for h in histories):
+        return [sum(h["losses"][i] for h in histories) / len(histories) for i in range(total_steps)]
+    return histories[0]["losses"]
+
+
+def skipped_steps(history: Dict[str, Any]) -> Dict[str, int]:
+    """fp16 steps the GradScaler skipped (inf/NaN gradients), inside and before the measured window."""
+    flags = history.get("skipped") or []
+    pairs = list(zip(flags, history["measured"], strict=False))  # no flags without a scaler
+    return {"fp16_skipped_steps": sum(1 for s, m in pairs if s and m),
+            "fp16_skipped_steps_warmup": sum(1 for s, m in pairs if s and not m)}

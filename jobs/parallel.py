@@ -1,22 +1,112 @@
-"""Data-parallel wrappers: one ``apply_*`` per strategy, explicit primitives in, module out.
+"""Data-parallel wrappers: one ``apply_*`` per strategy, one :func:`parallelize` that dispatches.
 
 Nothing here reads a config object or the environment: the worker decides the arguments.
+
+Build order (M1 of the GPU review): DDP models are built directly on their device. FSDP models
+are built on the meta device, sharded, and only then materialised (``to_empty`` on the device,
+or on the CPU under offload) and initialised, so no rank ever holds the unsharded model.
+:func:`exact_sharded_init` makes that initialisation draw exactly the numbers an eager build
+draws, so DDP and FSDP start from the same weights for the same seed.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import contextlib
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
-from jobs.spec import Sharding
+from jobs.spec import BatchNormUnits, Precision, PrecisionMode, PrecisionSpec, Sharding, Strategy, StrategySpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def torch_dtype(name: Optional[str]) -> Optional[torch.dtype]:
     return None if name is None else _DTYPES[name]
+
+
+# ---- precision -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """What a precision setting means for one strategy (dtype names; None = fp32 / off).
+
+    ``autocast``: the dtype of ``torch.autocast`` around forward and loss (fp32 master weights,
+    per-op casts, norms and softmax in fp32). ``param_dtype`` / ``reduce_dtype``: FSDP2's
+    MixedPrecisionPolicy (parameters all-gathered and used in that dtype; gradients reduced in
+    ``reduce_dtype``). ``grad_scaler``: fp16 loss scaling.
+    """
+
+    mode: str
+    autocast: Optional[str]
+    param_dtype: Optional[str]
+    reduce_dtype: Optional[str]
+    grad_scaler: bool
+
+
+def precision_plan(strategy: Strategy, precision: PrecisionSpec) -> PrecisionPlan:
+    """The same numerics for DDP and FSDP by default (``precision.mode=autocast``).
+
+    ``mode=params`` (FSDP only) casts the parameters themselves (pure low-precision compute,
+    half the all-gather bytes); DDP has no public equivalent (its ``_MixedPrecision`` is private
+    and CUDA-only), so it is refused there rather than silently run as something else.
+    """
+    name = precision.name
+    mode = PrecisionMode(precision.mode)
+    if name is Precision.fp32:
+        return PrecisionPlan(mode.value, None, None, None, False)
+    low = name.value
+    reduce = precision.reduce_dtype.value if precision.reduce_dtype is not None else None
+    if mode is PrecisionMode.autocast:
+        # FSDP keeps fp32 parameters (and fp32 all-gathers); gradients are fp32, so an fp32
+        # reduce_dtype is a no-op and a low one (bf16 reduce-scatter) is honoured.
+        fsdp_reduce = None if reduce in (None, "fp32") else reduce
+        return PrecisionPlan(mode.value, low, None, fsdp_reduce if strategy is Strategy.fsdp else None,
+                             name is Precision.fp16)
+    if strategy is not Strategy.fsdp:
+        raise ValueError(
+            "precision.mode=params with strategy=ddp: DDP cannot run low-precision parameters over fp32 master "
+            "weights (its mixed precision is private and CUDA-only). Fix: use precision.mode=autocast (the default) "
+            "to compare DDP with FSDP, or run mode=params with an FSDP strategy only.")
+    param = precision.param_dtype.value if precision.param_dtype is not None else low
+    return PrecisionPlan(mode.value, None, param, reduce, name is Precision.fp16)
+
+
+def make_grad_scaler(device_type: str):
+    """fp16 loss scaling. The plain GradScaler serves FSDP2 too: DTensor gradients are unscaled
+    shard by shard and DTensor all-reduces the found-inf flag over the mesh (PyTorch's own FSDP2
+    grad-scaler test uses it); ShardedGradScaler exists for FSDP1's flat parameters."""
+    return torch.amp.GradScaler(device_type)
+
+
+def bf16_refusal(device_name: str, capability: Optional[tuple]) -> Optional[str]:
+    """Why bf16 cannot run on this CUDA device (compute capability below 8.0), or None."""
+    if capability is None or tuple(capability) >= (8, 0):
+        return None
+    return (f"precision=bf16 on {device_name} (compute capability {capability[0]}.{capability[1]}): bf16 needs "
+            f"an Ampere or newer GPU (8.0+); on older GPUs it is emulated, and any figure measured is meaningless. "
+            f"Fix: use precision=fp16 (with loss scaling) or fp32 on this GPU.")
+
+
+# ---- DDP ---------------------------------------------------------------------------------------
+
+def ddp_buffer_kwargs(sync_buffers: bool, ddp_init=None) -> dict:
+    """DDP's buffer-sync flag under the name the installed torch takes without a warning.
+
+    torch 2.13 deprecates ``broadcast_buffers`` for ``forward_sync_buffers`` (which still syncs
+    buffers once at construction; every rank builds identical buffers here, so that changes nothing).
+    """
+    if ddp_init is None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp_init = DistributedDataParallel.__init__
+    if "forward_sync_buffers" in inspect.signature(ddp_init).parameters:
+        return {"forward_sync_buffers": sync_buffers}
+    return {"broadcast_buffers": sync_buffers}
 
 
 def apply_ddp(
@@ -38,9 +128,11 @@ def apply_ddp(
         gradient_as_bucket_view=gradient_as_bucket_view,
         static_graph=static_graph,
         find_unused_parameters=find_unused_parameters,
-        broadcast_buffers=broadcast_buffers,
+        **ddp_buffer_kwargs(broadcast_buffers),
     )
 
+
+# ---- FSDP --------------------------------------------------------------------------------------
 
 def fsdp_mesh(device_type: str, sharding: Sharding, num_nodes: int, tasks_per_node: int):
     """The device mesh a sharding mode needs.
@@ -58,6 +150,10 @@ def fsdp_mesh(device_type: str, sharding: Sharding, num_nodes: int, tasks_per_no
     return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
 
+def batchnorms(model: nn.Module) -> list:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
 def apply_fsdp(
     model: nn.Module,
     mesh,
@@ -68,27 +164,34 @@ def apply_fsdp(
     reduce_dtype: Optional[torch.dtype],
     cpu_offload: bool,
     prefetch: int,
+    batchnorm: BatchNormUnits = BatchNormUnits.unit,
 ) -> nn.Module:
-    """FSDP2: shard each unit (block), then the root; returns the same module, now an FSDPModule."""
+    """FSDP2: shard each unit (block), then the root; returns the same module, now an FSDPModule.
+
+    BatchNorm under a low-precision ``param_dtype``: its running statistics and affine parameters
+    must stay fp32 (a bf16 BatchNorm fails with "expected scalar type BFloat16 but found Float").
+    ``batchnorm=unit``: each BatchNorm is its own fp32 unit whose input is cast up and output cast
+    back (one collective per BatchNorm). ``grouped``: every BatchNorm in ONE fp32 unit that leaves
+    inputs alone (BatchNorm takes low-precision input with fp32 parameters and statistics natively):
+    one all-gather for all of them, no activation-sized casts.
+    """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
-    low_precision = param_dtype is not None and param_dtype != torch.float32
-    if low_precision:
-        # BatchNorm's running statistics and affine parameters must stay fp32: with a bf16
-        # param_dtype FSDP2 fails with "expected scalar type BFloat16 but found Float". Each
-        # BatchNorm becomes its own unit with an fp32 policy that hands bf16 back to the next layer.
-        bn_policy = MixedPrecisionPolicy(
-            param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=param_dtype
-        )
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward,
-                            mp_policy=bn_policy, offload_policy=offload)
+    shard = functools.partial(fully_shard, mesh=mesh, reshard_after_forward=reshard_after_forward,
+                              offload_policy=offload)
+    norms = batchnorms(model) if param_dtype not in (None, torch.float32) else []
+    if norms and BatchNormUnits(batchnorm) is BatchNormUnits.grouped:
+        shard(norms, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                                    cast_forward_inputs=False))
+    else:
+        bn_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                         output_dtype=param_dtype)
+        for module in norms:
+            shard(module, mp_policy=bn_policy)
     for unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp,
-                    offload_policy=offload)
+        shard(unit, mp_policy=mp)
     # The root's parameters (embeddings, head) are used last in backward: keeping them gathered
     # after forward avoids an immediate re-all-gather (torchtitan does the same).
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
@@ -97,3 +200,110 @@ def apply_fsdp(
             unit.set_modules_to_forward_prefetch(list(units[i + 1 : i + 1 + prefetch]))
             unit.set_modules_to_backward_prefetch(list(reversed(units[max(0, i - prefetch) : i])))
     return model
+
+
+def local_slices(global_shape, mesh, placements) -> tuple:
+    """The index of this rank's shard in the full tensor (FSDP2: Shard(0), Replicate on HSDP)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(global_shape, mesh, placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
+
+
+@contextlib.contextmanager
+def exact_sharded_init() -> Iterator[None]:
+    """Random in-place inits of DTensor parameters draw the FULL tensor, then keep the local shard.
+
+    The draws are then exactly an eager build's (same generator, same sequence), so FSDP starts
+    from DDP's weights under the same seed; peak extra memory is one full parameter at a time,
+    never the whole model. Deterministic ops (zero_, fill_, mul_ ...) run shard-wise as usual.
+    """
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    random_ops = {torch.ops.aten.uniform_.default, torch.ops.aten.normal_.default}
+
+    class _FullDraw(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            target = args[0] if args else None
+            if func in random_ops and isinstance(target, DTensor):
+                local = target._local_tensor
+                full = torch.empty(target.shape, dtype=local.dtype, device=local.device)
+                func(full, *args[1:], **kwargs)
+                local.copy_(full[local_slices(target.shape, target.device_mesh, target.placements)])
+                return target
+            return func(*args, **kwargs)
+
+    with _FullDraw():
+        yield
+
+
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Allocate a (sharded) meta model's storage on ``device`` and initialise it exactly."""
+    from jobs.models import init_weights
+
+    model.to_empty(device=device)
+    with torch.no_grad(), exact_sharded_init():
+        init_weights(model)
+
+
+# ---- one dispatch --------------------------------------------------------------------------------
+
+@dataclass
+class Parallelized:
+    model: nn.Module  # what the step calls (compiled when asked)
+    no_sync: Callable[[], ContextManager]  # skips gradient communication (accumulation micro-steps)
+    autocast_dtype: Optional[torch.dtype]
+    scaler: object  # torch.amp.GradScaler or None
+    plan: PrecisionPlan
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSpec, *, device: torch.device,
+                num_nodes: int = 1, tasks_per_node: int = 1, compile: bool = False) -> Parallelized:
+    """Wrap ``model`` for ``strategy``: DDP expects it built on ``device``; FSDP expects it on
+    meta (or anywhere: a materialised model is sharded as is) and materialises it after sharding."""
+    from jobs import models
+
+    plan = precision_plan(strategy.name, precision)
+    if strategy.name is Strategy.ddp:
+        model = apply_ddp(
+            model, device, bucket_cap_mb=strategy.bucket_cap_mb, gradient_as_bucket_view=strategy.gradient_as_bucket_view,
+            static_graph=strategy.static_graph, find_unused_parameters=strategy.find_unused_parameters,
+            broadcast_buffers=strategy.broadcast_buffers,
+        )
+        no_sync = model.no_sync
+    else:
+        on_meta = any(p.is_meta for p in model.parameters())
+        mesh = fsdp_mesh(device.type, strategy.sharding, num_nodes, tasks_per_node)
+        model = apply_fsdp(
+            model, mesh, units=models.shard_units(model) if strategy.wrap.value == "block" else [],
+            reshard_after_forward=strategy.sharding is not Sharding.grad_op,
+            param_dtype=torch_dtype(plan.param_dtype), reduce_dtype=torch_dtype(plan.reduce_dtype),
+            cpu_offload=strategy.cpu_offload, prefetch=strategy.prefetch, batchnorm=precision.batchnorm,
+        )
+        if on_meta:
+            # Offload keeps the sharded parameters in host memory: materialise them there.
+            materialize(model, torch.device("cpu") if strategy.cpu_offload else device)
+        # Bound now, to the FSDP module itself: not to whatever `model` names after compiling.
+        no_sync = functools.partial(_fsdp_no_sync, model)
+    if compile:
+        model = torch.compile(model)
+    scaler = make_grad_scaler(device.type) if plan.grad_scaler else None
+    return Parallelized(model, no_sync, torch_dtype(plan.autocast), scaler, plan)
+
+
+def build_optimizer(model: nn.Module, name, lr: float) -> torch.optim.Optimizer:
+    if getattr(name, "value", name) == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=lr)
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+

@@ -35,13 +35,24 @@ class History:
         return torch.stack([x.detach().float().reshape(()) if isinstance(x, torch.Tensor) else torch.tensor(float(x))
                             for x in self.trace.losses]).cpu().tolist()
 
+    def skipped(self) -> List[bool]:
+        """Per step, whether fp16 loss scaling skipped it ([] without a GradScaler)."""
+        import torch
+
+        flags = self.trace.skipped
+        on_device = [f.reshape(()) for f in flags if isinstance(f, torch.Tensor)]
+        # One device read for all of them (restored steps are plain bools already).
+        read = iter(torch.stack(on_device).cpu().tolist() if on_device else [])
+        return [bool(next(read)) if isinstance(f, torch.Tensor) else bool(f) for f in flags]
+
     def portable(self) -> Dict[str, Any]:
         return {"steps": self.steps, "step_time_s": self.trace.step_time_s, "data_time_s": self.trace.data_time_s,
-                "losses": self.losses(), "measured": self.measured}
+                "losses": self.losses(), "measured": self.measured, "skipped": self.skipped()}
 
     @classmethod
     def from_portable(cls, d: Dict[str, Any]) -> "History":
-        return cls(list(d["steps"]), StepTrace(list(d["step_time_s"]), list(d["data_time_s"]), list(d["losses"])),
+        return cls(list(d["steps"]), StepTrace(list(d["step_time_s"]), list(d["data_time_s"]), list(d["losses"]),
+                                               list(d.get("skipped", []))),
                    list(d["measured"]))
 
     def measured_only(self, key: str) -> List[float]:
@@ -83,7 +94,6 @@ def run(
     ``control_group``: where the ranks agree on stop requests (``jobs.dist.process_group`` yields
     it); None uses the default group, i.e. the training collectives' queue.
     """
-    import torch
     import torch.distributed as dist
 
     start, restarts, logged_through, history = 0, 0, 0, History()
@@ -93,7 +103,7 @@ def run(
         start, restarts, logged_through = meta["step"], meta["restarts"] + 1, meta["logged_through"]
         if mine is not None:
             history = History.from_portable(mine["history"])
-            torch.set_rng_state(mine["rng"])
+            checkpoint.restore_rng(mine["rng"], device)
         # The data position is a function of the step: skip what was consumed before the stop.
         for _ in range(start * accum_steps):
             next(batches)
@@ -126,7 +136,8 @@ def run(
             checkpoint.save(out_dir, model, optimizer, rank=env.rank,
                             meta={"step": step, "restarts": restarts, "world_size": env.world_size,
                                   "logged_through": logged_through, "saved_unix_s": time.time()},
-                            rank_state={"history": history.portable(), "rng": torch.get_rng_state()})
+                            rank_state={"history": history.portable(),
+                                        "rng": checkpoint.rng_state(device)})
             if request:
                 requeued = False
                 if request == preempt.USR2 and env.is_head and env.requeue_id:

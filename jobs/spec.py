@@ -49,6 +49,20 @@ class Precision(enum.Enum):
     bf16 = "bf16"
 
 
+class PrecisionMode(enum.Enum):
+    """How a low precision is applied; the same for DDP and FSDP by default (see PrecisionSpec)."""
+
+    autocast = "autocast"  # fp32 parameters, torch.autocast per op (norms, softmax, loss in fp32)
+    params = "params"  # FSDP only: parameters cast to the low dtype for compute (MixedPrecisionPolicy)
+
+
+class BatchNormUnits(enum.Enum):
+    """BatchNorm under FSDP with low-precision parameters (mode=params): it must stay fp32."""
+
+    unit = "unit"  # each BatchNorm its own fp32 FSDP unit; input cast up, output cast back
+    grouped = "grouped"  # all BatchNorms in one fp32 unit, inputs left in the low dtype (no casts)
+
+
 class Dtype(enum.Enum):
     fp32 = "fp32"
     fp16 = "fp16"
@@ -140,11 +154,22 @@ class StrategySpec:
 
 @dataclass
 class PrecisionSpec:
+    """The compute precision, applied the same way under DDP and FSDP unless ``mode`` says otherwise.
+
+    ``mode=autocast`` (default, DDP and FSDP): fp32 parameters and optimizer, ``torch.autocast`` to
+    ``name`` around forward and loss; FSDP all-gathers fp32 parameters. ``mode=params`` (FSDP only):
+    parameters are all-gathered and used in ``param_dtype`` (default: ``name``), gradients reduced
+    in ``reduce_dtype``; pure low-precision compute with fp32 sharded master weights.
+    """
+
     name: Precision = Precision.fp32
-    # FSDP mixed-precision policy; None derives them from `name` (params in the compute dtype,
-    # gradient reduction in fp32, which is what keeps bf16 training numerically safe).
+    mode: PrecisionMode = PrecisionMode.autocast
+    # FSDP mixed-precision policy (mode=params); None derives it from `name` (params in the compute
+    # dtype, gradient reduction in fp32, which is what keeps bf16 training numerically safe).
     param_dtype: Optional[Dtype] = None
     reduce_dtype: Optional[Dtype] = Dtype.fp32
+    # BatchNorm under FSDP with mode=params (see BatchNormUnits).
+    batchnorm: BatchNormUnits = BatchNormUnits.unit
 
     def validate(self) -> None:
         if self.name is Precision.fp32 and self.param_dtype not in (None, Dtype.fp32):
@@ -152,6 +177,12 @@ class PrecisionSpec:
                 "precision.param_dtype", self.param_dtype.value,
                 "a low-precision parameter dtype contradicts precision=fp32.",
                 "use precision=bf16 or precision=fp16, or drop the override.",
+            )
+        if PrecisionMode(self.mode) is PrecisionMode.autocast and self.param_dtype not in (None, Dtype.fp32):
+            raise ConfigError(
+                "precision.param_dtype", self.param_dtype.value,
+                "casting parameters is precision.mode=params; under mode=autocast parameters stay fp32.",
+                "add precision.mode=params (FSDP strategies only), or drop the param_dtype override.",
             )
 
 
@@ -401,6 +432,8 @@ class Layout:
 
     nodes: int = 1
     tasks_per_node: int = 1
+    # 0: CPU ranks on gloo. N > 0: CUDA ranks on NCCL, one GPU each (jobs.dist.choose_device);
+    # the worker follows this, never torch.cuda.is_available() alone.
     gpus_per_node: int = 0
     cpus_per_task: int = 1
 

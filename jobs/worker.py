@@ -6,7 +6,6 @@ warm-up and measured windows and reduces the measurements across ranks.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -14,11 +13,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict
 
-from jobs.dist import DistEnv, process_group
+from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, process_group
 from jobs.heartbeat import Heartbeat
 from jobs.preempt import Preempted
 from jobs.sinks import RUN_ID_FILE, FanOut, JsonlSink, MlflowSink, NullSink
-from jobs.spec import Optimizer, Precision, RunSpec, Sharding, Strategy
+from jobs.spec import Precision, RunSpec, Strategy
 
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.jsonl"
@@ -30,12 +29,7 @@ def main(spec: RunSpec) -> Dict[str, Any]:
 
     # Threads per rank chosen on purpose (torchrun would silently set 1): the cores of the task.
     torch.set_num_threads(max(1, spec.layout.cpus_per_task))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
+    device, backend = resolve_device(spec.layout.gpus_per_node, env)
     out = Path(spec.out_dir)
     sink: NullSink = NullSink()
     if env.is_head:
@@ -46,8 +40,10 @@ def main(spec: RunSpec) -> Dict[str, Any]:
         sink = FanOut(*sinks, logged_steps=jsonl.logged_steps())
     heartbeat = Heartbeat(out, env.rank, env.hostname, stall_timeout_s=spec.collective_timeout_s)
     try:
-        with process_group(env, backend, timeout_s=spec.collective_timeout_s) as control_group:
-            result = benchmark(spec, env, device, backend, sink, heartbeat, control_group)
+        with process_group(env, backend_for(device.type), timeout_s=spec.collective_timeout_s,
+                           device=device if device.type == "cuda" else None) as control_group:
+            gpu_uuids = check_gpu_placement(env, device, control_group)
+            result = benchmark(spec, env, device, backend, sink, heartbeat, control_group, gpu_uuids=gpu_uuids)
     except Preempted as exc:
         # Not a failure: the checkpoint is saved and the run stays open; the job resumes from it
         # when Slurm requeues it (or when its cell is resubmitted).
@@ -68,90 +64,94 @@ def main(spec: RunSpec) -> Dict[str, Any]:
     return result
 
 
-@contextlib.contextmanager
-def _fsdp_no_sync(model):
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
-
-
-def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat,
-              control_group=None) -> Dict[str, Any]:
+def resolve_device(gpus_per_node: int, env: DistEnv):
+    """This rank's device and collective backend, from the configuration (jobs.dist.choose_device);
+    on CUDA the device is made current before the process group exists."""
     import torch
 
-    from jobs import metrics, models, parallel, schedule
-    from jobs.data import input_batches, samples_unit
-    from jobs.loop import Trainer, scaled_lr
+    visible = torch.cuda.device_count() if gpus_per_node > 0 else 0
+    name, backend = choose_device(gpus_per_node, env.local_rank, env.local_world_size, visible)
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device, backend
 
-    train, strat, prec = spec.train, spec.strategy, spec.precision
-    if train.sync_batchnorm and device.type != "cuda":
+
+def check_gpu_placement(env: DistEnv, device, group=None) -> list:
+    """Collective on CUDA: every rank's (host, GPU UUID), gathered over ``group`` (the gloo control
+    group: no NCCL traffic before the check); fails when two ranks share a GPU."""
+    if device.type != "cuda":
+        return []
+    import torch
+    import torch.distributed as dist
+
+    placements: list = [None] * env.world_size
+    dist.all_gather_object(placements, (env.hostname, str(torch.cuda.get_device_properties(device).uuid)),
+                           group=group)
+    check_unique_gpus(placements)
+    return placements
+
+
+def refuse_unsupported(spec: RunSpec, device) -> None:
+    """Settings this device cannot run, refused before anything is built."""
+    import torch
+
+    if spec.train.sync_batchnorm and device.type != "cuda":
         # The launcher refuses this before submitting; a RunSpec built by hand gets the same answer
         # here instead of torch's error from inside the first forward.
         raise ValueError("sync_batchnorm=true needs CUDA ranks: PyTorch's SyncBatchNorm refuses CPU input. "
                          "Set sync_batchnorm=false or run on GPU nodes.")
+    if spec.precision.name is Precision.bf16 and device.type == "cuda":
+        from jobs.parallel import bf16_refusal
+
+        problem = bf16_refusal(torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+        if problem:
+            raise ValueError(problem)
+
+
+def build_model(spec: RunSpec, device):
+    """The model, ready for :func:`jobs.parallel.parallelize`: on ``device`` for DDP, on meta for
+    FSDP (sharded before any memory is allocated; see jobs/parallel.py)."""
+    import torch
+
+    from jobs import models
+
     # Same seed on every rank: identical initial weights (DDP broadcasts them anyway, FSDP
-    # shards a model every rank built identically).
-    torch.manual_seed(train.seed)
-    model = models.build_model(spec.model)
-    if train.sync_batchnorm:
+    # initialises its shards from the same draws; jobs.parallel.exact_sharded_init).
+    torch.manual_seed(spec.train.seed)
+    with torch.device("meta" if spec.strategy.name is Strategy.fsdp else device):
+        model = models.build_model(spec.model)
+    if spec.train.sync_batchnorm:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model.to(device)
-    if train.activation_checkpointing:
+    if spec.train.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
         models.replace_units(model, lambda unit: checkpoint_wrapper(unit, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+    return model
 
-    low = None if prec.name is Precision.fp32 else parallel.torch_dtype(prec.name.value)
-    autocast_dtype, scaler = None, None
-    if strat.name is Strategy.ddp:
-        model = parallel.apply_ddp(
-            model, device, bucket_cap_mb=strat.bucket_cap_mb, gradient_as_bucket_view=strat.gradient_as_bucket_view,
-            static_graph=strat.static_graph, find_unused_parameters=strat.find_unused_parameters,
-            broadcast_buffers=strat.broadcast_buffers,
-        )
-        autocast_dtype, no_sync = low, model.no_sync
-        if prec.name is Precision.fp16:
-            scaler = torch.amp.GradScaler(device.type)
-    else:
-        mesh = parallel.fsdp_mesh(device.type, strat.sharding, env.num_nodes, env.local_world_size)
-        param_dtype = parallel.torch_dtype(prec.param_dtype.value) if prec.param_dtype else low
-        reduce_dtype = parallel.torch_dtype(prec.reduce_dtype.value) if (prec.reduce_dtype and low) else None
-        model = parallel.apply_fsdp(
-            model, mesh, units=models.shard_units(model) if strat.wrap.value == "block" else [],
-            reshard_after_forward=strat.sharding is not Sharding.grad_op,
-            param_dtype=param_dtype, reduce_dtype=reduce_dtype, cpu_offload=strat.cpu_offload, prefetch=strat.prefetch,
-        )
-        no_sync = lambda: _fsdp_no_sync(model)  # noqa: E731
-        if prec.name is Precision.fp16:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-            scaler = ShardedGradScaler(device.type)
-    if train.compile:
-        model = torch.compile(model)
+def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat,
+              control_group=None, gpu_uuids=()) -> Dict[str, Any]:
+    from jobs import metrics, parallel, schedule
+    from jobs.data import input_batches
+    from jobs.loop import Trainer, scaled_lr
 
+    train = spec.train
+    refuse_unsupported(spec, device)
+    rss_before = metrics.current_rss_bytes()
+    metrics.reset_peak_memory(device)
+    par = parallel.parallelize(build_model(spec, device), spec.strategy, spec.precision, device=device,
+                               num_nodes=env.num_nodes, tasks_per_node=env.local_world_size, compile=train.compile)
+    setup = metrics.setup_memory(device, rss_before)
     lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
-    if train.optimizer is Optimizer.adamw:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    else:
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-
+    optimizer = parallel.build_optimizer(par.model, train.optimizer, lr)
     batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=train.grad_accum_steps,
                             seed=train.seed, rank=env.rank, world_size=env.world_size, device=device)
-    trainer = Trainer(model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=autocast_dtype,
-                      device=device, no_sync=no_sync, scaler=scaler)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    trainer = Trainer(par.model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=par.autocast_dtype,
+                      device=device, no_sync=par.no_sync, scaler=par.scaler)
+    import torch
 
-    def step_records(history_per_rank, lo: int, hi: int):
-        """Per-step records for steps lo..hi-1: mean loss over ranks, the slowest rank's time."""
-        out = []
-        for step in range(lo, hi):
-            idx = [h["steps"].index(step) for h in history_per_rank]
-            out.append({"step": step,
-                        "loss": sum(h["losses"][i] for h, i in zip(history_per_rank, idx, strict=True)) / len(idx),
-                        "step_time_ms": 1e3 * max(h["step_time_s"][i] for h, i in zip(history_per_rank, idx, strict=True))})
-        return out
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def log_before_stop(history, logged_through: int, step: int) -> int:
         # Collective: the steps so far reach JSONL and MLflow before the job stops, so the run's
@@ -159,68 +159,112 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         histories = metrics.gather_ranks(history.portable())
         # Steps before a layout change live only in the old ranks' histories: log from what all have.
         first = max([logged_through] + [h["steps"][0] for h in histories])
-        sink.log_steps(step_records(histories, first, step))
+        sink.log_steps(metrics.step_records(histories, first, step))
         sink.flush()
         return step
 
     outcome = schedule.run(
-        trainer, batches, model=model, optimizer=optimizer, env=env, device=device, out_dir=Path(spec.out_dir),
+        trainer, batches, model=par.model, optimizer=optimizer, env=env, device=device, out_dir=Path(spec.out_dir),
         total_steps=train.steps, warmup_steps=train.warmup_steps, accum_steps=train.grad_accum_steps,
         every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0, sync=sync,
         on_step=heartbeat.beat, on_checkpoint=log_before_stop,
         reset_peak_memory=lambda: metrics.reset_peak_memory(device), control_group=control_group,
     )
-    comm_figures = {}
-    if train.comm_probe_steps and env.world_size > 1:
-        from jobs import comm
-        from jobs.loop import StepTrace, run_steps
-
-        probe_trace = StepTrace()
-        comm_figures = comm.probe(lambda n: run_steps(trainer, batches, n, sync, probe_trace), train.comm_probe_steps,
-                                  on_gpu=device.type == "cuda")
+    # Peak memory of the measured window, read before the probe's profiler can add to it.
+    window_memory = metrics.peak_memory(device)
+    comm_figures = communication_probe(trainer, batches, sync, train.comm_probe_steps, env, device, heartbeat)
     heartbeat.pause()  # the final reduction and logging are not stalls
     history = outcome.history
-    first_step_unix_s = outcome.first_step_unix_s
     mine = {
         "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
         "history": history.portable(),
-        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **metrics.peak_memory(device),
-        **metrics.model_state_bytes(model, optimizer, grad_bytes=trainer.grad_bytes), **comm_figures,
+        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **setup,
+        **metrics.model_state_bytes(par.model, optimizer, grad_bytes=trainer.grad_bytes), **comm_figures,
     }
+    if par.scaler is not None:
+        mine.update(metrics.skipped_steps(mine["history"]))
     per_rank = metrics.gather_ranks(mine)
-    unit, per_sample = samples_unit(spec.model)
+    return report(spec, env, device, backend, sink, par, per_rank, outcome, lr, gpu_uuids)
+
+
+def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, device, heartbeat) -> Dict[str, float]:
+    """The profiled steps after the window (jobs/comm.py), with the stall watchdog paused: parsing
+    the trace can take longer than the stall timeout, and it is not a stall."""
+    if not n_steps or env.world_size <= 1:
+        return {}
+    from jobs import comm
+    from jobs.loop import StepTrace, run_steps
+
+    heartbeat.pause()
+    probe_trace = StepTrace()
+    return comm.probe(lambda n: run_steps(trainer, batches, n, sync, probe_trace), n_steps,
+                      on_gpu=device.type == "cuda")
+
+
+def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, par, per_rank, outcome, lr: float,
+           gpu_uuids) -> Dict[str, Any]:
+    """Reduce the ranks' measurements into the summary, records and tags; log them (rank 0's sink)."""
+    import torch
+
+    from jobs import metrics
+    from jobs.data import samples_unit
+
+    train = spec.train
+    _, per_sample = samples_unit(spec.model)
     summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
                                 tokens_per_sample=per_sample, repeats=train.repeats)
-    # Every rank has every step when the layout is unchanged since the first start.
     histories = [r["history"] for r in per_rank]
-    full = all(h["steps"] == list(range(train.steps)) for h in histories)
-    mean_loss = ([sum(h["losses"][i] for h in histories) / len(histories) for i in range(train.steps)] if full
-                 else histories[0]["losses"])
+    mean_loss = metrics.mean_losses(histories, train.steps)
     summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
                    restarts=outcome.restarts)
-    flops = models.flops_per_sample(model, spec.model)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    peak = metrics.peak_flops_for(device_name, prec.name.value)
-    achieved = metrics.mfu(flops, summary["throughput_samples_per_s_per_device"], peak)
-    if achieved is not None:
-        summary["mfu"] = achieved
-
-    first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
-    records = step_records(histories, first_logged, train.steps)
-    hosts = sorted({r["hostname"] for r in per_rank})
-    tags = {"hostnames": ",".join(hosts), "torch_version": str(torch.__version__), "backend": backend,
-            "device_name": device_name, "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
+    tags = {"hostnames": ",".join(sorted({r["hostname"] for r in per_rank})), "torch_version": str(torch.__version__),
+            "backend": backend, "process_group_backend": backend_for(device.type), "precision_mode": par.plan.mode,
+            "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
             "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
             "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device)}
+    tags.update(_mfu(spec, device, par, summary))
+    if gpu_uuids:
+        tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in gpu_uuids)[:5000]
+    if summary.get("fp16_skipped_steps"):
+        # A skipped step costs no optimizer update: inside the window it makes the window look cheap.
+        tags["fp16_skipped_in_window"] = "true"
     if outcome.resumed_from_step is not None:
         tags["resumed_from_step"] = str(outcome.resumed_from_step)
+    first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
     sink.set_tags(tags)
-    sink.log_steps(records)
+    sink.log_steps(metrics.step_records(histories, first_logged, train.steps))
     sink.log_summary(summary)
     return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
-            "first_step_unix_s": first_step_unix_s,
+            "first_step_unix_s": outcome.first_step_unix_s,
             # What each rank used to rendezvous: all equal, or the job could not have run.
             "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank]}
+
+
+def _mfu(spec: RunSpec, device, par, summary: Dict[str, Any]) -> Dict[str, str]:
+    """Adds ``mfu`` to the summary when it is known and at most 1; returns the tags that explain it."""
+    import torch
+
+    from jobs import metrics, models
+
+    flops = models.flops_per_sample(par.model, spec.model)
+    settings = metrics.precision_settings(torch)
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+        has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in par.model.modules())
+        math = metrics.fp32_math(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                                 torch.get_float32_matmul_precision(), has_conv)
+        precision = spec.precision.name.value
+        peak = metrics.peak_flops_for(device_name, precision, math)
+        settings["peak_flops_math"] = math if precision == "fp32" else precision
+    else:
+        device_name, peak = platform.processor() or "cpu", None  # CPUs have no single meaningful peak
+    achieved, reason = metrics.mfu_checked(flops, summary["throughput_samples_per_s_per_device"], peak)
+    if achieved is not None:
+        summary["mfu"] = achieved
+        summary["peak_flops_per_s"] = peak
+    else:
+        settings["mfu_missing"] = reason
+    return {"device_name": device_name, **settings}
 
 
 def _provenance(torch, device) -> Dict[str, str]:

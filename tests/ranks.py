@@ -119,10 +119,13 @@ TINY_CNN = dict(name="cnn", input="image", image_size=16, num_classes=10, params
 
 def make_spec(out_dir: Union[str, Path], *, strategy: str = "ddp", precision: str = "fp32", nodes: int = 1,
               world_size: int = 2, model: Union[Dict[str, Any], None] = None, data: Union[Dict[str, Any], None] = None,
-              strategy_args: Union[Dict[str, Any], None] = None, **train: Any):
+              strategy_args: Union[Dict[str, Any], None] = None,
+              precision_args: Union[Dict[str, Any], None] = None, gpus_per_node: int = 0, **train: Any):
     """A RunSpec for ``run_ranks``: tiny gpt_tiny by default, tracking off, results under ``out_dir``.
 
-    ``train`` overrides TrainSpec fields (steps, batch_size, lr, optimizer, grad_accum_steps, ...).
+    ``train`` overrides TrainSpec fields (steps, batch_size, lr, optimizer, grad_accum_steps, ...);
+    ``precision_args`` PrecisionSpec fields (mode, batchnorm, given by value); ``gpus_per_node``
+    > 0 runs the ranks on CUDA (one GPU each).
     """
     from jobs import spec as s
 
@@ -143,16 +146,28 @@ def make_spec(out_dir: Union[str, Path], *, strategy: str = "ddp", precision: st
     run = s.RunSpec(
         cell=out.name, out_dir=str(out),
         strategy=s.StrategySpec(**strat),
-        precision=s.PrecisionSpec(name=s.Precision(precision)),
+        precision=s.PrecisionSpec(name=s.Precision(precision), **_precision_args(precision_args)),
         model=s.ModelSpec(**{**m, "input": s.InputKind(m["input"])}),
         data=s.DataSpec(**d),
         train=s.TrainSpec(nodes=nodes, **t),
-        layout=s.Layout(nodes=nodes, tasks_per_node=world_size // nodes, cpus_per_task=1),
+        layout=s.Layout(nodes=nodes, tasks_per_node=world_size // nodes, cpus_per_task=1,
+                        gpus_per_node=gpus_per_node),
         tracking_uri=None, run_id=None, collective_timeout_s=60.0,
     )
     for part in (run.strategy, run.precision, run.model, run.data, run.train):
         part.validate()
     return run
+
+
+def _precision_args(args: Union[Dict[str, Any], None]) -> Dict[str, Any]:
+    from jobs import spec as s
+
+    out = dict(args or {})
+    if "mode" in out:
+        out["mode"] = s.PrecisionMode(out["mode"])
+    if "batchnorm" in out:
+        out["batchnorm"] = s.BatchNormUnits(out["batchnorm"])
+    return out
 
 
 def _kill(proc: subprocess.Popen) -> None:

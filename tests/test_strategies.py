@@ -66,7 +66,18 @@ def two_ranks(tmp_path_factory):
     for scaling in ("linear", "sqrt"):
         specs[f"lr-{scaling}"] = make_spec(root / f"lr-{scaling}", lr=LR, lr_scaling=scaling, steps=2)
     specs["syncbn"] = make_spec(root / "syncbn", model=TINY_CNN, sync_batchnorm=True, steps=2)
-    results = run_ranks(list(specs.values()), world_size=2, timeout_s=240)
+    # precision.mode=params: FSDP casts the parameters themselves (BatchNorm kept fp32, both ways).
+    specs["fsdp-bf16-params"] = make_spec(root / "fsdp-bf16-params", strategy="fsdp", precision="bf16", lr=LR,
+                                          steps=STEPS, precision_args={"mode": "params"})
+    for bn in ("unit", "grouped"):
+        specs[f"cnn-fsdp-bf16-params-{bn}"] = make_spec(
+            root / f"cnn-fsdp-bf16-params-{bn}", model=TINY_CNN, strategy="fsdp", precision="bf16", lr=LR,
+            steps=STEPS, precision_args={"mode": "params", "batchnorm": bn})
+    specs["ddp-bf16-params"] = make_spec(root / "ddp-bf16-params", precision="bf16", steps=2,
+                                         precision_args={"mode": "params"})
+    # fp16 with the plain GradScaler under FSDP2 (found-inf all-reduced over the mesh on gloo).
+    specs["fsdp-fp16"] = make_spec(root / "fsdp-fp16", strategy="fsdp", precision="fp16", lr=LR, steps=STEPS)
+    results = run_ranks(list(specs.values()), world_size=2, timeout_s=300)
     return dict(zip(specs, results, strict=True))
 
 
@@ -142,14 +153,45 @@ def test_fp32_losses_match_ddp_step_by_step(two_ranks, four_ranks):
 # ---- BatchNorm under bf16 FSDP ---------------------------------------------------------------
 
 @slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_cnn_with_batchnorm_trains_in_bf16(two_ranks, strategy):
-    # FSDP2 casts parameters to bf16; BatchNorm gets its own fp32 unit (jobs.parallel.apply_fsdp),
-    # without which the forward fails with "expected scalar type BFloat16 but found Float".
-    losses = ok(two_ranks[f"cnn-{strategy}-bf16"])["losses"]
-    fp32 = ok(two_ranks[f"cnn-{strategy}-fp32"])["losses"]
+@pytest.mark.parametrize("run", ["cnn-ddp-bf16", "cnn-fsdp-bf16", "cnn-fsdp-bf16-params-unit",
+                                 "cnn-fsdp-bf16-params-grouped"])
+def test_cnn_with_batchnorm_trains_in_bf16(two_ranks, run):
+    # mode=params: FSDP2 casts parameters to bf16; BatchNorm stays fp32 in its own unit(s)
+    # (jobs.parallel.apply_fsdp), without which the forward fails with "expected scalar type
+    # BFloat16 but found Float". mode=autocast (default): parameters stay fp32.
+    losses = ok(two_ranks[run])["losses"]
+    fp32 = ok(two_ranks["cnn-" + run.split("-")[1] + "-fp32"])["losses"]
     assert all(math.isfinite(x) for x in losses)
     assert losses == pytest.approx(fp32, rel=5e-2)
+    assert losses != fp32
+
+
+@slow
+def test_precision_mode_is_tagged_and_the_same_by_default(two_ranks):
+    for strategy in ("ddp", "fsdp"):
+        assert ok(two_ranks[f"{strategy}-bf16"])["tags"]["precision_mode"] == "autocast"
+    params = ok(two_ranks["fsdp-bf16-params"])
+    assert params["tags"]["precision_mode"] == "params"
+    fp32 = ok(two_ranks["fsdp-fp32"])["losses"]
+    assert params["losses"] != fp32 and params["losses"] == pytest.approx(fp32, rel=2e-2)
+    assert params["losses"] != ok(two_ranks["fsdp-bf16"])["losses"]  # a different numerics, not a relabel
+
+
+@slow
+def test_params_mode_under_ddp_is_refused_with_the_fix(two_ranks):
+    for result in two_ranks["ddp-bf16-params"]:
+        assert "precision.mode=params with strategy=ddp" in result["error"]
+        assert "precision.mode=autocast" in result["error"]
+
+
+@slow
+def test_fsdp_fp16_with_plain_grad_scaler_learns_and_counts_skipped_steps(two_ranks):
+    result = ok(two_ranks["fsdp-fp16"])
+    losses = result["losses"]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.05, losses
+    summary = result["summary"]
+    assert summary["fp16_skipped_steps"] >= 0 and "fp16_skipped_steps_warmup" in summary
+    assert (result["tags"].get("fp16_skipped_in_window") == "true") == (summary["fp16_skipped_steps"] > 0)
 
 
 # ---- memory per rank ------------------------------------------------------------------------
