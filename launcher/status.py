@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from launcher import report, submit
-from launcher.failures import first_failure
+from launcher.failures import classify, describe, first_failure
 from launcher.state import CellState, CellStatus, StateError, SweepState
 from launcher.sync import finish_cell
 from launcher.tracking import reopen
@@ -57,6 +57,7 @@ def _error(state: SweepState, cell: CellState) -> str:
 
 def refresh(state: SweepState) -> None:
     """Bring every unfinished cell's status up to date; save and update MLflow if anything changed."""
+    state.adopt_runs()  # runs a background process has created since
     active = [c for c in state.cells if not c.status.terminal and c.job_id]
     jobs: dict[str, CellStatus] = {}
     if state.cluster == "slurm" and active:
@@ -72,6 +73,8 @@ def refresh(state: SweepState) -> None:
         changed = True
         if cell.status.terminal:
             cell.error = None if cell.status is CellStatus.done else _error(state, cell)
+            failed = cell.status in (CellStatus.failed, CellStatus.lost)
+            cell.failure_class = classify(state.cell_dir(cell), None, cell.error) if failed else None
             finish_cell(state, cell)
     if changed:
         state.save()
@@ -91,6 +94,7 @@ def render(state: SweepState, all_cells: bool = False, width: int = 30) -> str:
     shown = [c for c in state.cells if all_cells or c.status in attention]
     for c in shown:
         err = f"  {c.error}" if c.error and c.status is not CellStatus.done else ""
+        err += f"\n{'':26}{describe(c.failure_class)}" if c.failure_class and c.status is not CellStatus.done else ""
         lines.append(f"  {c.job_id or '-':>14}  {c.status.value:<9} {c.name}{err}")
     hidden = total - len(shown)
     if hidden and not all_cells:

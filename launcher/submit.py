@@ -120,7 +120,7 @@ def max_array_size_for(cells: Sequence[CellState]) -> int | None:
 def _run_local(state: SweepState, cells: Sequence[CellState],
                after_local_cell: Callable[[CellState], None] | None) -> None:
     from jobs.worker import Worker
-    from launcher.failures import first_failure
+    from launcher.failures import classify, first_failure
 
     for cell in cells:
         executor = local_executor(state.path / "submitit", cell.cluster, cell.layout)
@@ -137,6 +137,7 @@ def _run_local(state: SweepState, cells: Sequence[CellState],
         except Exception as exc:  # a failed cell is recorded; the sweep goes on
             cell.status = CellStatus.failed
             cell.error = first_failure(state.cell_dir(cell)) or _last_line(exc)
+            cell.failure_class = classify(state.cell_dir(cell), None, f"{cell.error}\n{exc}")
         state.save()
         if after_local_cell is not None:
             after_local_cell(cell)
