@@ -10,9 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from launcher.rows import GIB, MIB, cell_label, peak_memory_gib, ranked, series_labels
+from launcher.rows import GIB, MIB, cell_label, grouped, peak_memory_gib, ranked, series_labels
 
 DPI = 110
+# Readable at any sweep size: cells repeated over seeds are one bar (their mean), at most MAX_BARS
+# bars (the best of each world size first) and MAX_SERIES scaling lines; cells.csv has them all.
+MAX_BARS = 40
+MAX_SERIES = 12
+MAX_LABEL_CHARS = 60
 
 
 def _figure(width_in: float, height_in: float):
@@ -37,7 +42,20 @@ def _colors(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _measured(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    return [r for r in ranked(rows) if r.get("throughput_samples_per_s")]
+    return [r for r in ranked(grouped(rows)) if r.get("throughput_samples_per_s")]
+
+
+def _capped(measured: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
+    """At most MAX_BARS rows, the best relative performance first (so every world size keeps its
+    best cells), in table order; and a note for the title when some were left out."""
+    if len(measured) <= MAX_BARS:
+        return measured, ""
+    keep = {id(r) for r in sorted(measured, key=lambda r: -(r.get("relative_perf") or 0))[:MAX_BARS]}
+    return [r for r in measured if id(r) in keep], f" (best {MAX_BARS} of {len(measured)}; all in cells.csv)"
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 1] + "…"
 
 
 def _barh(ax, labels: List[str], values: List[Optional[float]], colors: List[Any], fmt: str, xlabel: str) -> None:
@@ -58,11 +76,11 @@ def _barh(ax, labels: List[str], values: List[Optional[float]], colors: List[Any
 
 def throughput(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     """Total and per-device throughput per cell, ranked as in the table."""
-    measured = _measured(rows)
+    measured, note = _capped(_measured(rows))
     if not measured:
         return None
     multi = len({r.get("sweep") for r in rows}) > 1
-    labels = [cell_label(r, multi) for r in measured]
+    labels = [_short(cell_label(r, multi)) for r in measured]
     colors = _colors(rows)
     bar_colors = [colors[r.get("strategy")] for r in measured]
     fig = _figure(11, 1.4 + 0.42 * len(measured))
@@ -73,18 +91,19 @@ def throughput(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
           "samples/s per device")
     left.set_title("Total throughput")
     right.set_title("Per-device throughput")
-    fig.suptitle("Throughput by cell (measured steps only)")
+    fig.suptitle(f"Throughput by cell (measured steps only){note}")
     fig.savefig(path)
     return path
 
 
 def memory(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     """Peak memory and model-state bytes per rank (both the maximum over ranks), per cell."""
-    measured = [r for r in _measured(rows) if peak_memory_gib(r) is not None or r.get("model_state_bytes")]
+    measured, note = _capped([r for r in _measured(rows)
+                              if peak_memory_gib(r) is not None or r.get("model_state_bytes")])
     if not measured:
         return None
     multi = len({r.get("sweep") for r in rows}) > 1
-    labels = [cell_label(r, multi) for r in measured]
+    labels = [_short(cell_label(r, multi)) for r in measured]
     colors = _colors(rows)
     bar_colors = [colors[r.get("strategy")] for r in measured]
     largest = max((r.get("model_state_bytes") or 0 for r in measured), default=0)
@@ -96,7 +115,7 @@ def memory(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     _barh(right, labels, state, bar_colors, ".2f" if unit == "GiB" else ".1f", f"{unit} per rank (max over ranks)")
     left.set_title("Peak memory")
     right.set_title("Model state (params + grads + optimizer)")
-    fig.suptitle("Memory by cell")
+    fig.suptitle(f"Memory by cell{note}")
     fig.savefig(path)
     return path
 
@@ -110,7 +129,13 @@ def scaling(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     curves = {k: v for k, v in by_series.items() if len(v) > 1}
     if not curves:
         return None  # nothing was measured at more than one node count
-    labels = series_labels(measured)
+    note = ""
+    if len(curves) > MAX_SERIES:  # the series fastest per device at their smallest node count
+        best = sorted(curves, key=lambda k: -_mean(r["throughput_samples_per_s_per_device"]
+                                                   for r in curves[k][min(curves[k])]))[:MAX_SERIES]
+        note = f" ({MAX_SERIES} of {len(curves)} series: the fastest per device)"
+        curves = {k: curves[k] for k in best}
+    labels = {k: _short(v) for k, v in series_labels(measured).items()}
     fig = _figure(11, 4.2)
     left, right = fig.subplots(1, 2)
     node_counts = sorted({n for points in curves.values() for n in points})
@@ -133,7 +158,7 @@ def scaling(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     right.set_ylim(0, max(110, max((100 * (r.get("scaling_efficiency") or 0) for r in measured), default=0) * 1.1))
     right.set_title("Scaling efficiency")
     right.legend(fontsize=8, loc="lower left")
-    fig.suptitle("Scaling over node counts (one line per series)")
+    fig.suptitle(f"Scaling over node counts (one line per series){note}")
     fig.savefig(path)
     return path
 

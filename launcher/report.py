@@ -12,6 +12,7 @@ plain dicts with the same keys, and :func:`write` turns them into ``report.md`` 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from dataclasses import dataclass, field
@@ -19,11 +20,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from jobs import mlflow_entry
-from launcher import plots, tracking
-from launcher.rows import GIB, MIB, add_derived, cell_label, num, peak_memory_gib, ranked
+from launcher import compare, findings, plots, sync, tracking
+from launcher.failures import FIXES
+from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, num, peak_memory_gib, ranked
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
 
 REPORT_FILE = "report.md"
+CELLS_FILE = "cells.csv"
 PLOTS_DIR = "plots"
 # Above this coefficient of variation over repeated windows a cell's throughput is flagged as
 # noisy: its difference to a neighbour in the ranking may be noise.
@@ -32,8 +35,7 @@ NOISY_FLAG = "⚠"
 
 # Settings that say where and how a sweep was run, not what was measured: two runs that differ
 # only in these (and in the node count) belong to one scaling series.
-_NOT_MEASURED = ("nodes", "output_root", "sweep_dir", "wait", "collective_timeout_s", "cluster.timeout_min",
-                 "cluster.signal_delay_s", "cluster.array_parallelism")
+_NOT_MEASURED = ("nodes", *WHERE_KEYS)
 _ENV_TAGS = ("hostnames", "torch_version", "device_name", "backend", "num_threads")
 
 
@@ -54,10 +56,14 @@ def collect(state: SweepState) -> List[Dict[str, Any]]:
         row: Dict[str, Any] = {"cell": cell.name, "sweep": state.name, "strategy": cell.strategy,
                                "precision": cell.precision, "model": cell.model, "nodes": cell.nodes,
                                "world_size": cell.world_size, "status": cell.status.value, "error": cell.error,
-                               "series": series, "run_id": cell.run_id}
+                               "failure_class": cell.failure_class, "series": series, "run_id": cell.run_id,
+                               "settings": dict(o.split("=", 1) for o in cell.overrides if "=" in o)}
         row.update(_train_settings(state, cell))
-        row.update({k: v for k, v in result.get("tags", {}).items() if k in _ENV_TAGS})
+        tags = result.get("tags", {})
+        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS})
         row.update(result.get("summary", {}))
+        if tags.get("interference") or result.get("interference"):
+            row["interference"] = str(tags.get("interference") or result.get("interference"))
         rows.append(row)
     add_derived(rows)
     return rows
@@ -83,14 +89,35 @@ def rows_from_experiment(tracking_uri: str, experiment: str) -> List[Dict[str, A
         raise ReportError(f"no MLflow experiment named {experiment!r} at {tracking_uri} (experiments there: "
                           f"{names}). Fix: pass --experiment with one of those, or --tracking-uri of the store "
                           f"the sweeps logged to.")
+    return _rows_from_runs(_search(client, found.experiment_id, None), found.experiment_id)
+
+
+def rows_from_parent_run(tracking_uri: str, run_id: str) -> List[Dict[str, Any]]:
+    """One row per cell run of one sweep, named by its MLflow parent run."""
+    client = mlflow_entry.client(tracking_uri)
+    try:
+        parent = client.get_run(run_id)
+    except Exception as exc:
+        raise ReportError(f"no MLflow run {run_id!r} at {tracking_uri} ({type(exc).__name__}). Fix: pass a sweep's "
+                          f"parent run id (tag mlflow.parentRunId of its cells) and the --tracking-uri it logged to."
+                          ) from exc
+    exp = parent.info.experiment_id
+    runs = [parent] + _search(client, exp, f"tags.mlflow.parentRunId = '{run_id}'")
+    return _rows_from_runs(runs, exp)
+
+
+def _search(client, experiment_id: str, filter_string: Optional[str]) -> list:
     runs, token = [], None
     while True:
-        page = client.search_runs([found.experiment_id], max_results=1000, page_token=token,
-                                  order_by=["attributes.start_time ASC"])
+        page = client.search_runs([experiment_id], filter_string=filter_string or "", max_results=1000,
+                                  page_token=token, order_by=["attributes.start_time ASC"])
         runs.extend(page)
         token = page.token
         if not token:
-            break
+            return runs
+
+
+def _rows_from_runs(runs: list, experiment_id: str) -> List[Dict[str, Any]]:
     sweeps = {r.info.run_id: r.data.tags.get("sweep") or r.info.run_name for r in runs
               if "mlflow.parentRunId" not in r.data.tags}
     rows = []
@@ -106,8 +133,11 @@ def rows_from_experiment(tracking_uri: str, experiment: str) -> List[Dict[str, A
                                "world_size": _int(tags.get("world_size")),
                                "status": FROM_MLFLOW[run.info.status].value if run.info.status in FROM_MLFLOW
                                else run.info.status.lower(),
-                               "error": tags.get("error"), "series": series, "run_id": run.info.run_id,
-                               "experiment_id": found.experiment_id}
+                               "error": tags.get("error"), "failure_class": tags.get("failure_class"),
+                               "series": series, "run_id": run.info.run_id, "experiment_id": experiment_id,
+                               "settings": dict(params)}
+        if tags.get("interference"):
+            row["interference"] = tags["interference"]
         row.update({k: _int(params.get(k)) for k in ("batch_size", "steps", "warmup_steps", "repeats")
                     if params.get(k) is not None})
         row.update({k: tags[k] for k in _ENV_TAGS if k in tags})
@@ -195,7 +225,10 @@ def columns(rows: Sequence[Dict[str, Any]]) -> List[Column]:
         Column("rel perf", lambda r: r.get("relative_perf"), _fixed(".0%")),
         Column("scaling eff", lambda r: r.get("scaling_efficiency"), _fixed(".0%")),
         Column("comm share", lambda r: r.get("comm_share"), _fixed(".0%")),
+        Column("runs", lambda r: r.get("runs"), lambda v: "-" if v is None else str(v), optional=True),
+        Column("run spread", lambda r: r.get("run_spread"), _fixed(".1%"), optional=True),
         Column("CV", lambda r: r, _cv),
+        Column("±95% CI", lambda r: r, findings.ci_text),
         Column("status", lambda r: r.get("status"), numeric=False),
     ]
     return [c for c in cols if not c.optional or any(num(c.value(r)) is not None for r in rows)]
@@ -206,7 +239,9 @@ def _md(text: Any) -> str:
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    """Markdown ranking table, best throughput first; cells without results last."""
+    """Markdown ranking table: per world size (fewest ranks first), best throughput first; cells
+    without results last. Cells that differ only in their seed are one row (mean and spread)."""
+    rows = grouped(rows)
     cols = columns(rows)
     lines = ["| " + " | ".join(c.title for c in cols) + " |",
              "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
@@ -222,6 +257,8 @@ class Report:
     path: Path
     plots: List[Path] = field(default_factory=list)
     tables: str = ""
+    findings: str = ""
+    cells_csv: Optional[Path] = None
 
 
 def _distinct(rows: Sequence[Dict[str, Any]], key: str, split: bool = False) -> List[str]:
@@ -258,12 +295,15 @@ def _how_measured(rows: Sequence[Dict[str, Any]]) -> str:
         "bytes one rank holds in parameters, gradients and optimizer state (a sharded tensor counts its local "
         "shard), maximum over ranks.",
         "",
-        "Rel perf is total throughput over the best cell's of the same model. Scaling eff is per-device throughput "
+        "Rel perf is total throughput over the best cell's of the same model and world size. Scaling eff is per-device throughput "
         "over that of the smallest cell of the same series (same settings except the node count; 100% = linear "
         "scaling). Comm share is the share of step time spent in communication as the worker measured it "
         f"(`comm_share`; '-' where not measured). CV is the coefficient of variation of throughput over the "
         f"repeated windows ('-' for a single window); {NOISY_FLAG} marks cells above {NOISY_CV:.0%}, whose place "
-        "in the ranking may be noise.",
+        "in the ranking may be noise. ±95% CI is the half-width of the 95% confidence interval of the mean "
+        "throughput, as a share of it: from the spread over runs where a configuration ran with several seeds "
+        "(runs, run spread), else from the CV over the windows (standard error CV × mean / √windows, Student's "
+        "t with windows − 1 degrees of freedom).",
     ])
 
 
@@ -283,11 +323,13 @@ def _failures(rows: Sequence[Dict[str, Any]]) -> str:
     bad = [r for r in rows if r.get("status") != "done" or num(r.get("throughput_samples_per_s")) is None]
     if not bad:
         return "All cells finished with results."
-    lines = ["| cell | status | error |", "|---|---|---|"]
+    lines = ["| cell | status | class | error | fix |", "|---|---|---|---|---|"]
     multi_sweep = len({r.get("sweep") for r in rows}) > 1
     for r in bad:
         error = r.get("error") or ("no result" if r.get("status") == "done" else "-")
-        lines.append(f"| {_md(cell_label(r, multi_sweep))} | {_md(r.get('status'))} | {_md(error)} |")
+        cls = r.get("failure_class")
+        lines.append(f"| {_md(cell_label(r, multi_sweep))} | {_md(r.get('status'))} | {_md(cls or '-')} | "
+                     f"{_md(error)} | {_md(FIXES.get(cls, '-') if cls else '-')} |")
     return "\n".join(lines)
 
 
@@ -312,20 +354,28 @@ def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[st
     parts = [f"# {title}", "",
              f"{len(rows)} cell(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); model {models}; "
              f"{len({r.get('sweep') for r in rows})} sweep(s).", ""]
+    found = findings.findings(rows)
+    parts += ["## Findings", "", found, ""]
     parts += ["## Results", "",
-              "Cells ranked by total throughput (higher is better). Rel perf and scaling eff are defined under "
-              "*How measured*.", "", tables, ""]
+              "Cells ranked by total throughput (higher is better) among cells of the same model and world size "
+              "(# restarts at 1 for each). Rel perf and scaling eff are defined under *How measured*; the full "
+              f"per-cell table is [{CELLS_FILE}]({CELLS_FILE}).", "", tables, ""]
     if done:
-        best = max(done, key=lambda r: r["throughput_samples_per_s"])
         noisy = [r for r in done if _cv(r).endswith(NOISY_FLAG)]
-        parts.append(f"Best: **{_md(best['cell'])}** at {_rate(best['throughput_samples_per_s'])} samples/s "
-                     f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).")
-        if noisy:
+        multi_model = len(_distinct(done, "model")) > 1
+        for (model, ws) in sorted({(str(r.get("model")), r.get("world_size") or 0) for r in done}):
+            peers = [r for r in done if str(r.get("model")) == model and (r.get("world_size") or 0) == ws]
+            best = max(peers, key=lambda r: r["throughput_samples_per_s"])
+            parts.append(f"Best at {ws} rank(s){f' ({model})' if multi_model else ''}: **{_md(best['cell'])}** at "
+                         f"{_rate(best['throughput_samples_per_s'])} samples/s "
+                         f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).")
             parts.append("")
+        if noisy:
             parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between measured "
                          "windows: rerun with more steps or repeats before trusting close rankings.")
         parts.append("")
-    report = Report(out_dir / REPORT_FILE, tables=tables)
+    report = Report(out_dir / REPORT_FILE, tables=tables, findings=found,
+                    cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
     parts += ["## Plots", ""]
     try:
         made = plots.make_all(rows, out_dir / PLOTS_DIR)
@@ -345,6 +395,25 @@ def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[st
     return report
 
 
+# Leading columns of cells.csv; every other key any row has follows, sorted.
+_CSV_FIRST = ("cell", "sweep", "model", "strategy", "precision", "nodes", "world_size", "status", "failure_class",
+              "throughput_samples_per_s", "throughput_samples_per_s_per_device", "throughput_cv", "repeats",
+              "step_time_ms_p50", "step_time_ms_p90", "peak_mem_allocated_gib", "peak_rss_gib", "model_state_bytes",
+              "relative_perf", "scaling_efficiency", "comm_share", "interference", "error", "run_id")
+
+
+def write_cells_csv(rows: Sequence[Dict[str, Any]], path: Path) -> Path:
+    """Every cell, one line each, every figure it has (the markdown table groups and rounds)."""
+    keys = {k for r in rows for k in r if not k.startswith("_") and k not in ("settings", "series")}
+    header = [k for k in _CSV_FIRST if k in keys] + sorted(keys - set(_CSV_FIRST))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
+        writer.writeheader()
+        for r in ranked(rows):
+            writer.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in header})
+    return path
+
+
 def write_sweep_report(state: SweepState) -> Report:
     rows = collect(state)
     source = {"cluster": state.cluster, "command": " ".join(state.argv), "sweep dir": state.sweep_dir}
@@ -357,14 +426,29 @@ def finalize(state: SweepState) -> str:
     """Write report.md and its plots, attach them to the sweep's MLflow parent run and end that run
     (FAILED if any cell did not finish). Returns the ranking table and the report's path."""
     written = write_sweep_report(state)
+    if state.tracking_uri:
+        _settle_runs(state)
     if state.tracking_uri and state.parent_run_id:
         failed = any(c.status is not CellStatus.done for c in state.cells)
         try:
+            # The findings are the parent run's description (shown on its page in the MLflow UI).
+            tracking.describe_parent(state.tracking_uri, state.parent_run_id, "## Findings\n\n" + written.findings,
+                                     [written.cells_csv] if written.cells_csv else [])
             tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots,
                                   "FAILED" if failed else "FINISHED")
         except Exception as exc:  # the report is on disk; a tracking outage must not hide it
             print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
     return f"{written.tables}\n\nreport: {written.path}"
+
+
+def _settle_runs(state: SweepState) -> None:
+    """The runs a large sweep created in the background exist, and their statuses match the cells'."""
+    try:
+        sync.ensure_runs(state)
+        if state.parent_run_id and state.experiment_id:
+            tracking.reconcile_children(state.tracking_uri, state.experiment_id, state.parent_run_id, state.cells)
+    except Exception as exc:  # the report is on disk; a tracking outage must not hide it
+        print(f"[mlflow] could not settle the runs in {state.tracking_uri}: {exc}", file=sys.stderr)
 
 
 def write_experiment_report(tracking_uri: str, experiment: str, out_dir: Path) -> Report:
@@ -388,13 +472,47 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="MLflow store of --experiment (default: $MLFLOW_TRACKING_URI, else "
                                           "sqlite:///outputs/mlflow.db, the launcher's default)")
     p.add_argument("--out", help="directory for --experiment's report (default: outputs/reports/<experiment>)")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                   help="compare sweep B with sweep A, cell by cell: two sweep directories or MLflow parent run ids "
+                        "(with --tracking-uri); exit 1 when a regression exceeds --threshold")
+    p.add_argument("--threshold", type=float, default=0.05,
+                   help="--compare: the relative regression that fails the command (default 0.05 = 5%%)")
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _tracking_uri(arg: Optional[str]) -> str:
     import os
 
+    return arg or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs', 'mlflow.db').resolve()}"
+
+
+def rows_of(source: str, tracking_uri: Optional[str]) -> List[Dict[str, Any]]:
+    """The rows of one sweep: a sweep directory, else an MLflow parent run id."""
+    if Path(source, "sweep.json").exists():
+        return collect(SweepState.load(Path(source)))
+    if Path(source).exists():
+        raise ReportError(f"{source} holds no sweep.json: pass a sweep directory or a parent run id.")
+    return rows_from_parent_run(_tracking_uri(tracking_uri), source)
+
+
+def main_compare(a: str, b: str, threshold: float, tracking_uri: Optional[str]) -> int:
+    result = compare.compare(rows_of(a, tracking_uri), rows_of(b, tracking_uri), threshold)
+    print(compare.render(result, a, b))
+    return 1 if result.regressions() else 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.compare:
+        if args.sweep_dir or args.experiment:
+            print("error: --compare takes its two sweeps itself; pass no sweep directory or --experiment.",
+                  file=sys.stderr)
+            return 2
+        try:
+            return main_compare(*args.compare, args.threshold, args.tracking_uri)
+        except (ReportError, StateError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if bool(args.sweep_dir) == bool(args.experiment):
         _parser().print_usage(sys.stderr)
         print("error: pass a sweep directory or --experiment NAME (one of them).", file=sys.stderr)
@@ -403,8 +521,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.sweep_dir:
             report = write_sweep_report(SweepState.load(Path(args.sweep_dir)))
         else:
-            uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
-                f"sqlite:///{Path('outputs', 'mlflow.db').resolve()}"
+            uri = _tracking_uri(args.tracking_uri)
             out = Path(args.out) if args.out else Path("outputs", "reports", args.experiment)
             report = write_experiment_report(uri, args.experiment, out)
     except (ReportError, StateError) as exc:

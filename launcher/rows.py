@@ -1,32 +1,74 @@
-"""Report rows: the plain dicts that the table, the plots and the findings read, and the figures
-derived from them (relative performance, scaling efficiency, ranking, labels)."""
+"""Report rows: the plain dicts that the table, the plots, the findings and the comparison read,
+and the figures derived from them (relative performance, scaling efficiency, ranking, labels,
+grouping of repeated runs)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from jobs.metrics import scaling_efficiency
 
 GIB = 1024**3
 MIB = 1024**2
 
+# Settings that say where and how a sweep was run, not what was measured: two runs that differ
+# only in these (and in the node count) belong to one scaling series.
+WHERE_KEYS = ("output_root", "sweep_dir", "wait", "collective_timeout_s", "cluster.timeout_min",
+              "cluster.signal_delay_s", "cluster.array_parallelism")
+# The tracking params of the choices that rows carry as "strategy", "precision" and "model".
+_CHOICE_PARAMS = ("strategy.name", "strategy.label", "precision.name", "model.name")
 
-def num(value: Any) -> Optional[float]:
+
+def num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return None if math.isnan(value) or math.isinf(value) else float(value)
 
 
-def add_derived(rows: List[Dict[str, Any]]) -> None:
-    """Relative performance vs the best cell of the same model, and scaling efficiency: per-device
+def throughput(row: dict[str, Any]) -> float | None:
+    """Total samples/s of a cell that has a result (a failed cell has none)."""
+    v = num(row.get("throughput_samples_per_s"))
+    return v if v else None
+
+
+def settings(row: dict[str, Any]) -> dict[str, str]:
+    """What a cell measured, as {key: value}: its overrides (sweep directory) or its params (MLflow),
+    without the where-settings, and with the row's strategy, precision and model."""
+    raw = row.get("settings")
+    if isinstance(raw, dict):
+        out = {str(k).lstrip("+~"): str(v) for k, v in raw.items()}
+    else:  # hand-made rows: the cell name holds the swept settings
+        out = dict(w.split("=", 1) for w in str(row.get("cell", "")).split() if "=" in w)
+    for param in _CHOICE_PARAMS:
+        out.pop(param, None)
+    out = {k: v for k, v in out.items() if k not in WHERE_KEYS and not k.startswith(("tracking.", "hydra."))}
+    for key in ("strategy", "precision", "model"):
+        if row.get(key) is not None:
+            out[key] = str(row[key])
+    out.setdefault("nodes", str(row.get("nodes")))
+    return out
+
+
+def unit_key(row: dict[str, Any]) -> str:
+    """Cells that differ only in their seed are one configuration measured several times."""
+    s = {k: v for k, v in settings(row).items() if k != "seed"}
+    return repr((row.get("model"), row.get("world_size"), sorted(s.items())))
+
+
+def add_derived(rows: list[dict[str, Any]]) -> None:
+    """Relative performance vs the best cell of the same model and world size (a cell on more
+    devices is not "better" for having more of them), and scaling efficiency: per-device
     throughput relative to the smallest cell of the same series (same settings except the node
     count), preferring a base cell measured in the same sweep (absolute numbers from different
     runs are less comparable than ratios within one)."""
-    measured = [r for r in rows if r.get("throughput_samples_per_s")]
+    measured = [r for r in rows if throughput(r)]
     for r in measured:
-        same_model = [p["throughput_samples_per_s"] for p in measured if p.get("model") == r.get("model")]
-        r["relative_perf"] = r["throughput_samples_per_s"] / max(same_model)
+        peers_ws = [p["throughput_samples_per_s"] for p in measured
+                    if p.get("model") == r.get("model") and p.get("world_size") == r.get("world_size")]
+        r["relative_perf"] = r["throughput_samples_per_s"] / max(peers_ws)
         peers = [p for p in measured if p.get("series") == r.get("series")]
         if len({p["world_size"] for p in peers}) > 1:
             base = min(peers, key=lambda p: (p["world_size"], p.get("sweep") != r.get("sweep")))
@@ -34,39 +76,87 @@ def add_derived(rows: List[Dict[str, Any]]) -> None:
                                                          base["throughput_samples_per_s_per_device"])
 
 
-def peak_memory_gib(row: Dict[str, Any]) -> Optional[float]:
+def peak_memory_gib(row: dict[str, Any]) -> float | None:
     """Peak resident set on CPU, peak allocated CUDA memory on GPUs (max over ranks)."""
     return row.get("peak_mem_allocated_gib", row.get("peak_rss_gib"))
 
 
-def series_labels(rows: Sequence[Dict[str, Any]]) -> Dict[str, str]:
+def series_labels(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     """A short legend label per series: the cell name without its node count (plus the sweep
     where two different series would otherwise read the same)."""
-    first: Dict[str, Dict[str, Any]] = {}
+    first: dict[str, dict[str, Any]] = {}
     for r in rows:
         first.setdefault(r["series"], r)
     labels = {}
     for key, r in first.items():
-        words = [w for w in str(r["cell"]).split() if not w.startswith("nodes=")]
+        words = [w for w in str(r["cell"]).split() if not w.startswith(("nodes=", "seed="))]
         labels[key] = " ".join(words) or f"{r.get('strategy')} {r.get('precision')}"
-    counts: Dict[str, int] = {}
+    counts: dict[str, int] = {}
     for label in labels.values():
         counts[label] = counts.get(label, 0) + 1
     return {k: (f"{v} ({first[k].get('sweep')})" if counts[v] > 1 else v) for k, v in labels.items()}
 
 
-def cell_label(row: Dict[str, Any], multi_sweep: bool) -> str:
-    return f"{row['cell']} ({row.get('sweep')})" if multi_sweep else str(row["cell"])
+def cell_label(row: dict[str, Any], multi_sweep: bool) -> str:
+    return f"{row['cell']} ({row.get('sweep')})" if multi_sweep and row.get("sweep") else str(row["cell"])
 
 
-def ranked(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Best total throughput first; cells without results last. Sets each row's rank ``_rank``."""
-    ordered = sorted(rows, key=lambda r: -(num(r.get("throughput_samples_per_s")) or -1))
-    n = 0
-    for r in ordered:
-        if num(r.get("throughput_samples_per_s")) is not None:
-            n += 1
-            r["_rank"] = n
-        else:
-            r["_rank"] = None
-    return ordered
+def ranked(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Cells grouped by model and world size (fewest ranks first), best total throughput first
+    within each; cells without results last. Sets each row's rank ``_rank``: 1 is the best cell
+    of its model and world size, the only cells it is compared with."""
+    rows = list(rows)
+    models: list[Any] = []
+    for r in rows:
+        if r.get("model") not in models:
+            models.append(r.get("model"))
+    measured = sorted((r for r in rows if throughput(r)),
+                      key=lambda r: (models.index(r.get("model")), r.get("world_size") or 0, -throughput(r)))
+    rank: dict[tuple[Any, Any], int] = {}
+    for r in measured:
+        key = (r.get("model"), r.get("world_size"))
+        rank[key] = rank.get(key, 0) + 1
+        r["_rank"] = rank[key]
+    rest = [r for r in rows if not throughput(r)]
+    for r in rest:
+        r["_rank"] = None
+    return measured + rest
+
+
+def grouped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration: cells that differ only in their seed become one row with the
+    mean of every figure, ``runs`` (how many finished) and ``run_spread`` (the coefficient of
+    variation of throughput over them). A configuration measured once keeps its own row."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(unit_key(r), []).append(r)
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        done = [m for m in members if throughput(m)]
+        base = dict((done or members)[0])
+        base["cell"] = " ".join(w for w in str(base["cell"]).split() if not w.startswith("seed=")) or base["cell"]
+        seeds = [settings(m).get("seed") for m in members]
+        base["cell"] += f" ({len(members)} seeds)" if all(seeds) else f" ({len(members)} runs)"
+        base["runs"], base["runs_planned"] = len(done), len(members)
+        for key in {k for m in done for k, v in m.items() if num(v) is not None}:
+            values = [num(m.get(key)) for m in done]
+            if all(v is not None for v in values):
+                base[key] = statistics.fmean(values)
+        tps = [throughput(m) for m in done]
+        if len(tps) >= 2 and statistics.fmean(tps):
+            base["run_spread"] = statistics.stdev(tps) / statistics.fmean(tps)
+        base["status"] = "done" if len(done) == len(members) else f"{len(done)}/{len(members)} done"
+        base["_members"] = members
+        out.append(base)
+    if len(out) < len(rows):
+        # Series without the seed, relative performance and scaling recomputed from the means.
+        out = [{**r, "series": _series_without_seed(r)} for r in out]
+        add_derived(out)
+    return out
+
+
+def _series_without_seed(row: dict[str, Any]) -> str:
+    return repr((row.get("model"), sorted((k, v) for k, v in settings(row).items() if k not in ("seed", "nodes"))))

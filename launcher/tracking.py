@@ -172,3 +172,15 @@ def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: P
         for path in sorted(set(submitit_dir.glob(f"{job_id}_*")) | set(submitit_dir.glob(f"{array_id}_submission.sh"))):
             if path.suffix in (".out", ".err", ".sh"):
                 client.log_artifact(run_id, str(path), "logs")
+
+
+def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()) -> None:
+    """Set the sweep's parent run description (MLflow's ``mlflow.note.content`` tag, markdown) and
+    attach ``files`` (cells.csv) at the top of its artifacts."""
+    client = mlflow_entry.client(uri)
+    if len(note) > TAG_MAX_CHARS:
+        tail = "\n\n… (cut here: the full findings are in report.md)"
+        note = note[: TAG_MAX_CHARS - len(tail)] + tail
+    client.set_tag(run_id, "mlflow.note.content", note)
+    for path in files:
+        client.log_artifact(run_id, str(path))

@@ -12,6 +12,7 @@ from PIL import Image
 
 from launcher import report
 from launcher.__main__ import main
+from launcher.failures import FIXES
 from launcher.state import SweepState
 from tests.conftest import FAST
 
@@ -49,7 +50,8 @@ def test_sweep_report_ranks_every_cell(sweep):
     md = (sweep.path / "report.md").read_text()
     table = ranking(md)
     assert sorted(table) == CELLS
-    assert sorted(int(r["#"]) for r in table.values()) == [1, 2, 3, 4]
+    # Ranked within each world size: 1 rank (two cells), then 2 ranks (two cells).
+    assert [(r["ranks"], r["#"]) for r in table.values()] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")]
     for cell, r in table.items():
         assert r["status"] == "done"
         assert float(r["samples/s"].replace(",", "")) > 0 and float(r["tokens/s"].replace(",", "")) > 0
@@ -57,20 +59,33 @@ def test_sweep_report_ranks_every_cell(sweep):
         assert r["step p50 ms"] != "-" and r["step p90 ms"] != "-" and r["peak mem GiB"] != "-"
         assert r["state MiB/rank"] != "-"
         assert r["comm share"] in ("-",) or r["comm share"].endswith("%")
-        assert r["CV"] != "-"  # two windows were measured
+        assert r["CV"] != "-" and r["±95% CI"].startswith("±")  # two windows were measured
         # Scaling efficiency is defined for every cell of a series measured at two node counts;
         # the 1-node cells are the base (100%).
         assert r["scaling eff"].endswith("%")
         if "nodes=1" in cell:
             assert r["scaling eff"] == "100%"
-    assert max(table.values(), key=lambda r: float(r["rel perf"].rstrip("%")))["#"] == "1"
+    for ranks in ("1", "2"):  # the best of each world size is 100%, and only it
+        peers = [r for r in table.values() if r["ranks"] == ranks]
+        assert [r["rel perf"] for r in peers][0] == "100%" and peers[0]["#"] == "1"
+        assert float(peers[1]["rel perf"].rstrip("%")) <= 100
     # FSDP holds half the model state per rank on two ranks.
     fsdp1 = float(table["strategy=fsdp nodes=1"]["state MiB/rank"])
     assert float(table["strategy=fsdp nodes=2"]["state MiB/rank"]) == pytest.approx(fsdp1 / 2, rel=0.05)
-    for section in ("## How measured", "## Environment", "## Cells without results", "warm-up"):
+    for section in ("## Findings", "### Strategies", "### Scaling efficiency", "### Recommendation",
+                    "## How measured", "## Environment", "## Cells without results", "warm-up"):
         assert section in md
     assert "2.13.0" in md and "| hosts |" in md and "| device | cpu |" in md
     assert "All cells finished with results." in md
+    # Strategies are compared at 1 and at 2 ranks, never across.
+    found = md.split("## Findings")[1].split("## Results")[0]
+    assert "| 1 | " in found and "| 2 | " in found and "fsdp vs ddp" in found
+    # Every cell, with every figure, in cells.csv beside the report.
+    import csv
+    with (sweep.path / "cells.csv").open() as f:
+        cells = list(csv.DictReader(f))
+    assert sorted(c["cell"] for c in cells) == CELLS
+    assert all(float(c["throughput_samples_per_s"]) > 0 and c["throughput_cv"] != "" for c in cells)
 
 
 @pytest.mark.slow
@@ -91,7 +106,10 @@ def test_parent_run_holds_the_report_and_is_finished(sweep):
     parent = client.get_run(sweep.parent_run_id)
     assert parent.info.status == "FINISHED"
     top = {a.path for a in client.list_artifacts(sweep.parent_run_id)}
-    assert {"report.md", "plots"} <= top
+    assert {"report.md", "plots", "cells.csv"} <= top
+    # The findings are the run's description.
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("## Findings") and "### Recommendation" in note
     plots = {a.path for a in client.list_artifacts(sweep.parent_run_id, "plots")}
     assert plots == {"plots/throughput.png", "plots/memory.png", "plots/scaling.png"}
     # Artifacts live beside the SQLite store, not in whatever directory the tests started in.
@@ -111,7 +129,7 @@ def test_experiment_report_reads_back_the_same_cells(sweep, tmp_path, capsys):
     assert sorted(from_mlflow) == CELLS
     for cell in CELLS:
         for column in ("#", "ranks", "samples/s", "samples/s/dev", "tokens/s", "step p50 ms", "peak mem GiB",
-                       "state MiB/rank", "rel perf", "scaling eff", "CV", "status"):
+                       "state MiB/rank", "rel perf", "scaling eff", "CV", "±95% CI", "status"):
             assert from_mlflow[cell][column] == from_dir[cell][column], (cell, column)
     assert {p.name for p in (out / "plots").iterdir()} == {"throughput.png", "memory.png", "scaling.png"}
 
@@ -156,7 +174,8 @@ def test_report_from_rows_shows_comm_share_noise_failures_and_gpu_memory(tmp_pat
         _row("strategy=ddp nodes=2", "ddp", 2, 14400.0, comm_share=0.25, throughput_cv=0.08),
         _row("strategy=fsdp nodes=1", "fsdp", 1, 7000.0),
         {"cell": "strategy=fsdp nodes=2", "sweep": "s1", "strategy": "fsdp", "precision": "bf16", "model": "resnet50",
-         "nodes": 2, "world_size": 16, "status": "failed", "series": "fsdp", "error": "rank 3 on gpu2 failed: OOM | x"},
+         "nodes": 2, "world_size": 16, "status": "failed", "series": "fsdp", "error": "rank 3 on gpu2 failed: OOM | x",
+         "failure_class": "oom"},
         {"cell": "strategy=zero2 nodes=1", "sweep": "s1", "strategy": "zero2", "precision": "bf16",
          "model": "resnet50", "nodes": 1, "world_size": 8, "status": "cancelled", "series": "zero2", "error": None},
     ]
@@ -164,12 +183,16 @@ def test_report_from_rows_shows_comm_share_noise_failures_and_gpu_memory(tmp_pat
     written = report.write(rows, tmp_path, "t", {"cluster": "slurm"})
     md = written.path.read_text()
     table = ranking(md)
-    assert list(table) == ["strategy=ddp nodes=2", "strategy=ddp nodes=1", "strategy=fsdp nodes=1",
-                           "strategy=fsdp nodes=2", "strategy=zero2 nodes=1"]  # ranked, failures last
+    # Ranked within each world size (8 ranks, then 16), failures last.
+    assert list(table) == ["strategy=ddp nodes=1", "strategy=fsdp nodes=1", "strategy=ddp nodes=2",
+                           "strategy=fsdp nodes=2", "strategy=zero2 nodes=1"]
+    assert [table[c]["#"] for c in table] == ["1", "2", "1", "-", "-"]
+    assert [table[c]["rel perf"] for c in table] == ["100%", "88%", "100%", "-", "-"]
     ddp2 = table["strategy=ddp nodes=2"]
     assert ddp2["samples/s"] == "14,400" and ddp2["samples/s/dev"] == "900.0"
     assert ddp2["scaling eff"] == "90%"  # 900 / 1000 per device
     assert ddp2["comm share"] == "25%" and ddp2["CV"] == "8.0% ⚠"
+    assert ddp2["±95% CI"] == "±19.9%"  # t(2) = 4.303 x 8% / sqrt(3 windows)
     assert table["strategy=ddp nodes=1"]["CV"] == "1.0%" and table["strategy=ddp nodes=1"]["MFU"] == "41.0%"
     assert table["strategy=fsdp nodes=1"]["comm share"] == "-"
     assert table["strategy=fsdp nodes=1"]["scaling eff"] == "-"  # its 2-node peer failed: nothing to compare
@@ -178,7 +201,9 @@ def test_report_from_rows_shows_comm_share_noise_failures_and_gpu_memory(tmp_pat
     assert table["strategy=ddp nodes=1"]["state GiB/rank"] == "3.00"
     header = next(line for line in md.splitlines() if line.startswith("| # | cell |"))
     assert "tokens/s" not in header and "sweep" not in header  # no language model, one sweep
-    assert "rank 3 on gpu2 failed: OOM \\| x" in md and "| strategy=zero2 nodes=1 | cancelled | - |" in md
+    assert "rank 3 on gpu2 failed: OOM \\| x" in md and "| strategy=zero2 nodes=1 | cancelled | - | - | - |" in md
+    assert "| strategy=fsdp nodes=2 | failed | oom | rank 3 on gpu2" in md and FIXES["oom"] in md
+    assert "Best at 8 rank(s): **strategy=ddp nodes=1**" in md and "Best at 16 rank(s): **strategy=ddp nodes=2**" in md
     assert "1 cell(s) varied by more than 3%" in md
     assert "| hosts | gpu1, gpu2 |" in md and "H100" in md
     assert {p.name for p in written.plots} == {"throughput.png", "memory.png", "scaling.png"}
@@ -226,3 +251,51 @@ def test_experiment_report_compares_sweeps_and_models(tmp_path):
     assert [p.name for p in written.plots] == ["throughput.png", "scaling.png"]
     with pytest.raises(report.ReportError, match="no MLflow experiment named 'nope'.*bench"):
         report.write_experiment_report(uri, "nope", tmp_path / "out2")
+
+
+def test_a_thousand_cell_report_reads_per_series(tmp_path):
+    """300 cells: 12 configurations (strategy x precision x nodes) over 25 seeds each. The markdown
+    table has one row per configuration with the mean and the spread over seeds; cells.csv has
+    every cell; the findings use the spread over seeds as the noise."""
+    import csv
+    import random
+
+    rnd = random.Random(0)
+    rows = []
+    for strategy, base in (("ddp", 1000.0), ("fsdp", 800.0)):
+        for precision, speed in (("fp32", 1.0), ("bf16", 1.5)):
+            for nodes in (1, 2, 4):
+                for seed in range(25):
+                    tp = base * speed * nodes * 0.9 ** (nodes - 1) * rnd.gauss(1.0, 0.02)
+                    rows.append(_row(f"strategy={strategy} precision={precision} nodes={nodes} seed={seed}",
+                                     strategy, nodes, tp, precision=precision,
+                                     series=f"strategy={strategy} precision={precision} seed={seed}"))
+    assert len(rows) == 300
+    report.add_derived(rows)
+    written = report.write(rows, tmp_path, "t", {"cluster": "slurm"})
+    md = written.path.read_text()
+    table = ranking(md)
+    assert len(table) == 12
+    for cell, r in table.items():
+        assert cell.endswith("(25 seeds)") and "seed=" not in cell
+        assert r["runs"] == "25" and r["run spread"].endswith("%") and r["±95% CI"].startswith("±")
+        assert 0.5 < float(r["run spread"].rstrip("%")) < 4
+    assert [table[c]["#"] for c in table][:4] == ["1", "2", "3", "4"]
+    assert table["strategy=ddp precision=bf16 nodes=1 (25 seeds)"]["rel perf"] == "100%"
+    assert table["strategy=ddp precision=bf16 nodes=2 (25 seeds)"]["scaling eff"] == "90%"
+    with written.cells_csv.open() as f:
+        assert len(list(csv.DictReader(f))) == 300
+    found = md.split("## Findings")[1].split("## Results")[0]
+    assert "**fsdp** is 20.0% slower than **ddp**" in found.replace("19.9%", "20.0%").replace("20.1%", "20.0%")
+    assert "**bf16** is" in found and "faster than **fp32**" in found
+    assert {p.name for p in written.plots} == {"throughput.png", "memory.png", "scaling.png"}
+
+
+def test_plots_cap_their_bars(tmp_path):
+    from launcher import plots
+
+    rows = [_row(f"strategy=ddp nodes=1 bucket={i}", "ddp", 1, 1000.0 + i, series=f"b{i}") for i in range(90)]
+    report.add_derived(rows)
+    path = plots.throughput(rows, tmp_path / "t.png")
+    with Image.open(path) as img:  # 40 bars, not 90: the figure's height says so
+        assert img.height < (1.4 + 0.42 * 45) * plots.DPI
