@@ -256,8 +256,18 @@ def cell_state(cell: Cell) -> CellState:
     """The cell as the sweep document keeps it: name, directory, its own cluster settings and layout."""
     cfg = cell.config
     return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
-                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=cfg.model.name,
+                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=model_label(cfg),
                      cluster=cfg.cluster, layout=cell.layout)
+
+
+def model_label(cfg: Config) -> str:
+    """``gpt2-small``, ``hf:llama`` or ``custom:Linear``: what the report and MLflow call the model."""
+    m = cfg.model
+    if m.target_path:
+        return f"custom:{m.target_path.rpartition('.')[2]}"
+    if m.is_hf:
+        return f"hf:{m.arch or Path(m.config_path or m.pretrained_path or 'config').name}"
+    return m.name
 
 
 def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: Optional[str], run_id: Optional[str]) -> RunSpec:

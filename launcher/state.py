@@ -15,11 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobs.codec import from_plain, to_plain
+from jobs.sinks import RUN_ID_FILE
 from jobs.spec import Layout, RunSpec
 from launcher.schema import ClusterConfig
 
 STATE_FILE = "sweep.json"
 SPEC_FILE = "spec.json"
+# The MLflow ids, one file each, written by whichever process creates the runs (the launcher, or
+# `launcher.sync` in the background for a large sweep): no two processes ever write one file, and
+# every load of the document adopts them.
+RUNS_FILE = "mlflow.json"
 # 1: sweep.json + spec.pkl + cluster.pkl (one cluster config for the whole sweep).
 # 2: this document; each cell has its own cluster config and a spec.json.
 VERSION = 2
@@ -142,10 +147,27 @@ class SweepState:
             raise StateError(f"{path} was written by a newer ddp-fsdp-bench (version {version}; this one reads "
                              f"{VERSION}). Fix: upgrade ddp-fsdp-bench (pip install -U ddp-fsdp-bench).")
         try:
-            return from_plain(cls, data)
+            state = from_plain(cls, data)
         except (TypeError, ValueError) as exc:
             raise StateError(f"{path} is not a readable sweep document ({exc}). Fix: run the grid again into a new "
                              f"sweep_dir.") from exc
+        state.adopt_runs()
+        return state
+
+    def adopt_runs(self) -> None:
+        """Fill in MLflow ids that another process has created since this document was written."""
+        runs = self.path / RUNS_FILE
+        if not self.parent_run_id and runs.exists():
+            ids = json.loads(runs.read_text())
+            self.experiment_id, self.parent_run_id = ids["experiment_id"], ids["parent_run_id"]
+        for cell in self.cells:
+            run_file = self.cell_dir(cell) / RUN_ID_FILE
+            if not cell.run_id and run_file.exists():
+                cell.run_id = run_file.read_text().strip() or None
+
+    def save_runs(self) -> None:
+        (self.path / RUNS_FILE).write_text(json.dumps({"experiment_id": self.experiment_id,
+                                                       "parent_run_id": self.parent_run_id}))
 
     def save_spec(self, cell: CellState, spec: RunSpec) -> None:
         d = self.cell_dir(cell)

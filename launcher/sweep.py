@@ -14,12 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jobs.sinks import RUN_ID_FILE
-from launcher import report, status, submit, tracking
+from launcher import report, status, submit, sync, tracking
 from launcher.plan import Cell, SweepError, cell_state, run_spec
 from launcher.safety import mask
 from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState
-from launcher.sync import finish_cell
 
 
 def run(cells: list[Cell], argv: list[str]) -> int:
@@ -28,10 +26,10 @@ def run(cells: list[Cell], argv: list[str]) -> int:
     todo = [c for c in state.cells if c.status is not CellStatus.done]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
     if state.cluster == "local":
-        submit.submit(state, todo, after_local_cell=lambda cell: _local_cell_ended(state, cells, cell))
+        submit.submit(state, todo, after_local_cell=lambda cell: _local_cell_ended(state, cell))
     else:
         submit.submit(state, todo)
-        _create_runs_or_warn(state, cells)
+        _create_runs(state)
         print_jobs(state)
         print(f"Follow with: python -m launcher.status {state.sweep_dir}", flush=True)
         if not cells[0].config.wait:
@@ -89,50 +87,41 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
     return state
 
 
-def create_runs(state: SweepState, cells: list[Cell]) -> None:
-    """The sweep's MLflow parent run and one child run per cell; each cell's run id also goes to
-    its directory, where the cell's rank 0 reads it when it logs, at the end of its job.
-
-    Importing MLflow and opening its store take ~2 s, and no job needs its run before it ends: a
-    Slurm sweep creates the runs once sbatch has accepted every job, a local sweep once its first
-    cell has ended (while nothing runs, so the work never lands in a measurement).
-    """
-    if not state.tracking_uri or state.parent_run_id:
-        return  # no tracking, or the runs exist already (a resumed sweep)
-    tracker = tracking.SweepTracker(state.tracking_uri, cells[0].config.tracking.experiment)
-    state.experiment_id = tracker.experiment_id
-    code = tracking.code_provenance()
-    state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir, "argv": " ".join(state.argv),
-                                                      "cluster": state.cluster, "cells": str(len(cells)), **code})
-    for cs, cell in zip(state.cells, cells, strict=True):
-        tags = {"strategy": cs.strategy, "precision": cs.precision, "nodes": str(cs.nodes),
-                "world_size": str(cs.world_size), "model": cs.model, "cell": cell.name, **code}
-        if cs.job_id and state.cluster == "slurm":
-            tags["slurm_job_id"] = cs.job_id
-        cs.run_id = tracker.child(state.parent_run_id, cell.name, tracking.flatten(_plain(asdict(cell.config))), tags)
-        state.cell_dir(cs).mkdir(parents=True, exist_ok=True)
-        (state.cell_dir(cs) / RUN_ID_FILE).write_text(cs.run_id + "\n")
-    state.save()
+# Above this many cells a Slurm sweep creates its MLflow runs in a background process: SQLite takes
+# ~60 ms per run, a minute for 1000 cells, and the login-node command should return in seconds.
+BACKGROUND_RUNS_ABOVE = 50
 
 
-def _create_runs_or_warn(state: SweepState, cells: list[Cell]) -> None:
+def _create_runs(state: SweepState) -> None:
+    """The sweep's MLflow runs, inline (small sweeps, local sweeps) or in the background (large Slurm
+    sweeps); ranks read their run id when they log, at the end of their job, and status and sync
+    finish the work if the background process did not."""
     if not state.tracking_uri or state.parent_run_id:
         return
+    if state.cluster == "slurm" and len(state.cells) > BACKGROUND_RUNS_ABOVE:
+        pid = sync.start_in_background(state)
+        print(f"MLflow: creating {len(state.cells)} cell run(s) in the background (pid {pid}, log "
+              f"{state.path / sync.BACKGROUND_LOG}); launcher.status and launcher.sync finish it if it stops.",
+              flush=True)
+        return
     try:
-        create_runs(state, cells)
-        print(f"MLflow: parent run {state.parent_run_id}, {len(cells)} cell run(s) in {state.tracking_uri}",
+        sync.ensure_runs(state)
+        state.save()
+        print(f"MLflow: parent run {state.parent_run_id}, {len(state.cells)} cell run(s) in {state.tracking_uri}",
               flush=True)
     except Exception as exc:  # the jobs run anyway; their JSONL records hold everything
         print(f"[mlflow] could not create the runs in {state.tracking_uri}: {type(exc).__name__}: {exc}. "
-              f"Each cell's metrics.jsonl has its results.", file=sys.stderr, flush=True)
+              f"Each cell's metrics.jsonl has its results; launcher.sync creates the runs later.",
+              file=sys.stderr, flush=True)
 
 
-def _local_cell_ended(state: SweepState, cells: list[Cell], cell: CellState) -> None:
-    """After each local cell: its one-line result, then its MLflow run brought up to date."""
+def _local_cell_ended(state: SweepState, cell: CellState) -> None:
+    """After each local cell: its one-line result, then its MLflow run brought up to date (the runs
+    are created after the first cell, while nothing runs, so the work never lands in a measurement)."""
     print(f"    {progress_line(state, cell)}", file=sys.stderr if cell.status is CellStatus.failed else sys.stdout,
           flush=True)
-    _create_runs_or_warn(state, cells)
-    finish_cell(state, cell)
+    _create_runs(state)
+    sync.finish_cell(state, cell)
     state.save()
 
 

@@ -1,4 +1,5 @@
-"""``python -m launcher.sync <sweep_dir>``: replay what did not reach MLflow from the JSONL records.
+"""``python -m launcher.sync <sweep_dir>``: create the MLflow runs a sweep lacks, and replay what did
+not reach MLflow from the JSONL records.
 
 Workers write every metric to ``metrics.jsonl`` first and log to MLflow best-effort. If the
 tracking server was down, this puts the missing points in, and only those: a (metric, step)
@@ -8,16 +9,22 @@ and the report run it for finished cells.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
+import yaml
+
 from jobs import mlflow_entry
 from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
-from jobs.sinks import read_records
+from jobs.sinks import RUN_ID_FILE, read_records
 from launcher import tracking
-from launcher.state import CellState, SweepState
+from launcher.state import CellState, StateError, SweepState
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
 
@@ -101,14 +108,89 @@ def finish_cell(state: SweepState, cell: CellState) -> None:
         print(f"[mlflow] could not update run {cell.run_id}: {exc}", file=sys.stderr)
 
 
+BACKGROUND_LOG = "mlflow-runs.log"
+LOCK_FILE = "mlflow.lock"
+
+
+@contextlib.contextmanager
+def runs_lock(state: SweepState, wait: bool = True) -> Iterator[bool]:
+    """One run creator at a time per sweep (the launcher, a background sync, a status): yields whether
+    this process holds the lock (False only with wait=False while another one works)."""
+    with open(state.path / LOCK_FILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_runs(state: SweepState, wait: bool = True) -> int:
+    """Create whatever MLflow runs the sweep lacks: the parent, then a child per cell without one.
+    Idempotent and resumable; returns how many child runs it created (0 when another process holds
+    the lock and wait=False)."""
+    if not state.tracking_uri:
+        return 0
+    with runs_lock(state, wait) as mine:
+        if not mine:
+            return 0
+        state.adopt_runs()  # what another creator finished meanwhile
+        missing = [c for c in state.cells if not c.run_id]
+        if state.parent_run_id and not missing:
+            return 0
+        tracker = tracking.SweepTracker(state.tracking_uri, state.experiment or "ddp-vs-fsdp")
+        code = tracking.code_provenance()
+        if not state.parent_run_id:
+            state.experiment_id = tracker.experiment_id
+            state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir,
+                                                              "argv": " ".join(state.argv), "cluster": state.cluster,
+                                                              "cells": str(len(state.cells)), **code})
+            state.save_runs()
+        for cell in missing:
+            tags = {"strategy": cell.strategy, "precision": cell.precision, "nodes": str(cell.nodes),
+                    "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name, **code}
+            if cell.job_id and state.cluster == "slurm":
+                tags["slurm_job_id"] = cell.job_id
+            cell.run_id = tracker.child(state.parent_run_id, cell.name, tracking.flatten(_resolved(state, cell)), tags)
+            # The cell's rank 0 reads it from here when it logs, at the end of its job.
+            (state.cell_dir(cell) / RUN_ID_FILE).write_text(cell.run_id + "\n")
+        return len(missing)
+
+
+def _resolved(state: SweepState, cell: CellState) -> dict:
+    """The cell's resolved config, as written to its config.yaml (the params of its run)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((state.cell_dir(cell) / "config.yaml").read_text(), Loader=loader) or {}
+
+
+def start_in_background(state: SweepState) -> int:
+    """``python -m launcher.sync <sweep_dir>`` detached from this command (it survives the login
+    shell's exit); returns its pid."""
+    log = open(state.path / BACKGROUND_LOG, "a")  # noqa: SIM115 - handed to the child process
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.sync", state.sweep_dir], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return proc.pid
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m launcher.sync <sweep_dir>", file=sys.stderr)
         return 2
-    state = SweepState.load(Path(args[0]))
+    try:
+        state = SweepState.load(Path(args[0]))
+    except StateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    created = ensure_runs(state)
+    if created:
+        print(f"created {created} cell run(s) under parent run {state.parent_run_id}")
     for cell, n in sync_sweep(state).items():
-        print(f"{cell}: {n} point(s) added")
+        if n:
+            print(f"{cell}: {n} point(s) added")
     return 0
 
 

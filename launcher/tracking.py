@@ -108,6 +108,27 @@ def reconcile(uri: str, run_id: str, status: CellStatus, error: Optional[str] = 
         client.set_terminated(run_id, wanted)
 
 
+def reconcile_children(uri: str, experiment_id: str, parent_run_id: str, cells: Sequence[Any]) -> int:
+    """Every finished cell's run status, settled with one paged search instead of a call per run:
+    runs created after their cell had ended (a large sweep's background creation) are still RUNNING.
+    Returns how many runs were changed."""
+    client = mlflow_entry.client(uri)
+    by_id = {c.run_id: c for c in cells if c.run_id and c.status.terminal}
+    changed, token = 0, None
+    while True:
+        page = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                                  max_results=1000, page_token=token)
+        for run in page:
+            cell = by_id.get(run.info.run_id)
+            if cell is not None and run.info.status == "RUNNING":
+                reconcile(uri, run.info.run_id, cell.status, cell.error,
+                          {"failure_class": cell.failure_class} if cell.failure_class else None)
+                changed += 1
+        token = page.token
+        if not token:
+            return changed
+
+
 def reopen(uri: str, run_id: str) -> None:
     """A resubmitted cell logs on into its run: mark it running again."""
     mlflow_entry.client(uri).update_run(run_id, status="RUNNING")

@@ -65,13 +65,23 @@ def test_emulated_nodes_get_node_ranks(tmp_path, fast_overrides):
 
 
 def test_failing_cell_is_recorded_and_marked_failed(tmp_path, fast_overrides):
-    # A model.params key the model does not take fails every rank at build time.
-    code, state = run_sweep(tmp_path, "+model.params.bogus=1", "cluster.tasks_per_node=2", *fast_overrides)
+    # A model that builds (so preflight lets it through) but whose forward cannot take the data:
+    # every rank fails at its first step.
+    code, state = run_sweep(tmp_path, "model=custom", "model._target_=torch.nn.Linear", "model.params.in_features=3",
+                            "model.params.out_features=5", "cluster.tasks_per_node=2", *fast_overrides)
     assert code == 1
     cell = state.cells[0]
-    assert cell.status == "failed" and re.match(r"rank [01] on \S+ failed: ValueError", cell.error)
+    assert cell.status == "failed" and re.match(r"rank [01] on \S+ failed: RuntimeError", cell.error), cell.error
     run = MlflowClient(tracking_uri=state.tracking_uri).get_run(cell.run_id)
-    assert run.info.status == "FAILED" and "bogus" in run.data.tags["error"]
+    assert run.info.status == "FAILED" and "RuntimeError: mat1 and mat2" in run.data.tags["error"]
+
+
+def test_a_model_that_cannot_build_is_refused_before_anything_exists(tmp_path, fast_overrides, capsys):
+    # A model.params key the model does not take: refused on the login node, no directory, no run.
+    code = main(["+model.params.bogus=1", f"output_root={tmp_path / 'out'}", *fast_overrides])
+    assert code == 2
+    assert "does not take params ['bogus']" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_rerunning_a_sweep_resumes_it_without_rerunning_finished_cells(tmp_path, fast_overrides):
