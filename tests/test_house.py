@@ -1,0 +1,83 @@
+"""The shape of the house: imports flow one way, one module talks to submitit, bench/ uses the
+worker's public steps only, sweep directories hold no pickles."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Modules of ``package`` that ``path`` imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == package:
+                found.update(f"{package}.{a.name}" for a in node.names)
+            elif node.module.startswith(package + "."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith(package + "."))
+    return found
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    modules = {f"{package}.{p.stem}": p for p in (ROOT / package).glob("*.py") if p.stem != "__init__"}
+    return {name: {m for m in _imports(path, package) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return trail + [node, nxt]
+            if nxt not in state:
+                found = visit(nxt, trail + [node])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node, [])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_circles_in_launcher_or_jobs_even_through_function_level_imports():
+    for package in ("launcher", "jobs"):
+        assert _cycle(import_graph(package)) is None, _cycle(import_graph(package))
+
+
+def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
+    for path in (ROOT / "jobs").rglob("*.py"):
+        text = path.read_text()
+        for banned in ("import launcher", "from launcher", "import hydra", "from hydra", "omegaconf"):
+            assert banned not in text, f"{path.relative_to(ROOT)} uses {banned}"
+
+
+def test_submitit_is_used_by_one_module_of_the_launcher():
+    users = sorted(p.name for p in (ROOT / "launcher").glob("*.py") if "submitit" in
+                   {n.split(".")[0] for node in ast.walk(ast.parse(p.read_text()))
+                    for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                              [node.module or ""] if isinstance(node, ast.ImportFrom) else [])})
+    assert users == ["submit.py"]
+
+
+def test_bench_uses_no_private_name_of_jobs():
+    for path in (ROOT / "bench").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jobs"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.relative_to(ROOT)} imports {private} from {node.module}"
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = node.value
+                if isinstance(base, ast.Name) and base.id in {"worker", "schedule", "loop", "parallel", "metrics",
+                                                              "comm", "dist", "sinks", "models", "preempt"}:
+                    raise AssertionError(f"{path.relative_to(ROOT)} uses {base.id}.{node.attr}")
