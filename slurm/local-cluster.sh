@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # local-cluster.sh: a real multi-node Slurm cluster on one machine, for end-to-end tests.
 #
-#   bash slurm/local-cluster.sh up     [DIR]          start it (idempotent); the last line of
-#                                                     stdout is `export SLURM_CONF=DIR/etc/slurm.conf`
-#   bash slurm/local-cluster.sh down   [--purge] [DIR] stop it (by recorded PID); --purge also
-#                                                     deletes its state, database and logs
-#   bash slurm/local-cluster.sh status [DIR]          daemons, nodes and jobs; exit 0 when up
-#   bash slurm/local-cluster.sh exec   [DIR] -- CMD.. run CMD with SLURM_CONF set and node names
-#                                                     resolvable (private /etc/hosts)
+#   bash slurm/local-cluster.sh up      [DIR]          start it (idempotent); the last line of
+#                                                      stdout is `export SLURM_CONF=DIR/etc/slurm.conf`
+#   bash slurm/local-cluster.sh down    [--purge] [DIR] stop it (by recorded PID); --purge also
+#                                                      deletes its state, database and logs
+#   bash slurm/local-cluster.sh status  [DIR]          daemons, nodes and jobs; exit 0 when up
+#   bash slurm/local-cluster.sh exec    [DIR] -- CMD.. run CMD with SLURM_CONF set and node names
+#                                                      resolvable (private /etc/hosts)
+#   bash slurm/local-cluster.sh install                install the Debian packages (`up` does it
+#                                                      when they are missing)
 #
 #   eval "$(bash slurm/local-cluster.sh up | tail -1)"     # then: sinfo, srun -N2 hostname, ...
 #
 # DIR defaults to ${SLURM_LOCAL_DIR:-/tmp/slurm-local}. Everything (configuration, munge key,
 # MariaDB datadir, Slurm state, spool, logs, pid files) lives under DIR; the only things outside
-# it are the Debian packages, which `up` installs when missing.
+# it are the Debian packages (`install`).
 #
-# What runs (all on 127.0.0.1, all as background processes started by this script):
+# What runs (all on 127.0.0.1, all as background processes started by this script, one start_*
+# function each):
 #   munged      own key and socket under DIR/munge (runs as user munge)
 #   mariadbd    own datadir DIR/mysql, port 7806, socket DIR/run/mysqld.sock
 #   slurmdbd    port 7819, accounting for cluster "localcluster" (sacct works)
@@ -33,6 +36,11 @@
 #   SLURM_LOCAL_MEM_MB [4000]             SLURM_LOCAL_TIMEOUT [120]  (seconds to wait for `up`)
 #   SLURM_LOCAL_PORT_OFFSET [0]           added to every port, to run a second cluster beside
 #                                         the first (use a different DIR, offset >= 100)
+#   SLURM_LOCAL_MAX_ARRAY_SIZE [1001]     slurm.conf MaxArraySize: array indices 0..N-1, at
+#                                         most N tasks per array (Slurm's default is 1001)
+#   SLURM_LOCAL_OVERSUBSCRIBE [YES:4]     partition OverSubscribe: YES:4 honours --exclusive
+#                                         and shares cores only with jobs that ask
+#                                         (--oversubscribe); FORCE:4 shares always
 
 set -euo pipefail
 export PATH="/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}"
@@ -47,7 +55,7 @@ log() { printf '[%s] %s\n' "$PROG" "$*" >&2; }
 die() { printf '[%s] ERROR: %s\n' "$PROG" "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -78,11 +86,17 @@ CPUS=${SLURM_LOCAL_CPUS:-2}
 MEM_MB=${SLURM_LOCAL_MEM_MB:-4000}
 TIMEOUT=${SLURM_LOCAL_TIMEOUT:-120}
 OFFSET=${SLURM_LOCAL_PORT_OFFSET:-0}
-for v in NODES CPUS MEM_MB TIMEOUT OFFSET; do
+MAX_ARRAY_SIZE=${SLURM_LOCAL_MAX_ARRAY_SIZE:-1001}
+OVERSUBSCRIBE=${SLURM_LOCAL_OVERSUBSCRIBE:-YES:4}
+for v in NODES CPUS MEM_MB TIMEOUT OFFSET MAX_ARRAY_SIZE; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a non-negative integer (got '${!v}')"
 done
 ((NODES >= 1 && NODES <= 64)) || die "SLURM_LOCAL_NODES must be between 1 and 64"
 ((CPUS >= 1)) || die "SLURM_LOCAL_CPUS must be >= 1"
+# MaxArraySize must stay below MaxJobCount (10000 by default).
+((MAX_ARRAY_SIZE >= 1 && MAX_ARRAY_SIZE <= 9999)) || die "SLURM_LOCAL_MAX_ARRAY_SIZE must be between 1 and 9999"
+[[ $OVERSUBSCRIBE =~ ^(NO|EXCLUSIVE|YES(:[0-9]+)?|FORCE(:[0-9]+)?)$ ]] ||
+    die "SLURM_LOCAL_OVERSUBSCRIBE must be NO, EXCLUSIVE, YES[:N] or FORCE[:N] (got '$OVERSUBSCRIBE')"
 ((OFFSET + 7821 + NODES <= 10000)) || die "SLURM_LOCAL_PORT_OFFSET=$OFFSET puts the daemons at port 10000 or above, where jobs take their MASTER_PORT: use an offset below $((10000 - 7821 - NODES))"
 
 # Every port stays below 10000, out of the range the benchmark's jobs take their MASTER_PORT
@@ -132,12 +146,27 @@ port_range() {
 
 # --------------------------------------------------------------------------- processes
 # is_ours PID: the process exists, is not a zombie, and was started by this script for DIR.
+# A process in the middle of an exec (the daemons start through setsid, env, unshare/setpriv
+# and bash, each exec'ing the next) shows an empty or unreadable environment for a moment:
+# read it again before deciding, so a daemon on its way up is neither declared dead by `up`
+# nor left running by `down`.
 is_ours() {
-    local pid=$1 env
+    local pid=$1 env try
     [[ $pid =~ ^[0-9]+$ ]] || return 1
-    env=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || return 1
-    grep -qxF -- "$OWNER_ENV" <<<"$env"
+    for ((try = 0; try < 20; try++)); do
+        env=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || env=
+        if [[ -n $env ]]; then
+            grep -qxF -- "$OWNER_ENV" <<<"$env"
+            return
+        fi
+        running "$pid" || return 1
+        sleep 0.05
+    done
+    return 1
 }
+
+# running PID: the process exists and is not a zombie (whoever started it).
+running() { [[ -r /proc/$1/stat && $(sed -E 's/.*\) (.).*/\1/' 2>/dev/null <"/proc/$1/stat") =~ ^[^ZX]$ ]]; }
 
 pid_of() { local f=$PIDS/$1.pid; [[ -r $f ]] && cat "$f"; }
 alive() { local pid; pid=$(pid_of "$1") && is_ours "$pid"; }
@@ -149,12 +178,23 @@ recorded_daemons() {
 
 # start_daemon NAME CMD...: run CMD in its own session, detached from our stdio, with a clean
 # environment; record its PID (setsid does not fork here: we are not a process-group leader).
+# $! is at first a fork of this script, which becomes "ours" (is_ours: OWNER_ENV in its
+# environment) only once it has exec'ed `env -i ... OWNER_ENV`. Until then `alive NAME` is
+# false, and a readiness check right after the start would take a daemon on its way up for one
+# that exited (a restart then failed, under load, with "munged exited while waiting for munged").
+# So wait for that exec, or for the process to end.
 start_daemon() {
-    local name=$1; shift
+    local name=$1 pid t; shift
     setsid env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
         SLURM_CONF="$CONF" "$OWNER_ENV" "$@" \
         </dev/null >>"$LOGS/$name.out" 2>&1 9>&- &
-    echo $! >"$PIDS/$name.pid"
+    pid=$!
+    echo "$pid" >"$PIDS/$name.pid"
+    for ((t = 0; t < 3000; t++)); do # 30 s at most
+        if is_ours "$pid" || ! running "$pid"; then return 0; fi
+        sleep 0.01
+    done
+    fail "$name (pid $pid) did not start within 30s"
 }
 
 # A command prefix that runs the rest in a private mount namespace (and UTS namespace with
@@ -228,8 +268,8 @@ kill_node_leftovers() {
             [[ "$mnt $(readlink "/proc/$pid/ns/uts" 2>/dev/null)" == "$ns" ]] || continue
             grep -qF "hosts.$node /etc/hosts " "/proc/$pid/mountinfo" 2>/dev/null || continue
             pids+=("$pid")
-        done < <(ls -l /proc/[0-9]*/ns/mnt 2>/dev/null | grep -F -- "-> ${ns%% *}" |
-            sed -nE 's|.* /proc/([0-9]+)/ns/mnt -> (.*)$|\1 \2|p')
+        done < <(find /proc/[0-9]*/ns -maxdepth 1 -name mnt -printf '%h %l\n' 2>/dev/null |
+            awk -v want="${ns%% *}" '$2 == want { sub("^/proc/", "", $1); sub("/ns$", "", $1); print $1, $2 }')
     done
     if ((${#pids[@]})); then
         log "killing ${#pids[@]} leftover job process(es) on the nodes: ${pids[*]}"
@@ -238,7 +278,7 @@ kill_node_leftovers() {
             for ((t = 0; t < 20; t++)); do
                 local left=()
                 for p in "${pids[@]}"; do
-                    if [[ $(sed -E 's/.*\) (.).*/\1/' 2>/dev/null <"/proc/$p/stat") =~ ^[^ZX]$ ]]; then left+=("$p"); fi
+                    if running "$p"; then left+=("$p"); fi
                 done
                 pids=("${left[@]}")
                 ((${#pids[@]})) || break
@@ -253,8 +293,13 @@ kill_node_leftovers() {
 # --------------------------------------------------------------------------- helpers
 port_busy() { (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# The daemons' logs; a daemon's .out (stdout/stderr) only where its log file is empty, as when
-# it failed before opening it.
+# Lines every healthy start writes, left out of what `up` shows when it fails: each Slurm daemon
+# checks at start that munged refuses a credential restricted to another UID, and munged logs
+# the refusal ("Unauthorized credential for client UID=0 GID=0"): 6 lines per `up`, harmless.
+readonly HARMLESS_LOG_LINES='Unauthorized credential for client UID=0 GID=0|mpi/pmix|MPI: Cannot create context|Couldn.t load specified plugin name for mpi/pmix'
+
+# The daemons' logs; a daemon's .out (stdout/stderr) only where it has no log file of its own or
+# that file is empty, as when it failed before opening it. munged logs to its .out (-F).
 tail_logs() {
     local f log
     for f in "$LOGS"/*.log "$LOGS"/*.out; do
@@ -265,7 +310,7 @@ tail_logs() {
             [[ ! -s $log ]] || continue
         fi
         printf -- '----- %s (last 15 lines) -----\n' "$f" >&2
-        tail -n 15 "$f" >&2 || true
+        grep -Ev -- "$HARMLESS_LOG_LINES" "$f" | tail -n 15 >&2 || true
     done
 }
 
@@ -295,14 +340,27 @@ wait_until() {
     done
 }
 
-ensure_packages() {
-    local b missing=()
-    for b in slurmctld slurmd slurmdbd sinfo sacct sacctmgr munged mungekey munge unmunge \
-        mariadbd mariadb-install-db mariadb mariadb-admin unshare setpriv flock; do
-        command -v "$b" >/dev/null || missing+=("$b")
+# Commands the cluster needs, and the ones of them not installed.
+readonly NEEDED_COMMANDS=(slurmctld slurmd slurmdbd sinfo sacct sacctmgr munged mungekey munge unmunge
+    mariadbd mariadb-install-db mariadb mariadb-admin unshare setpriv flock)
+missing_commands() {
+    local b
+    for b in "${NEEDED_COMMANDS[@]}"; do
+        command -v "$b" >/dev/null || echo "$b"
     done
-    ((${#missing[@]})) || return 0
-    log "installing packages (missing: ${missing[*]})"
+    return 0
+}
+
+# install: the Debian packages (no service is started: the package scripts find no systemd).
+cmd_install() {
+    [[ $(id -u) == 0 ]] || die "must run as root (package installation)"
+    local missing
+    missing=$(missing_commands)
+    if [[ -z $missing ]]; then
+        log "packages already installed (${PACKAGES[*]})"
+        return 0
+    fi
+    log "installing ${PACKAGES[*]} (missing: $(tr '\n' ' ' <<<"$missing"))"
     command -v apt-get >/dev/null || die "apt-get not found: install ${PACKAGES[*]} yourself"
     export DEBIAN_FRONTEND=noninteractive
     local apt=(apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=600
@@ -310,11 +368,13 @@ ensure_packages() {
         -o Dpkg::Options::=--force-confold "${PACKAGES[@]}")
     if ! "${apt[@]}" >&2; then
         log "install failed; running apt-get update and retrying"
-        apt-get -o DPkg::Lock::Timeout=600 update >&2 && "${apt[@]}" >&2 || die "package installation failed"
+        if ! apt-get -o DPkg::Lock::Timeout=600 update >&2 || ! "${apt[@]}" >&2; then
+            die "package installation failed"
+        fi
     fi
-    for b in slurmctld slurmd slurmdbd munged mariadbd; do
-        command -v "$b" >/dev/null || die "$b still missing after installing ${PACKAGES[*]}"
-    done
+    missing=$(missing_commands)
+    [[ -z $missing ]] || die "still missing after installing ${PACKAGES[*]}: $(tr '\n' ' ' <<<"$missing")"
+    log "installed ${PACKAGES[*]}"
 }
 
 take_lock() {
@@ -358,7 +418,38 @@ write_config() {
     # clusters do not collide in a reused submitit folder. Kept with the state.
     [[ -s $ETC/first-job-id ]] || echo $(($(date +%s) % 50000000 + 1000000)) >"$ETC/first-job-id"
 
-    cat >"$CONF.tmp" <<EOF
+    render_slurm_conf >"$CONF.tmp"
+    mv -f "$CONF.tmp" "$CONF"
+    : >"$ETC/plugstack.conf"
+
+    (
+        umask 077
+        cat >"$DBD_CONF.tmp" <<EOF
+# Written by slurm/local-cluster.sh on every \`up\`; edits are overwritten.
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCK
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$RUN/slurmdbd.pid
+LogFile=$LOGS/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=$DB_USER
+StoragePass=$DB_PASS
+StorageLoc=$DB_NAME
+EOF
+    )
+    chmod 0600 "$DBD_CONF.tmp"
+    mv -f "$DBD_CONF.tmp" "$DBD_CONF"
+}
+
+# slurm.conf for the knobs in effect (needs $ETC/first-job-id).
+render_slurm_conf() {
+    cat <<EOF
 # Written by slurm/local-cluster.sh on every \`up\`; edits are overwritten.
 ClusterName=$CLUSTER
 SlurmctldHost=localhost(127.0.0.1)
@@ -401,6 +492,7 @@ InactiveLimit=0
 MessageTimeout=20
 SlurmdTimeout=60
 FirstJobId=$(cat "$ETC/first-job-id")
+MaxArraySize=$MAX_ARRAY_SIZE
 # Report the configured CPUs/memory below whatever the hardware has, never drain for it.
 SlurmdParameters=config_overrides
 
@@ -410,35 +502,10 @@ AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE_SOCK
 
 NodeName=$(node_range) NodeAddr=127.0.0.1 Port=$(port_range) CPUs=$CPUS Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB State=UNKNOWN
-# FORCE:4 lets up to 4 jobs share a core once every node is busy (no --exclusive here).
-PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+# OverSubscribe=YES:4 (SLURM_LOCAL_OVERSUBSCRIBE): jobs share a node core by core, --exclusive
+# gets a node to itself, and only jobs that ask (--oversubscribe) share a core (up to 4).
+PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=$OVERSUBSCRIBE
 EOF
-    mv -f "$CONF.tmp" "$CONF"
-    : >"$ETC/plugstack.conf"
-
-    (
-        umask 077
-        cat >"$DBD_CONF.tmp" <<EOF
-# Written by slurm/local-cluster.sh on every \`up\`; edits are overwritten.
-AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCK
-DbdHost=localhost
-DbdAddr=127.0.0.1
-DbdPort=$DBD_PORT
-SlurmUser=root
-PidFile=$RUN/slurmdbd.pid
-LogFile=$LOGS/slurmdbd.log
-DebugLevel=info
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort=$DB_PORT
-StorageUser=$DB_USER
-StoragePass=$DB_PASS
-StorageLoc=$DB_NAME
-EOF
-    )
-    chmod 0600 "$DBD_CONF.tmp"
-    mv -f "$DBD_CONF.tmp" "$DBD_CONF"
 }
 
 # --------------------------------------------------------------------------- readiness checks
@@ -453,7 +520,7 @@ registered_ok() {
 }
 NODES_SEEN=
 nodes_ok() {
-    local out line name state ready=0 resume=()
+    local out name state ready=0 resume=()
     out=$(timeout 15 sinfo -h -N -p "$PARTITION" -o '%N %T' 2>/dev/null) || return 1
     NODES_SEEN=$(tr '\n' ' ' <<<"$out")
     while read -r name state; do
@@ -473,7 +540,7 @@ nodes_ok() {
     ((ready == NODES))
 }
 
-# --------------------------------------------------------------------------- subcommands
+# --------------------------------------------------------------------------- whole cluster
 expected_daemons() {
     echo munged mariadbd slurmdbd slurmctld
     node_names | sed 's/^/slurmd-/'
@@ -491,7 +558,7 @@ stop_everything() { # QUIET
     if alive slurmctld; then
         users=$(timeout 15 squeue -h -o %u 2>/dev/null | sort -u) || users=
         if [[ -n $users ]]; then
-            ((quiet)) || log "cancelling all jobs (users: $(echo $users))"
+            ((quiet)) || log "cancelling all jobs (users: ${users//$'\n'/ })"
             for u in $users; do timeout 15 scancel -u "$u" >/dev/null 2>&1 || true; done
             local t
             for ((t = 0; t < 120; t++)); do
@@ -517,62 +584,32 @@ stop_everything() { # QUIET
     rm -f "$MUNGE_SOCK" "$MUNGE_SOCK.lock" "$DB_SOCK" "$DB_SOCK.lock" "$RUN"/*.pid "$MUNGE_DIR/munged.pid"
 }
 
-cmd_up() {
-    [[ $(id -u) == 0 ]] || die "must run as root (namespaces, bind mounts, packages)"
-    local t0=$SECONDS
-    ensure_packages
-    mkdir -p "$DIR"
-    [[ -e $MARKER ]] || [[ -z $(ls -A "$DIR" 2>/dev/null | grep -v '^\.lock$') ]] ||
-        die "$DIR exists, is not empty and was not made by $PROG: choose another DIR"
-    touch "$MARKER"
-    take_lock
-    DEADLINE=$((SECONDS + TIMEOUT))
+# --------------------------------------------------------------------------- daemons
+# One start function per daemon. Each starts its daemon in the background (recorded in PIDS)
+# and returns once it answers; on failure it ends the script through `fail`, which stops what
+# was started.
 
-    local all
-    all=$(expected_daemons | tr '\n' ' ')
-    if daemons_alive && ctld_ok; then
-        # shellcheck disable=SC2086
-        wait_until "$NODES nodes idle in partition $PARTITION" nodes_ok $all
-        # shellcheck disable=SC2086
-        wait_until "cluster $CLUSTER registered with slurmdbd (sacct)" registered_ok $all
-        log "already up ($DIR): nodes ${NODES_SEEN}"
-        print_export
-        return 0
-    fi
-    if [[ -n $(recorded_daemons) ]]; then
-        log "partially up or stale ($DIR): restarting all daemons (state kept)"
-        stop_everything
-    fi
-
-    local p
-    for p in "$CTLD_PORT" "$DBD_PORT" "$DB_PORT" $(seq "$SLURMD_PORT0" $((SLURMD_PORT0 + NODES - 1))); do
-        port_busy "$p" && die "port $p on 127.0.0.1 is already in use: stop that service, or set SLURM_LOCAL_PORT_OFFSET"
-    done
-
-    mkdir -p "$ETC" "$MUNGE_DIR" "$NS_DIR" "$RUN" "$PIDS" "$LOGS" "$STATE" "$SPOOL" "$DB_TMP"
-    chmod 0755 "$DIR" "$ETC" "$RUN" "$LOGS"
-    chmod 0700 "$PIDS" "$STATE"
-    local node
-    while read -r node; do mkdir -p "$SPOOL/$node"; done < <(node_names)
-    write_config
-    UP_STARTED=1
-
-    # munge: own key, socket, pid/seed/log files; runs as user munge.
+# munged: own key (made once, kept with the state), socket, pid and seed files; runs as user
+# munge, in the foreground (-F), so its log is its stderr: LOGS/munged.out.
+start_munged() {
     chown munge:munge "$MUNGE_DIR"
     chmod 0755 "$MUNGE_DIR"
     if [[ ! -s $MUNGE_KEY ]]; then
         mungekey --create --keyfile="$MUNGE_KEY" || fail "mungekey failed"
     fi
-    chown munge:munge "$MUNGE_KEY"
+    chown munge:munge "$MUNGE_KEY" "$MUNGE_DIR"/munged.seed 2>/dev/null || true
     chmod 0600 "$MUNGE_KEY"
-    touch "$LOGS/munged.log"; chown munge:munge "$LOGS/munged.log"; chmod 0640 "$LOGS/munged.log"
     setpriv --reuid=munge --regid=munge --init-groups test -r "$MUNGE_KEY" ||
         fail "user munge cannot reach $MUNGE_KEY: every parent directory of $DIR must be searchable by others"
     start_daemon munged setpriv --reuid=munge --regid=munge --init-groups \
         munged -F --key-file="$MUNGE_KEY" --socket="$MUNGE_SOCK" --pid-file="$MUNGE_DIR/munged.pid" \
-        --log-file="$LOGS/munged.log" --seed-file="$MUNGE_DIR/munged.seed" --origin=127.0.0.1
+        --seed-file="$MUNGE_DIR/munged.seed" --origin=127.0.0.1
+    wait_until "munged" munge_ok munged
+}
 
-    # MariaDB: own datadir, TCP on 127.0.0.1 only.
+# MariaDB: own datadir (initialised once), TCP on 127.0.0.1 only; the accounting database and
+# its user.
+start_mariadbd() {
     if [[ ! -d $DB_DATA/mysql ]]; then
         log "initialising MariaDB datadir $DB_DATA"
         rm -rf "$DB_DATA"
@@ -586,8 +623,6 @@ cmd_up() {
         --skip-name-resolve --log-error="$LOGS/mariadb.log" --tmpdir="$DB_TMP" \
         --innodb-buffer-pool-size=64M --innodb-log-file-size=16M --innodb-lock-wait-timeout=900 \
         --performance-schema=OFF --max-connections=64 --skip-log-bin
-
-    wait_until "munged" munge_ok munged
     wait_until "MariaDB" db_ok mariadbd
     mariadb --no-defaults --socket="$DB_SOCK" -uroot >>"$LOGS/mariadb-setup.log" 2>&1 <<EOF ||
 CREATE DATABASE IF NOT EXISTS $DB_NAME;
@@ -595,8 +630,10 @@ CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
 GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';
 EOF
         fail "could not create the accounting database user (see $LOGS/mariadb-setup.log)"
+}
 
-    # slurmdbd, then the cluster record, then slurmctld (so it registers at start).
+# slurmdbd (needs munged and MariaDB), then the cluster record, so slurmctld registers at start.
+start_slurmdbd() {
     ns_prefix "$CTL_HOSTS" ""
     start_daemon slurmdbd "${NS_CMD[@]}" slurmdbd -D
     wait_until "slurmdbd" dbd_ok slurmdbd munged mariadbd
@@ -604,37 +641,103 @@ EOF
         timeout 30 sacctmgr -i add cluster "$CLUSTER" >>"$LOGS/sacctmgr.log" 2>&1 ||
             fail "sacctmgr add cluster $CLUSTER failed (see $LOGS/sacctmgr.log)"
     fi
+}
 
+start_slurmctld() {
     ns_prefix "$CTL_HOSTS" ""
     start_daemon slurmctld "${NS_CMD[@]}" slurmctld -D -i -f "$CONF"
-    while read -r node; do
-        ns_prefix "$NS_DIR/hosts.$node" "$node"
-        start_daemon "slurmd-$node" "${NS_CMD[@]}" slurmd -D -N "$node" -f "$CONF"
-    done < <(node_names)
+    wait_until "slurmctld" ctld_ok slurmctld slurmdbd munged
+}
 
-    # Record each node's namespaces (for `down` to find job processes left behind).
-    local host_ns pid ns
+# start_slurmd NODE: one node's slurmd in its own mount + UTS namespace (hostname NODE), whose
+# namespaces are recorded for `down` to find job processes left behind. Readiness of the nodes
+# is checked for all of them together (nodes_ok), after the last one is started.
+start_slurmd() {
+    local node=$1 host_ns pid ns
+    ns_prefix "$NS_DIR/hosts.$node" "$node"
+    start_daemon "slurmd-$node" "${NS_CMD[@]}" slurmd -D -N "$node" -f "$CONF"
     host_ns=$(ns_id $$)
-    while read -r node; do
-        while :; do
-            pid=$(pid_of "slurmd-$node")
-            ns=$(ns_id "$pid" 2>/dev/null) || ns=
-            if [[ -n $ns && $ns != "$host_ns" ]]; then echo "$ns" >"$PIDS/slurmd-$node.ns"; break; fi
-            alive "slurmd-$node" || fail "slurmd-$node exited at start (see $LOGS/slurmd-$node.out)"
-            ((SECONDS < DEADLINE)) || fail "timed out waiting for slurmd-$node to enter its namespace"
-            sleep 0.05
-        done
-    done < <(node_names)
+    while :; do
+        pid=$(pid_of "slurmd-$node")
+        ns=$(ns_id "$pid" 2>/dev/null) || ns=
+        if [[ -n $ns && $ns != "$host_ns" ]]; then echo "$ns" >"$PIDS/slurmd-$node.ns"; break; fi
+        alive "slurmd-$node" || fail "slurmd-$node exited at start (see $LOGS/slurmd-$node.out)"
+        ((SECONDS < DEADLINE)) || fail "timed out waiting for slurmd-$node to enter its namespace"
+        sleep 0.05
+    done
+}
 
-    # shellcheck disable=SC2086
-    wait_until "slurmctld" ctld_ok $all
+# --------------------------------------------------------------------------- subcommands
+# DIR may hold only what a failed or killed `up` leaves before the marker (the lock).
+dir_is_ours_or_empty() {
+    [[ -e $MARKER ]] && return 0
+    local f
+    for f in "$DIR"/* "$DIR"/.*; do
+        [[ -e $f ]] || continue
+        case ${f##*/} in . | .. | .lock) ;; *) return 1 ;; esac
+    done
+    return 0
+}
+
+cmd_up() {
+    [[ $(id -u) == 0 ]] || die "must run as root (namespaces, bind mounts, packages)"
+    local t0=$SECONDS
+    if [[ -n $(missing_commands) ]]; then cmd_install; fi
+    mkdir -p "$DIR"
+    dir_is_ours_or_empty || die "$DIR exists, is not empty and was not made by $PROG: choose another DIR"
+    touch "$MARKER"
+    take_lock
+    DEADLINE=$((SECONDS + TIMEOUT))
+
+    local all
+    all=$(expected_daemons | tr '\n' ' ')
+    if daemons_alive && ctld_ok; then
+        # shellcheck disable=SC2086
+        wait_until "$NODES nodes idle in partition $PARTITION" nodes_ok $all
+        # shellcheck disable=SC2086
+        wait_until "cluster $CLUSTER registered with slurmdbd (sacct)" registered_ok $all
+        if [[ -s $ETC/first-job-id ]] && ! render_slurm_conf | cmp -s - "$CONF"; then
+            log "note: the running cluster was configured differently (other SLURM_LOCAL_* knobs" \
+                "or another version of $PROG); it keeps its configuration until down + up"
+        fi
+        log "already up ($DIR): nodes ${NODES_SEEN}"
+        print_export
+        return 0
+    fi
+    if [[ -n $(recorded_daemons) ]]; then
+        log "partially up or stale ($DIR): restarting all daemons (state kept)"
+        stop_everything
+    fi
+
+    local p
+    for p in "$CTLD_PORT" "$DBD_PORT" "$DB_PORT" $(seq "$SLURMD_PORT0" $((SLURMD_PORT0 + NODES - 1))); do
+        if port_busy "$p"; then
+            die "port $p on 127.0.0.1 is already in use: stop that service, or set SLURM_LOCAL_PORT_OFFSET"
+        fi
+    done
+
+    mkdir -p "$ETC" "$MUNGE_DIR" "$NS_DIR" "$RUN" "$PIDS" "$LOGS" "$STATE" "$SPOOL" "$DB_TMP"
+    chmod 0755 "$DIR" "$ETC" "$RUN" "$LOGS"
+    chmod 0700 "$PIDS" "$STATE"
+    local node
+    while read -r node; do mkdir -p "$SPOOL/$node"; done < <(node_names)
+    write_config
+    UP_STARTED=1
+
+    start_munged
+    start_mariadbd
+    start_slurmdbd
+    start_slurmctld
+    while read -r node; do start_slurmd "$node"; done < <(node_names)
+
     # shellcheck disable=SC2086
     wait_until "$NODES nodes idle in partition $PARTITION" nodes_ok $all
     # shellcheck disable=SC2086
     wait_until "cluster $CLUSTER registered with slurmdbd (sacct)" registered_ok $all
 
     log "up in $((SECONDS - t0))s: cluster $CLUSTER, partition $PARTITION, nodes ${NODES_SEEN}"
-    log "$NODES nodes x $CPUS CPUs, ${MEM_MB} MB each; logs in $LOGS"
+    log "$NODES nodes x $CPUS CPUs, ${MEM_MB} MB each, MaxArraySize=$MAX_ARRAY_SIZE," \
+        "OverSubscribe=$OVERSUBSCRIBE; logs in $LOGS"
     print_export
 }
 
@@ -697,6 +800,7 @@ cmd_exec() {
 }
 
 case $CMD in
+    install) cmd_install ;;
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
