@@ -363,8 +363,9 @@ def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[st
     if done:
         noisy = [r for r in done if _cv(r).endswith(NOISY_FLAG)]
         multi_model = len(_distinct(done, "model")) > 1
-        for (model, ws) in sorted({(str(r.get("model")), r.get("world_size") or 0) for r in done}):
-            peers = [r for r in done if str(r.get("model")) == model and (r.get("world_size") or 0) == ws]
+        units = [u for u in grouped(rows) if num(u.get("throughput_samples_per_s")) is not None]
+        for (model, ws) in sorted({(str(r.get("model")), r.get("world_size") or 0) for r in units}):
+            peers = [r for r in units if str(r.get("model")) == model and (r.get("world_size") or 0) == ws]
             best = max(peers, key=lambda r: r["throughput_samples_per_s"])
             parts.append(f"Best at {ws} rank(s){f' ({model})' if multi_model else ''}: **{_md(best['cell'])}** at "
                          f"{_rate(best['throughput_samples_per_s'])} samples/s "
