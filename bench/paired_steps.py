@@ -10,7 +10,7 @@ frequency) moves both:
 * bare: a copy of the model wrapped as bench/bare_loop.py wraps it (DDP, or ``fully_shard`` per
   block and the root), the nanoGPT-style step (forward, cross-entropy, backward, AdamW step,
   zero_grad);
-* ours: another copy wrapped by the worker's ``jobs.parallel.apply_ddp`` / ``apply_fsdp``, run by
+* ours: another copy built and wrapped by the worker's public steps (``jobs.parallel.parallelize``), run by
   the worker's own step schedule ``jobs.schedule.run`` for the block (``Trainer.step``, per-step
   timing and history, the heartbeat, the stop-request agreement; a fresh schedule per block, so
   each block also pays the schedule's start: a checkpoint lookup, signal handlers, one agreement).
@@ -50,21 +50,22 @@ def main() -> None:
 
     from jobs import metrics, parallel, schedule
     from jobs.data import synthetic_batches
-    from jobs.dist import DistEnv
+    from jobs.dist import DistEnv, backend_for, choose_device
     from jobs.heartbeat import Heartbeat
     from jobs.loop import Trainer
-    from jobs.models import build_model, shard_units
-    from jobs.spec import ModelSpec, Strategy, StrategySpec
+    from jobs.models import build_model
+    from jobs.spec import ModelSpec, PrecisionSpec, Strategy, StrategySpec
 
     env = DistEnv.detect(os.environ)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank)
+    # The worker's device choice: GPUs when the host has them (one per local rank), else CPU.
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    name, backend = choose_device(gpus, env.local_rank, env.local_world_size, gpus)
+    device = torch.device(name)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        backend, sync = "nccl", torch.cuda.synchronize
-    else:
-        device, backend, sync = torch.device("cpu"), "gloo", (lambda: None)
-    dist.init_process_group(backend)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    dist.init_process_group(backend_for(device.type), device_id=device if device.type == "cuda" else None)
     control_group = dist.new_group(backend="gloo")  # as jobs.dist.process_group opens it for the worker
     spec = ModelSpec(name=args.model, seq_len=args.seq_len, vocab_size=args.vocab_size)
 
@@ -100,31 +101,26 @@ def main() -> None:
             loss.detach()
             sync()
 
-    # Our side: the worker's wrappers and step schedule, with the worker's default settings.
-    ours_model = fresh_model()
+    # Our side: the worker's public steps (parallelize, build_optimizer, the schedule) with its defaults.
     strat = StrategySpec(name=Strategy(args.strategy))
-    if strat.name is Strategy.ddp:
-        ours_model = parallel.apply_ddp(
-            ours_model, device, bucket_cap_mb=strat.bucket_cap_mb, gradient_as_bucket_view=strat.gradient_as_bucket_view,
-            static_graph=strat.static_graph, find_unused_parameters=strat.find_unused_parameters,
-            broadcast_buffers=strat.broadcast_buffers)
-        no_sync = ours_model.no_sync
-    else:
-        mesh = parallel.fsdp_mesh(device.type, strat.sharding, env.num_nodes, env.local_world_size)
-        ours_model = parallel.apply_fsdp(ours_model, mesh, units=shard_units(ours_model), reshard_after_forward=True,
-                                         param_dtype=None, reduce_dtype=None, cpu_offload=False, prefetch=strat.prefetch)
-        no_sync = None  # one micro-batch per step: never entered
-    ours_opt = torch.optim.AdamW(ours_model.parameters(), lr=1e-4)
-    trainer = Trainer(ours_model, ours_opt, accum_steps=1, autocast_dtype=None, device=device, no_sync=no_sync)
+    torch.manual_seed(0)
+    with torch.device("meta" if strat.name is Strategy.fsdp else device):
+        ours_model = build_model(spec)
+    par = parallel.parallelize(ours_model, strat, PrecisionSpec(), device=device, num_nodes=env.num_nodes,
+                               tasks_per_node=env.local_world_size)
+    ours_opt = parallel.build_optimizer(par.model, "adamw", 1e-4)
+    trainer = Trainer(par.model, ours_opt, accum_steps=1, autocast_dtype=par.autocast_dtype, device=device,
+                      no_sync=par.no_sync, scaler=par.scaler)
     ours_batches = synthetic_batches(spec, args.batch_size, 0, env.rank, device)
     run_dir = Path(tempfile.mkdtemp(prefix="paired-"))
     heartbeat = Heartbeat(run_dir, env.rank, env.hostname, stall_timeout_s=300)
+    hooks = schedule.Hooks(sync=sync, on_step=heartbeat.beat,
+                           reset_peak_memory=lambda: metrics.reset_peak_memory(device))
 
     def ours_block(n: int) -> None:
-        schedule.run(trainer, ours_batches, model=ours_model, optimizer=ours_opt, env=env, device=device,
-                     out_dir=run_dir, total_steps=n, warmup_steps=0, accum_steps=1, every_steps=0, sync=sync,
-                     on_step=heartbeat.beat, on_checkpoint=lambda history, lo, hi: hi,
-                     reset_peak_memory=lambda: metrics.reset_peak_memory(device), control_group=control_group)
+        schedule.run(trainer, ours_batches, env=env, device=device, out_dir=run_dir,
+                     schedule=schedule.Schedule(total_steps=n, warmup_steps=0), hooks=hooks,
+                     control_group=control_group)
 
     def timed(fn) -> float:
         dist.barrier()  # both sides start a block together, as both loops start their window

@@ -68,82 +68,106 @@ class Outcome:
     resumed_from_step: Optional[int] = None  # the checkpoint this run continued from, if any
 
 
-def run(
-    trainer: Trainer,
-    batches,
-    *,
-    model,
-    optimizer,
-    env,
-    device,
-    out_dir: Path,
-    total_steps: int,
-    warmup_steps: int,
-    accum_steps: int,
-    every_steps: int,
-    sync: Callable[[], None],
-    on_step: Callable[[int], None],
-    on_checkpoint: Callable[[History, int, int], int],
-    reset_peak_memory: Callable[[], None],
-    control_group=None,
-) -> Outcome:
-    """Run the schedule; raises :class:`preempt.Preempted` after saving when asked to stop.
+@dataclass(frozen=True)
+class Schedule:
+    """Which steps run, which are measured, when to checkpoint."""
 
-    ``on_step(step)`` runs after each step (heartbeat); ``on_checkpoint(history, lo, hi)`` logs
-    steps lo..hi-1 (collective) and returns the step through which everything is logged.
-    ``control_group``: where the ranks agree on stop requests (``jobs.dist.process_group`` yields
-    it); None uses the default group, i.e. the training collectives' queue.
+    total_steps: int
+    warmup_steps: int
+    accum_steps: int = 1  # micro-batches per step (the data position after a resume depends on it)
+    every_steps: int = 0  # periodic checkpoint every N steps (0: only on stop requests)
+
+
+def _no_op(*_args) -> None:
+    return None
+
+
+@dataclass
+class Hooks:
+    """What the schedule calls out to; each default does nothing.
+
+    ``sync()`` after each step (a CUDA sync point: step times are only true after it);
+    ``on_step(step)`` after each step (heartbeat); ``on_checkpoint(history, lo, hi)`` logs steps
+    lo..hi-1 before a stop (collective) and returns the step through which everything is logged;
+    ``reset_peak_memory()`` when the measured window opens; ``on_window(event)`` with "start"
+    just before the first measured step and "end" after the last step (timing harnesses).
     """
+
+    sync: Callable[[], None] = _no_op
+    on_step: Callable[[int], None] = _no_op
+    on_checkpoint: Callable[[History, int, int], int] = lambda history, lo, hi: lo
+    reset_peak_memory: Callable[[], None] = _no_op
+    on_window: Callable[[str], None] = _no_op
+
+
+def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Schedule, hooks: Hooks = Hooks(),
+        control_group=None) -> Outcome:
+    """Run the schedule on ``trainer`` (its model and optimizer are checkpointed); raises
+    :class:`preempt.Preempted` after saving when asked to stop. ``control_group``: where the ranks
+    agree on stop requests (``jobs.dist.process_group`` yields it); None uses the default group."""
     import torch.distributed as dist
 
-    start, restarts, logged_through, history = 0, 0, 0, History()
-    found = checkpoint.latest(out_dir)
-    if found is not None:
-        meta, mine = checkpoint.load(found, model, optimizer, rank=env.rank, world_size=env.world_size)
-        start, restarts, logged_through = meta["step"], meta["restarts"] + 1, meta["logged_through"]
-        if mine is not None:
-            history = History.from_portable(mine["history"])
-            checkpoint.restore_rng(mine["rng"], device)
-        # The data position is a function of the step: skip what was consumed before the stop.
-        for _ in range(start * accum_steps):
-            next(batches)
-    rewarm_until = start + min(warmup_steps, max(0, total_steps - start - 1)) if found is not None else 0
-
+    start, restarts, logged_through, history, found = _resume(trainer, batches, env, device, out_dir, schedule)
+    rewarm_until = start + min(schedule.warmup_steps, max(0, schedule.total_steps - start - 1)) if found else 0
     stop = preempt.StopRequests(control_group)
     measuring = False
     first_step_unix_s = time.time()
     try:
         step = start
-        while step < total_steps:
-            is_measured = step >= warmup_steps and step >= rewarm_until
+        while step < schedule.total_steps:
+            is_measured = step >= schedule.warmup_steps and step >= rewarm_until
             if is_measured and not measuring:
-                reset_peak_memory()
+                hooks.reset_peak_memory()
                 # Sync point: every rank starts the measured window together, so no rank's window
                 # includes waiting for a slower rank to finish its warm-up.
                 dist.barrier()
                 measuring = True
-            run_steps(trainer, batches, 1, sync, history.trace)
+                hooks.on_window("start")
+            run_steps(trainer, batches, 1, hooks.sync, history.trace)
             history.steps.append(step)
             history.measured.append(is_measured)
-            on_step(step)
+            hooks.on_step(step)
             step += 1
             request = stop.agreed()
-            periodic = every_steps > 0 and step % every_steps == 0 and step < total_steps
-            if not (request or periodic):
-                continue
-            if request:
-                logged_through = on_checkpoint(history, logged_through, step)
-            checkpoint.save(out_dir, model, optimizer, rank=env.rank,
-                            meta={"step": step, "restarts": restarts, "world_size": env.world_size,
-                                  "logged_through": logged_through, "saved_unix_s": time.time()},
-                            rank_state={"history": history.portable(),
-                                        "rng": checkpoint.rng_state(device)})
-            if request:
-                requeued = False
-                if request == preempt.USR2 and env.is_head and env.requeue_id:
-                    requeued = preempt.requeue(env.requeue_id)
-                raise preempt.Preempted(preempt.NAMES[request], step, requeued)
+            periodic = schedule.every_steps > 0 and step % schedule.every_steps == 0 and step < schedule.total_steps
+            if request or periodic:
+                logged_through = _save_or_stop(trainer, env, device, out_dir, hooks, history, step, restarts,
+                                               logged_through, request)
+        hooks.on_window("end")
         stop.finish()
     finally:
         stop.restore()
-    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found is not None else None)
+    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found else None)
+
+
+def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Schedule):
+    """(start step, restarts, logged_through, history, whether a checkpoint was found)."""
+    found = checkpoint.latest(out_dir)
+    if found is None:
+        return 0, 0, 0, History(), False
+    meta, mine = checkpoint.load(found, trainer.model, trainer.optimizer, rank=env.rank, world_size=env.world_size)
+    history = History()
+    if mine is not None:
+        history = History.from_portable(mine["history"])
+        checkpoint.restore_rng(mine["rng"], device)
+    # The data position is a function of the step: skip what was consumed before the stop.
+    for _ in range(meta["step"] * schedule.accum_steps):
+        next(batches)
+    return meta["step"], meta["restarts"] + 1, meta["logged_through"], history, True
+
+
+def _save_or_stop(trainer: Trainer, env, device, out_dir: Path, hooks: Hooks, history: History, step: int,
+                  restarts: int, logged_through: int, request) -> int:
+    """Checkpoint at ``step`` (collective); on a stop request log first, then raise Preempted."""
+    if request:
+        logged_through = hooks.on_checkpoint(history, logged_through, step)
+    checkpoint.save(out_dir, trainer.model, trainer.optimizer, rank=env.rank,
+                    meta={"step": step, "restarts": restarts, "world_size": env.world_size,
+                          "logged_through": logged_through, "saved_unix_s": time.time()},
+                    rank_state={"history": history.portable(), "rng": checkpoint.rng_state(device)})
+    if request:
+        requeued = False
+        if request == preempt.USR2 and env.is_head and env.requeue_id:
+            requeued = preempt.requeue(env.requeue_id)
+        raise preempt.Preempted(preempt.NAMES[request], step, requeued)
+    return logged_through

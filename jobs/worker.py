@@ -131,7 +131,9 @@ def build_model(spec: RunSpec, device):
 
 
 def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat,
-              control_group=None, gpu_uuids=()) -> Dict[str, Any]:
+              control_group=None, gpu_uuids=(), on_window=None) -> Dict[str, Any]:
+    """Build, wrap, run the schedule, probe, reduce and log. ``on_window(event)``: called with
+    "start"/"end" around the measured window (jobs.schedule.Hooks; timing harnesses use it)."""
     from jobs import metrics, parallel, schedule
     from jobs.data import input_batches
     from jobs.loop import Trainer, scaled_lr
@@ -163,12 +165,15 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         sink.flush()
         return step
 
+    on_window = on_window or (lambda event: None)
     outcome = schedule.run(
-        trainer, batches, model=par.model, optimizer=optimizer, env=env, device=device, out_dir=Path(spec.out_dir),
-        total_steps=train.steps, warmup_steps=train.warmup_steps, accum_steps=train.grad_accum_steps,
-        every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0, sync=sync,
-        on_step=heartbeat.beat, on_checkpoint=log_before_stop,
-        reset_peak_memory=lambda: metrics.reset_peak_memory(device), control_group=control_group,
+        trainer, batches, env=env, device=device, out_dir=Path(spec.out_dir),
+        schedule=schedule.Schedule(total_steps=train.steps, warmup_steps=train.warmup_steps,
+                                   accum_steps=train.grad_accum_steps,
+                                   every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0),
+        hooks=schedule.Hooks(sync=sync, on_step=heartbeat.beat, on_checkpoint=log_before_stop,
+                             reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=on_window),
+        control_group=control_group,
     )
     # Peak memory of the measured window, read before the probe's profiler can add to it.
     window_memory = metrics.peak_memory(device)
