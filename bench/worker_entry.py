@@ -7,9 +7,10 @@ Takes the same arguments as bench/bare_loop.py, builds the RunSpec the launcher 
 calls the worker's real entry point (jobs.dist reads torchrun's environment). Timers are wrapped
 around a few worker functions from outside, so the worker runs unmodified:
 
-* the measured window: from the start of step ``warmup_steps`` to the end of the last step, timed
-  around ``jobs.loop.run_steps`` calls, so whatever the worker does between measured steps counts
-  (the bare loop times its window the same way, wall clock after the same barrier);
+* the measured window: through the worker's timing hook (``jobs.worker.main(spec, on_window=...)``),
+  from the barrier that opens the window to the end of the last step, so whatever the worker does
+  between measured steps counts (the bare loop times its window the same way, wall clock after the
+  same barrier);
 * each step's start (``Trainer.step``), for the median step cycle time, start to start;
 * telemetry on rank 0: ``metrics.gather_ranks``, ``metrics.summarize``, each sink call (JSONL and
   MLflow fan-out), and everything from the end of the window to the end of ``benchmark()``
@@ -48,30 +49,17 @@ def _timed(name: str, fn):
     return wrapper
 
 
+def on_window(event: str) -> None:
+    """The worker's timing hook: wall and CPU time of the measured window."""
+    TIMES_S[f"_window_{event}"], TIMES_S[f"_cpu_{event}"] = time.perf_counter(), time.process_time()
+
+
 def install_timers(warmup_steps: int, total_steps: int) -> None:
     import jobs.loop
     import jobs.metrics
     import jobs.sinks
     import jobs.worker
 
-    steps_done = [0]
-    run_steps = jobs.loop.run_steps
-
-    def timed_run_steps(trainer, batches, n_steps, *args, **kwargs):
-        # The worker may run its steps in one call per phase or one call per step: the window
-        # opens when the call that runs step `warmup_steps` starts and closes when the last call
-        # returns, so whatever the worker does between measured steps is inside it.
-        first = steps_done[0]
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        run_steps(trainer, batches, n_steps, *args, **kwargs)
-        t1, cpu1 = time.perf_counter(), time.process_time()
-        steps_done[0] += n_steps
-        if first == warmup_steps:
-            TIMES_S["_window_start"], TIMES_S["_cpu_start"] = t0, cpu0
-        if warmup_steps <= first < total_steps:  # steps run after the schedule (a probe) are not in it
-            TIMES_S["_window_end"], TIMES_S["_cpu_end"] = t1, cpu1
-
-    jobs.loop.run_steps = timed_run_steps
     # Each step's start, through the one call every step makes whatever the loop around it looks like.
     trainer_step = jobs.loop.Trainer.step
 
@@ -80,10 +68,6 @@ def install_timers(warmup_steps: int, total_steps: int) -> None:
         return trainer_step(self, *args, **kwargs)
 
     jobs.loop.Trainer.step = timed_step
-    if _has_module("jobs.schedule"):
-        import jobs.schedule
-
-        jobs.schedule.run_steps = timed_run_steps  # bound by name at import
     jobs.metrics.gather_ranks = _timed("gather_s", jobs.metrics.gather_ranks)
     jobs.metrics.summarize = _timed("summarize_s", jobs.metrics.summarize)
     for method in ("set_tags", "log_steps", "log_summary", "finish"):
@@ -135,6 +119,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="cProfile rank 0 into <out-dir>/profile-rank0.pstats")
     args = p.parse_args()
 
+    import torch
+
     from jobs.spec import (
         DataSpec,
         Layout,
@@ -156,7 +142,10 @@ def main() -> None:
         model=ModelSpec(name=args.model, seq_len=args.seq_len, vocab_size=args.vocab_size), data=DataSpec(),
         train=TrainSpec(batch_size=args.batch_size, steps=args.steps, warmup_steps=args.warmup_steps, lr=args.lr,
                         seed=args.seed),
+        # GPUs when the host has them, one per rank, as bench/bare_loop.py runs (the worker follows
+        # the layout, not torch.cuda.is_available()).
         layout=Layout(nodes=max(1, world // local_world), tasks_per_node=local_world,
+                      gpus_per_node=local_world if torch.cuda.is_available() else 0,
                       cpus_per_task=int(os.environ.get("OMP_NUM_THREADS", "1"))),
         tracking_uri=args.tracking_uri, run_id=args.run_id,
     )
@@ -165,10 +154,10 @@ def main() -> None:
         import cProfile
 
         profiler = cProfile.Profile()
-        result = profiler.runcall(worker_main, spec)
+        result = profiler.runcall(worker_main, spec, on_window=on_window)
         profiler.dump_stats(str(Path(args.out_dir, "profile-rank0.pstats")))
     else:
-        result = worker_main(spec)
+        result = worker_main(spec, on_window=on_window)
     record = {"rank": rank, "script_start_unix_s": SCRIPT_START_UNIX_S,
               "samples_in_window": args.batch_size * (args.steps - args.warmup_steps), **TIMES_S}
     if rank == 0:

@@ -23,7 +23,9 @@ RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.jsonl"
 
 
-def main(spec: RunSpec) -> Dict[str, Any]:
+def main(spec: RunSpec, on_window=None) -> Dict[str, Any]:
+    """Run one cell on this rank. ``on_window(event)``: a timing hook, called with "start" when the
+    measured window opens (after its barrier) and "end" after its last step (bench/ uses it)."""
     env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
     import torch
 
@@ -43,7 +45,8 @@ def main(spec: RunSpec) -> Dict[str, Any]:
         with process_group(env, backend_for(device.type), timeout_s=spec.collective_timeout_s,
                            device=device if device.type == "cuda" else None) as control_group:
             gpu_uuids = check_gpu_placement(env, device, control_group)
-            result = benchmark(spec, env, device, backend, sink, heartbeat, control_group, gpu_uuids=gpu_uuids)
+            result = benchmark(spec, env, device, backend, sink, heartbeat, control_group, gpu_uuids=gpu_uuids,
+                               on_window=on_window)
     except Preempted as exc:
         # Not a failure: the checkpoint is saved and the run stays open; the job resumes from it
         # when Slurm requeues it (or when its cell is resubmitted).
