@@ -70,8 +70,9 @@ MATRIX = {
     "fsdp-compile": dict(strategy="fsdp", precision="bf16", compile=True),
     "resnet18-ddp-bf16": dict(strategy="ddp", precision="bf16", model=RESNET18, batch_size=64),
     "resnet18-fsdp-bf16": dict(strategy="fsdp", precision="bf16", model=RESNET18, batch_size=64),
-    "resnet18-fsdp-bf16-params-grouped": dict(strategy="fsdp", precision="bf16", model=RESNET18, batch_size=64,
-                                              precision_args={"mode": "params", "batchnorm": "grouped"}),
+    **{f"resnet18-fsdp-bf16-params-{bn}": dict(strategy="fsdp", precision="bf16", model=RESNET18, batch_size=64,
+                                               precision_args={"mode": "params", "batchnorm": bn})
+       for bn in ("unit", "grouped")},
 }
 
 
@@ -101,6 +102,15 @@ def test_matrix_fp32_parity_and_offload_memory(matrix):
     on_gpu = ok(matrix["fsdp-bf16"])["summary"]["peak_mem_allocated_gib"]
     offloaded = ok(matrix["offload-bf16"])["summary"]["peak_mem_allocated_gib"]
     assert offloaded < on_gpu
+
+
+def test_matrix_batchnorm_units_timing(matrix):
+    # M2: one fp32 unit per BatchNorm (with casts) against all BatchNorms in one uncast unit.
+    # Reported, not asserted: scripts/gpu-check copies this line into BENCH_RESULTS_GPU.md.
+    times = {bn: ok(matrix[f"resnet18-fsdp-bf16-params-{bn}"])["summary"]["step_time_ms_p50"]
+             for bn in ("unit", "grouped")}
+    print(f"BatchNorm units: resnet18 bf16 params, p50 step ms: unit {times['unit']:.2f}, "
+          f"grouped {times['grouped']:.2f}")
 
 
 def test_matrix_fp16_skipped_steps_are_counted(matrix):
