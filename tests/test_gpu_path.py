@@ -8,8 +8,16 @@ import warnings
 import pytest
 
 from jobs import checkpoint, dist, metrics, parallel
-from jobs.spec import (BatchNormUnits, ConfigError, Dtype, Precision, PrecisionMode, PrecisionSpec, Strategy,
-                       StrategySpec)
+from jobs.spec import (
+    BatchNormUnits,
+    ConfigError,
+    Dtype,
+    Precision,
+    PrecisionMode,
+    PrecisionSpec,
+    Strategy,
+    StrategySpec,
+)
 from tests.ranks import make_spec, run_ranks
 
 T = 1e12
@@ -162,7 +170,7 @@ def test_init_process_group_takes_device_id_and_a_per_device_backend_string():
 
 
 def test_gloo_interface_note():
-    assert dist.gloo_interface_problem("127.0.1.1", 2, {}) .startswith("this host's name resolves to 127.0.1.1")
+    assert dist.gloo_interface_problem("127.0.1.1", 2, {}).startswith("this host's name resolves to 127.0.1.1")
     assert "GLOO_SOCKET_IFNAME" in dist.gloo_interface_problem("127.0.0.1", 2, {})
     assert dist.gloo_interface_problem("127.0.1.1", 1, {}) is None  # one node: loopback is right
     assert dist.gloo_interface_problem("127.0.1.1", 2, {"GLOO_SOCKET_IFNAME": "eth0"}) is None
