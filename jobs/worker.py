@@ -73,11 +73,20 @@ def resolve_device(gpus_per_node: int, env: DistEnv):
     import torch
 
     visible = torch.cuda.device_count() if gpus_per_node > 0 else 0
-    name, backend = choose_device(gpus_per_node, env.local_rank, env.local_world_size, visible)
+    name, backend = choose_device(gpus_per_node, *machine_slot(env), visible)
     device = torch.device(name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device, backend
+
+
+def machine_slot(env: DistEnv) -> tuple:
+    """(this rank's index among the ranks on its machine, how many there are). The local cluster
+    emulates nodes as groups of local processes on ONE machine: there every rank of the job shares
+    the machine's GPUs, so the global rank picks the GPU, not the emulated node's local rank."""
+    if env.source == "submitit-local":
+        return env.rank, env.world_size
+    return env.local_rank, env.local_world_size
 
 
 def check_gpu_placement(env: DistEnv, device, group=None) -> list:
