@@ -164,13 +164,27 @@ def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path
                 _check_finite(config)
                 config.validate()
             except Exception as exc:  # every kind of bad input becomes one readable line
-                errors.append(_explain(exc, overrides))
+                errors.append((" ".join(overrides) or "(defaults)", _explain(exc, overrides)))
                 continue
             values_by_key = dict(o.split("=", 1) for o in overrides if "=" in o)
             points.append(Point(overrides, {k.lstrip("+~"): values_by_key.get(k, "") for k in swept}, config))
     if errors:
-        raise SweepError("\n".join(dict.fromkeys(errors)))
+        raise SweepError(_grouped(errors))
     return points
+
+
+def _grouped(errors: List[Tuple[str, str]]) -> str:
+    """One paragraph per distinct problem: a mistake shared by 1000 grid points is said once, with
+    the first point and how many more have it."""
+    by_problem: Dict[str, List[str]] = {}
+    for where, text in errors:
+        problem = text[len(where) + 3:] if text.startswith(f"[{where}] ") else text
+        by_problem.setdefault(problem, []).append(where)
+    lines = []
+    for problem, wheres in by_problem.items():
+        more = f" (and {len(wheres) - 1} more grid point(s))" if len(wheres) > 1 else ""
+        lines.append(f"[{wheres[0]}]{more} {problem}")
+    return "\n".join(lines)
 
 
 def _open_dicts(cfg) -> None:

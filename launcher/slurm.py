@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from datetime import datetime
 from pathlib import Path
 from typing import Dict, List
 
+from jobs.dist import expand_nodelist
 from launcher.plan import Cell, SweepError
 from launcher.state import CellStatus, slurm_status
 
@@ -129,6 +131,33 @@ def job_states(job_ids: list[str]) -> dict[str, CellStatus]:
         queued = parse_states(_run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(arrays)]))
         raw.update({j: queued[j] for j in unknown if j in queued})
     return {j: slurm_status(raw[j]) for j in job_ids if j in raw}
+
+
+def job_times(job_ids: list[str]) -> dict[str, tuple[float, float, list[str]]]:
+    """{job id: (start epoch s, end epoch s, hosts)} of the jobs that have started, from one sacct call."""
+    if not job_ids:
+        return {}
+    arrays = sorted({j.split("_")[0] for j in job_ids})
+    return parse_sacct_times(_run(["sacct", "-X", "-n", "-P", "-o", "JobID,Start,End,NodeList", "-j", ",".join(arrays)]))
+
+
+def parse_sacct_times(text: str) -> dict[str, tuple[float, float, list[str]]]:
+    """``JobID|Start|End|NodeList`` lines (sacct -X -n -P) -> {job id: (start_s, end_s, hosts)}; jobs that
+    have not started are left out, and a running job ends now."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4 or parts[1] in ("Unknown", "None", ""):
+            continue
+        job, start, end, nodes = parts
+        end_s = datetime.now().timestamp() if end in ("Unknown", "None", "") else _epoch(end)
+        if nodes and nodes != "None assigned":
+            out[job] = (_epoch(start), end_s, expand_nodelist(nodes))
+    return out
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def max_array_size() -> int | None:

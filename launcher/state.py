@@ -92,6 +92,7 @@ class CellState:
     status: CellStatus = CellStatus.planned
     error: str | None = None
     failure_class: str | None = None
+    interference: str | None = None  # what else its measurement saw (launcher/interference.py)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
 

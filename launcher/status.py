@@ -15,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from jobs.sinks import RUN_ID_FILE
 from launcher import report, submit
 from launcher.failures import classify, describe, first_failure
 from launcher.state import CellState, CellStatus, StateError, SweepState
-from launcher.sync import finish_cell
+from launcher.sync import ensure_runs, finish_cell
 from launcher.tracking import reopen
 
 # A submitted job that neither squeue nor sacct knows after this long is lost (accounting lags the
@@ -157,6 +158,39 @@ def resubmit(state: SweepState, which: tuple[CellStatus, ...] = (CellStatus.fail
     return again
 
 
+def resubmit_flagged(state: SweepState) -> list[CellState]:
+    """Run again, on whole nodes, the finished cells that measured something else too. Each one's
+    previous outputs move to ``attempt-<n>/`` in its directory, and it gets a new MLflow run: the old
+    one keeps its numbers and its ``interference`` tag."""
+    flagged = [c for c in state.cells if c.status is CellStatus.done and c.interference]
+    for cell in flagged:
+        _archive(state.cell_dir(cell), cell.resubmits + 1)
+        cell.resubmits += 1
+        cell.run_id, cell.interference, cell.status = None, None, CellStatus.planned
+        cell.cluster.exclusive = True
+    state.save()
+    if flagged:
+        if state.tracking_uri and state.cluster == "slurm":
+            ensure_runs(state)
+        submit.submit(state, flagged, after_local_cell=lambda cell: _local_rerun_ended(state, cell))
+    return flagged
+
+
+def _local_rerun_ended(state: SweepState, cell: CellState) -> None:
+    ensure_runs(state)
+    finish_cell(state, cell)
+
+
+def _archive(cell_dir: Path, attempt: int) -> None:
+    target = cell_dir / f"attempt-{attempt}"
+    target.mkdir(exist_ok=True)
+    for name in ("result.json", "metrics.jsonl", RUN_ID_FILE, "checkpoint", "ranks"):
+        if (cell_dir / name).exists():
+            (cell_dir / name).rename(target / name)
+    for path in cell_dir.glob("error-rank*.txt"):
+        path.rename(target / path.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path)
@@ -164,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=None, help="give up waiting after this many seconds")
     parser.add_argument("--cancel", action="store_true", help="cancel every unfinished cell")
     parser.add_argument("--resubmit-failed", action="store_true", help="submit failed, cancelled and lost cells again")
+    parser.add_argument("--resubmit-flagged", action="store_true",
+                        help="rerun, on whole nodes, the cells flagged co-located (interference)")
     parser.add_argument("--all", action="store_true", help="list every cell, not only those that need attention")
     parser.add_argument("--report", action="store_true", help="print the comparison table")
     args = parser.parse_args(argv)
@@ -178,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.resubmit_failed:
         cells = resubmit(state)
         print(f"resubmitted {len(cells)} cell(s): " + ", ".join(f"{c.name} -> {c.job_id}" for c in cells))
+    if args.resubmit_flagged:
+        cells = resubmit_flagged(state)
+        print(f"resubmitted {len(cells)} flagged cell(s): " + ", ".join(f"{c.name} -> {c.job_id}" for c in cells))
     if args.wait and not wait(state, timeout_s=args.timeout_s):
         print("timed out waiting", file=sys.stderr)
         return 3

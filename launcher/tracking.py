@@ -129,6 +129,16 @@ def reconcile_children(uri: str, experiment_id: str, parent_run_id: str, cells: 
             return changed
 
 
+def tag_runs(uri: str, tags_by_run: Dict[str, Dict[str, str]]) -> None:
+    """Set tags on several runs (values cut at MLflow's tag limit)."""
+    if not tags_by_run:
+        return
+    client = mlflow_entry.client(uri)
+    for run_id, tags in tags_by_run.items():
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value[:TAG_MAX_CHARS])
+
+
 def reopen(uri: str, run_id: str) -> None:
     """A resubmitted cell logs on into its run: mark it running again."""
     mlflow_entry.client(uri).update_run(run_id, status="RUNNING")

@@ -13,9 +13,10 @@ from datetime import datetime
 import pytest
 from mlflow.tracking import MlflowClient
 
-from launcher import status
+from launcher import report, status
 from launcher.__main__ import main
-from launcher.state import SweepState
+from launcher.slurm import max_array_size
+from launcher.state import CellStatus, SweepState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -86,7 +87,8 @@ def test_concurrent_jobs_on_the_same_nodes_do_not_collide(tmp_path):
     # Four 2-node jobs pinned to node1+node2, one CPU per rank: two run at once on each node pair
     # (2 CPUs per node), and all test nodes share one loopback, so any port clash would show.
     state = submit(tmp_path, "seed=1,2,3,4", "nodes=2", "steps=40", "warmup_steps=2", "tracking=off",
-                   "cluster.cpus_per_task=1", "+cluster.additional_parameters.nodelist='node[1-2]'")
+                   "cluster.cpus_per_task=1", "cluster.exclusive=false",
+                   "+cluster.additional_parameters.nodelist='node[1-2]'")
     assert status.wait(state, timeout_s=300)
     assert [c.status for c in state.cells] == ["done"] * 4, status.render(state)
     ports = set()
@@ -134,3 +136,77 @@ def test_unknown_partition_and_too_many_nodes_are_refused(tmp_path, capsys):
     assert "cluster.partition='nosuch': no such partition" in err and "debug" in err
     assert "nodes=5: partition debug allows at most 4" in err
     assert not any(tmp_path.iterdir())
+
+
+def test_each_cell_gets_its_own_time_limit(tmp_path):
+    # Held jobs: accepted by sbatch with their parameters, never started.
+    state = submit(tmp_path, "cluster.timeout_min=5,7", "tracking=off", "+cluster.additional_parameters.hold=true")
+    try:
+        rows: dict = {}
+        deadline = time.monotonic() + 30
+        while len(rows) < 2 and time.monotonic() < deadline:  # accounting lags sbatch by a moment
+            rows = {r[0]: r[1] for r in sacct([c.job_id for c in state.cells], "JobID,TimelimitRaw")}
+            time.sleep(0.5)
+        assert [rows[c.job_id] for c in state.cells] == ["5", "7"], rows
+        assert [c.cluster.timeout_min for c in SweepState.load(state.sweep_dir).cells] == [5, 7]
+    finally:
+        status.cancel(state)
+
+
+def test_arrays_are_split_at_the_clusters_max_array_size(tmp_path, capsys):
+    size = max_array_size()
+    assert size is not None and size < 8, "scripts/test starts the cluster with SLURM_LOCAL_MAX_ARRAY_SIZE=5"
+    seeds = ",".join(str(i) for i in range(size + 2))
+    state = submit(tmp_path, f"seed={seeds}", "steps=4", "warmup_steps=1", "tracking=off", "comm_probe_steps=0",
+                   "cluster.exclusive=false", "cluster.cpus_per_task=1")
+    assert "2 sbatch call(s)" in capsys.readouterr().out
+    arrays = {c.job_id.split("_")[0] for c in state.cells}
+    assert len(arrays) == 2
+    assert status.wait(state, timeout_s=300)
+    assert [c.status for c in state.cells] == ["done"] * (size + 2), status.render(state)
+    # every cell ran exactly once: one accounting record per cell, each COMPLETED
+    rows = sacct(sorted(arrays), "JobID,State")
+    assert sorted(r[0] for r in rows) == sorted(c.job_id for c in state.cells)
+    assert {r[1] for r in rows} == {"COMPLETED"}
+
+
+def test_cancel_records_every_cell_and_none_stays_pending(tmp_path):
+    state = submit(tmp_path, "seed=1,2,3,4,5,6,7", "tracking=off", "+cluster.additional_parameters.hold=true")
+    cancelled = status.cancel(state)
+    assert len(cancelled) == 7
+    again = SweepState.load(state.sweep_dir)
+    status.refresh(again)  # held array tasks that never started have no accounting record of their own
+    assert [c.status for c in again.cells] == [CellStatus.cancelled] * 7, status.render(again)
+    assert status.wait(again, timeout_s=10)  # ends at once
+    assert "7 cancelled" in status.render(again)
+
+
+def _colocated_sweep(tmp_path, name, *extra):
+    state = submit(tmp_path, "seed=1,2", "steps=60", "warmup_steps=2", "cluster.cpus_per_task=1",
+                   "+cluster.additional_parameters.nodelist=node1", *extra, name=name)
+    assert status.wait(state, timeout_s=300)
+    assert [c.status for c in state.cells] == ["done"] * 2, status.render(state)
+    report.finalize(state)
+    return SweepState.load(state.sweep_dir)
+
+
+def test_cells_sharing_a_node_are_flagged_and_exclusive_cells_are_not(tmp_path):
+    shared = _colocated_sweep(tmp_path, "shared", "cluster.exclusive=false")
+    spans = [(datetime.fromisoformat(s), datetime.fromisoformat(e))
+             for _, s, e in sacct([c.job_id for c in shared.cells], "JobID,Start,End")]
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans  # they did run at the same time
+    for cell, other in zip(shared.cells, reversed(shared.cells), strict=True):
+        assert cell.interference and f"co-located with [{other.name}] on node1" in cell.interference
+    # The report's table (the seeds are one series: one row) and its per-cell CSV say so.
+    assert "co-located: co-located with" in (shared.path / "report.md").read_text()
+    assert (shared.path / "cells.csv").read_text().count("co-located with") == 2
+    client = MlflowClient(tracking_uri=shared.tracking_uri)
+    assert all("co-located" in client.get_run(c.run_id).data.tags["interference"] for c in shared.cells)
+
+    # The default (whole nodes): the same two cells run one after the other, and nothing is flagged.
+    alone = _colocated_sweep(tmp_path, "alone")
+    spans = [(datetime.fromisoformat(s), datetime.fromisoformat(e))
+             for _, s, e in sacct([c.job_id for c in alone.cells], "JobID,Start,End")]
+    assert spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0], spans
+    assert [c.interference for c in alone.cells] == [None, None]
+    assert "co-located" not in (alone.path / "report.md").read_text()

@@ -1,0 +1,103 @@
+"""Benchmarks that measured each other: cells whose allocations overlapped on a host, and cells whose
+cores other processes used during the measured window.
+
+Two sources, each enough to flag a cell:
+- **Other cells of the sweep**: on Slurm, sacct's Start, End and NodeList of every cell's job; on the
+  local cluster, each cell's first step and the time its result was written, on the hosts its
+  ranks reported. Two cells that shared a host at the same time are both flagged.
+- **Anything else**: the worker's ``foreign_cpu_share`` (CPU time on its cores that was not its
+  ranks', over the measured window, from /proc) and, on GPUs, ``foreign_gpu_share``.
+
+A flagged cell keeps its numbers, shows ``co-located`` in the report, gets the MLflow tag
+``interference``, and the findings leave it out of their comparisons. ``launcher.status
+--resubmit-flagged`` reruns such cells on whole nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from launcher.slurm import job_times
+from launcher.state import CellState, CellStatus, SweepState
+
+# Above this share of its cores' time used by other processes, a cell's numbers are not its own.
+FOREIGN_SHARE_LIMIT = 0.10
+# Overlaps shorter than this are start/stop jitter of back-to-back jobs, not shared measurement.
+MIN_OVERLAP_S = 1.0
+
+
+@dataclass(frozen=True)
+class Allocation:
+    cell: int
+    hosts: frozenset[str]
+    start_s: float  # epoch seconds
+    end_s: float
+
+
+def overlaps(allocations: list[Allocation], names: dict[int, str]) -> dict[int, str]:
+    """{cell index: "co-located with <cell> on <host> (NN% of its run)"} for every cell that shared a
+    host with another cell at the same time (the largest overlap is named)."""
+    found: dict[int, tuple[float, str]] = {}
+    for a in allocations:
+        for b in allocations:
+            if a.cell == b.cell:
+                continue
+            shared = a.hosts & b.hosts
+            overlap_s = min(a.end_s, b.end_s) - max(a.start_s, b.start_s)
+            if not shared or overlap_s < MIN_OVERLAP_S:
+                continue
+            share = overlap_s / max(a.end_s - a.start_s, 1e-9)
+            text = f"co-located with [{names[b.cell]}] on {', '.join(sorted(shared))} ({share:.0%} of its run)"
+            if share > found.get(a.cell, (0.0, ""))[0]:
+                found[a.cell] = (share, text)
+    return {cell: text for cell, (_, text) in found.items()}
+
+
+def foreign_use(summary: dict) -> str | None:
+    """The worker's own measurement of other processes on its cores or GPUs, when above the limit."""
+    parts = []
+    for key, what in (("foreign_cpu_share", "its cores"), ("foreign_gpu_share", "its GPUs")):
+        share = summary.get(key)
+        if isinstance(share, (int, float)) and share > FOREIGN_SHARE_LIMIT:
+            parts.append(f"other processes used {share:.0%} of {what} during the measured window")
+    return "; ".join(parts) or None
+
+
+def _slurm_allocations(cells: list[CellState]) -> list[Allocation]:
+    times = job_times([c.job_id for c in cells if c.job_id])
+    return [Allocation(c.index, frozenset(times[c.job_id][2]), times[c.job_id][0], times[c.job_id][1])
+            for c in cells if c.job_id in times]
+
+
+def _local_allocations(state: SweepState, cells: list[CellState]) -> list[Allocation]:
+    out = []
+    for cell in cells:
+        path = state.cell_dir(cell) / "result.json"
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        start_s = result.get("first_step_unix_s")
+        if isinstance(start_s, (int, float)):
+            out.append(Allocation(cell.index, frozenset(result.get("rank_hosts") or []), start_s,
+                                  path.stat().st_mtime))
+    return out
+
+
+def _summary(state: SweepState, cell: CellState) -> dict:
+    path = state.cell_dir(cell) / "result.json"
+    return json.loads(path.read_text()).get("summary", {}) if path.exists() else {}
+
+
+def flag(state: SweepState) -> list[CellState]:
+    """Set ``interference`` on every finished cell that measured something else too; returns them."""
+    done = [c for c in state.cells if c.status is CellStatus.done]
+    allocations = _slurm_allocations(done) if state.cluster == "slurm" else _local_allocations(state, done)
+    shared = overlaps(allocations, {c.index: c.name for c in state.cells})
+    flagged = []
+    for cell in done:
+        reasons = [r for r in (shared.get(cell.index), foreign_use(_summary(state, cell))) if r]
+        cell.interference = "; ".join(reasons) or None
+        if cell.interference:
+            flagged.append(cell)
+    return flagged
