@@ -122,7 +122,8 @@ def difference(a: Estimate, b: Estimate) -> Diff:
     else:
         df = se**4 / ((a.se**4 / a.df if a.se else 0.0) + (b.se**4 / b.df if b.se else 0.0))
     d, hw = a.mean - b.mean, t95(df) * se
-    low, high = 1 + (d - hw) / b.mean, 1 + (d + hw) / b.mean
+    # A throughput is never negative: a very noisy interval is cut at zero.
+    low, high = max(0.0, 1 + (d - hw) / b.mean), 1 + (d + hw) / b.mean
     verdict = "higher" if low > 1 else "lower" if high < 1 else "same"
     return Diff(ratio, low, high, verdict)
 
