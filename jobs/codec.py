@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from typing import Any, TypeVar
@@ -34,6 +35,11 @@ def to_plain(obj: Any) -> Any:
 def from_plain(cls: type[T], data: Any, where: str = "") -> T:
     """Build ``cls`` (a dataclass, enum, container or scalar type) from :func:`to_plain`'s output."""
     return _build(cls, data, where or getattr(cls, "__name__", "value"))
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _build(tp: Any, data: Any, where: str) -> Any:
@@ -62,7 +68,7 @@ def _build(tp: Any, data: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise TypeError(f"{where}: expected a mapping for {tp.__name__}, got {type(data).__name__}")
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         names = {f.name for f in dataclasses.fields(tp) if f.init}
         unknown = sorted(set(data) - names)
         if unknown:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -205,8 +206,14 @@ class Config(TrainSpec):
 
 # ---- the schema's keys: strict overrides, open dicts, finite numbers -------------------------
 
+@functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> Dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def field_type(cls: type, name: str) -> Any:
+    """The type hint of dataclass ``cls``'s field ``name``; None when it has no such field."""
+    return _hints(cls).get(name)
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -219,6 +226,7 @@ def _is_open(tp: Any) -> bool:
     return typing.get_origin(tp) in (dict, Dict) or tp is dict
 
 
+@functools.lru_cache(maxsize=None)
 def schema_keys(cls: type = None, prefix: str = "") -> Dict[str, bool]:
     """{dotted key: is an open dict} for every key of the schema (Config by default)."""
     out: Dict[str, bool] = {}

@@ -174,6 +174,15 @@ class SweepState:
         d = self.cell_dir(cell)
         d.mkdir(parents=True, exist_ok=True)
         (d / SPEC_FILE).write_text(json.dumps(to_plain(spec), indent=1))
+        self._specs()[cell.index] = spec
 
     def load_spec(self, cell: CellState) -> RunSpec:
-        return from_plain(RunSpec, json.loads((self.cell_dir(cell) / SPEC_FILE).read_text()))
+        """The cell's RunSpec: the one this process wrote, or read back from its spec.json."""
+        specs = self._specs()
+        if cell.index not in specs:
+            specs[cell.index] = from_plain(RunSpec, json.loads((self.cell_dir(cell) / SPEC_FILE).read_text()))
+        return specs[cell.index]
+
+    def _specs(self) -> dict[int, RunSpec]:
+        # Not a dataclass field: never written to sweep.json.
+        return self.__dict__.setdefault("_spec_cache", {})

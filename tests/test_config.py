@@ -78,3 +78,28 @@ def test_known_model_names_match_the_registry():
     from jobs.spec import KNOWN_MODELS
 
     assert set(KNOWN_MODELS) == set(REGISTRY)
+
+
+FAST_PATH_CASES = [
+    ["seed=3"], ["lr=0.5", "nodes=2"], ["strategy=fsdp", "strategy.sharding=grad_op", "strategy.prefetch=2"],
+    ["cluster=slurm", "cluster.partition=gpu", "cluster.timeout_min=7", "cluster.mem_gb=3"],
+    ["model.params.n_layer=3", "wait=true", "cluster.cpus_per_task=null"], ["optimizer=sgd", "lr_scaling=sqrt"],
+    ["tracking.uri=sqlite:////tmp/x/mlflow.db", "precision=bf16", "precision.mode=params", "strategy=fsdp"],
+]
+
+
+@pytest.mark.parametrize("overrides", FAST_PATH_CASES, ids=[" ".join(c) for c in FAST_PATH_CASES])
+def test_value_overrides_set_directly_give_hydras_own_config(overrides, monkeypatch):
+    import launcher.plan
+
+    fast = compose([overrides], [])[0].config
+    monkeypatch.setattr(launcher.plan, "_fast_apply", lambda base, parsed: None)
+    assert compose([overrides], [])[0].config == fast
+
+
+def test_a_thousand_point_grid_composes_each_point_as_asked():
+    # (bench/thousand.py times it: about a second for 1000 points)
+    cells = plan(compose(*expand(["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"], multirun=True)))
+    assert len(cells) == 1000 and len({c.config.seed for c in cells}) == 250
+    assert {(c.config.strategy.label, c.layout.nodes) for c in cells} == {("ddp", 1), ("ddp", 2), ("fsdp", 1),
+                                                                           ("fsdp", 2)}
