@@ -19,6 +19,7 @@ it): run it against a test cluster started with the default, e.g.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -118,6 +119,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         return [Row(figure=figure, unit="s", ours=[], reference=[], target=f"<= {TARGET_RETURN_S} s", passed=None,
                     note=f"skipped: {why}")], {"skipped": why}
     work = settings.work / "thousand"
+    shutil.rmtree(work, ignore_errors=True)  # a sweep_dir that exists would be resumed, not submitted
     work.mkdir(parents=True, exist_ok=True)
     shim, partition = Shim(work), default_partition()
     submitted: list[str] = []

@@ -81,7 +81,11 @@ def refresh(state: SweepState) -> None:
         state.save()
 
 
-def render(state: SweepState, all_cells: bool = False, width: int = 30) -> str:
+# The cells `status` lists without --all (at most `limit` of them): what a person must look at.
+ATTENTION = (CellStatus.failed, CellStatus.lost, CellStatus.cancelled, CellStatus.running)
+
+
+def render(state: SweepState, all_cells: bool = False, width: int = 30, limit: int = 20) -> str:
     """Counts by status and a bar; then the cells that need attention (or every cell with all_cells)."""
     counts: dict[CellStatus, int] = {}
     for c in state.cells:
@@ -91,15 +95,18 @@ def render(state: SweepState, all_cells: bool = False, width: int = 30) -> str:
     filled = int(width * finished / total) if total else width
     summary = ", ".join(f"{n} {s.value}" for s, n in sorted(counts.items(), key=lambda kv: kv[0].value))
     lines = [f"{state.name}: [{'#' * filled}{'.' * (width - filled)}] {finished}/{total} finished ({summary})"]
-    attention = (CellStatus.failed, CellStatus.lost, CellStatus.cancelled, CellStatus.running)
-    shown = [c for c in state.cells if all_cells or c.status in attention]
+    attention = [c for c in state.cells if c.status in ATTENTION or c.interference]
+    shown = state.cells if all_cells else attention[:limit]
     for c in shown:
         err = f"  {c.error}" if c.error and c.status is not CellStatus.done else ""
         err += f"\n{'':26}{describe(c.failure_class)}" if c.failure_class and c.status is not CellStatus.done else ""
-        lines.append(f"  {c.job_id or '-':>14}  {c.status.value:<9} {c.name}{err}")
+        flag = f"  co-located: {c.interference}" if c.interference else ""
+        lines.append(f"  {c.job_id or '-':>14}  {c.status.value:<9} {c.name}{err}{flag}")
     hidden = total - len(shown)
     if hidden and not all_cells:
-        lines.append(f"  ({hidden} more cell(s) pending or done: --all lists every cell)")
+        more = len(attention) - len(shown)
+        lines.append(f"  ({f'{more} more cell(s) need attention and ' if more else ''}{hidden - more} cell(s) are "
+                     f"pending or done: --all lists every cell)")
     return "\n".join(lines)
 
 
@@ -210,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cancel:
         cells = cancel(state)
-        print(f"cancelled {len(cells)} cell(s): {' '.join(c.job_id or '-' for c in cells) or '-'}")
+        arrays = sorted({(c.job_id or "-").split("_")[0] for c in cells})
+        print(f"cancelled {len(cells)} cell(s) in {len(arrays)} job(s)/array(s): {' '.join(arrays[:10]) or '-'}"
+              + (" ..." if len(arrays) > 10 else ""))
     if args.resubmit_failed:
         cells = resubmit(state)
         print(f"resubmitted {len(cells)} cell(s): " + ", ".join(f"{c.name} -> {c.job_id}" for c in cells))
