@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from jobs.spec import (
+    BatchNormUnits,
     CheckpointSpec,
     ConfigError,
     DataKind,
@@ -25,6 +26,7 @@ from jobs.spec import (
     InputKind,
     ModelSpec,
     Precision,
+    PrecisionMode,
     PrecisionSpec,
     Sharding,
     Strategy,
@@ -131,6 +133,7 @@ class Config(TrainSpec):
                 f"with cluster.gpus_per_node={c.gpus_per_node} the worker runs one rank per task and one task per GPU.",
                 f"set cluster.tasks_per_node={c.gpus_per_node}.",
             )
+        self._validate_precision_mode()
         on_cpu = c.gpus_per_node == 0
         if s.name is Strategy.fsdp and s.sharding is Sharding.hybrid:
             if self.nodes < 2:
@@ -172,6 +175,19 @@ class Config(TrainSpec):
             raise ConfigError("cluster.container.image", None,
                               f"cluster.container.runtime={c.container.runtime.value} needs an image.",
                               "set cluster.container.image to the worker image (see docker/).")
+
+    def _validate_precision_mode(self) -> None:
+        """Settings that only FSDP's parameter casting reads."""
+        p = self.precision
+        if p.mode is PrecisionMode.params and self.strategy.name is Strategy.ddp:
+            raise ConfigError("precision.mode", "params", "casting parameters to the low dtype is FSDP's "
+                              "MixedPrecisionPolicy; DDP has no public equivalent.",
+                              "use precision.mode=autocast (the default; the same numerics under DDP and FSDP), or an "
+                              "FSDP strategy.")
+        if p.batchnorm is not BatchNormUnits.unit and p.mode is not PrecisionMode.params:
+            raise ConfigError("precision.batchnorm", p.batchnorm.value, "only FSDP with precision.mode=params shards "
+                              "BatchNorms apart (under autocast they stay fp32 in their blocks); nothing would read it.",
+                              "drop it, or add precision.mode=params with an FSDP strategy.")
 
     def _validate_data(self) -> None:
         """A dataset that fits the model and the ranks (DataSpec.validate has checked the path exists)."""

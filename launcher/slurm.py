@@ -14,7 +14,6 @@ from typing import Dict, List
 
 from jobs.dist import expand_nodelist
 from launcher.plan import Cell, SweepError
-from launcher.state import CellStatus, slurm_status
 
 __all__ = ["cancel", "check_partitions", "job_states", "max_array_size", "partitions"]
 
@@ -39,7 +38,7 @@ def partitions() -> Dict[str, dict]:
                          f"{', '.join(CONF_PATHS)} exists), and asking Slurm anyway would look its controller up in "
                          "DNS. Fix: export SLURM_CONF=/path/to/slurm.conf (the local test cluster prints it), or run "
                          "from a login node of the cluster.")
-    proc = subprocess.run(["sinfo", "--noheader", "--format=%P|%D|%l|%c"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["sinfo", "--noheader", "--format=%P|%D|%l|%c|%m"], capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
         raise SweepError(f"cluster=slurm: sinfo failed ({proc.stderr.strip()}). Fix: check that Slurm answers "
                          f"(sinfo) before submitting.")
@@ -47,14 +46,18 @@ def partitions() -> Dict[str, dict]:
     for line in proc.stdout.split("\n"):
         if not line.strip():
             continue
-        name, nodes, _limit, cpus = line.split("|")
+        name, nodes, _limit, cpus, mem_mb = line.split("|")
         default = name.endswith("*")
         name = name.rstrip("*")
-        entry = out.setdefault(name, {"nodes": 0, "default": default, "cpus": None})
+        entry = out.setdefault(name, {"nodes": 0, "default": default, "cpus": None, "mem_mb": None})
         entry["nodes"] += int(nodes)
         node_cpus = int(cpus.rstrip("+")) if cpus.rstrip("+").isdigit() else None
-        if node_cpus:  # the smallest node of the partition decides what every node can give
+        node_mem = int(mem_mb.rstrip("+")) if mem_mb.rstrip("+").isdigit() else None
+        # The smallest node of the partition decides what every node can give.
+        if node_cpus:
             entry["cpus"] = min(entry["cpus"] or node_cpus, node_cpus)
+        if node_mem:
+            entry["mem_mb"] = min(entry["mem_mb"] or node_mem, node_mem)
     proc = subprocess.run(["scontrol", "show", "partition", "--oneliner"], capture_output=True, text=True, timeout=30)
     for line in proc.stdout.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
@@ -83,6 +86,10 @@ def check_partitions(cells: List[Cell]) -> None:
             # A GPU rank needs cores for its DataLoader workers, NCCL's proxy threads and (offload) the
             # CPU optimizer: by default it gets its share of the node, not Slurm's single core.
             cell.layout.cpus_per_task = max(1, parts[name]["cpus"] // cell.layout.tasks_per_node)
+        if c.mem_gb is None and cell.layout.gpus_per_node and parts[name]["mem_mb"]:
+            # ... and its share of the node's memory (pinned host buffers, offloaded optimizer state).
+            share = cell.layout.tasks_per_node / cell.layout.gpus_per_node
+            c.mem_gb = round(parts[name]["mem_mb"] * share / 1024, 2)
     if errors:
         raise SweepError("\n".join(errors))
 
@@ -119,9 +126,10 @@ def parse_states(text: str) -> dict[str, str]:
     return states
 
 
-def job_states(job_ids: list[str]) -> dict[str, CellStatus]:
-    """{job id: cell status} from one sacct call, plus one squeue call for the ids sacct does not know
-    yet (array tasks that have not started); ids that neither knows are absent."""
+def job_states(job_ids: list[str]) -> dict[str, str]:
+    """{job id: Slurm state, e.g. RUNNING or "CANCELLED by 0"} from one sacct call, plus one squeue call
+    for the ids sacct does not know yet (array tasks that have not started); ids neither knows are absent.
+    launcher.state.slurm_status turns a state into a cell status."""
     if not job_ids:
         return {}
     arrays = sorted({j.split("_")[0] for j in job_ids})
@@ -130,7 +138,7 @@ def job_states(job_ids: list[str]) -> dict[str, CellStatus]:
     if unknown:
         queued = parse_states(_run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(arrays)]))
         raw.update({j: queued[j] for j in unknown if j in queued})
-    return {j: slurm_status(raw[j]) for j in job_ids if j in raw}
+    return {j: raw[j] for j in job_ids if j in raw}
 
 
 def job_times(job_ids: list[str]) -> dict[str, tuple[float, float, list[str]]]:

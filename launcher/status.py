@@ -18,7 +18,8 @@ from pathlib import Path
 from jobs.sinks import RUN_ID_FILE
 from launcher import report, submit
 from launcher.failures import classify, describe, first_failure
-from launcher.state import CellState, CellStatus, StateError, SweepState
+from launcher.slurm import job_states
+from launcher.state import CellState, CellStatus, StateError, SweepState, slurm_status
 from launcher.sync import ensure_runs, finish_cell
 from launcher.tracking import reopen
 
@@ -60,22 +61,21 @@ def refresh(state: SweepState) -> None:
     """Bring every unfinished cell's status up to date; save and update MLflow if anything changed."""
     state.adopt_runs()  # runs a background process has created since
     active = [c for c in state.cells if not c.status.terminal and c.job_id]
-    jobs: dict[str, CellStatus] = {}
+    raw: dict[str, str] = {}  # Slurm's own state names: OUT_OF_MEMORY, NODE_FAIL, TIMEOUT... classify them
     if state.cluster == "slurm" and active:
-        from launcher.slurm import job_states
-
-        jobs = job_states([c.job_id for c in active if c.job_id])
+        raw = job_states([c.job_id for c in active if c.job_id])
     changed = False
     for cell in active:
         before = cell.status
-        cell.status = _settle(state, cell, jobs.get(cell.job_id or ""))
+        slurm_state = raw.get(cell.job_id or "")
+        cell.status = _settle(state, cell, slurm_status(slurm_state) if slurm_state else None)
         if cell.status is before:
             continue
         changed = True
         if cell.status.terminal:
             cell.error = None if cell.status is CellStatus.done else _error(state, cell)
             failed = cell.status in (CellStatus.failed, CellStatus.lost)
-            cell.failure_class = classify(state.cell_dir(cell), None, cell.error) if failed else None
+            cell.failure_class = classify(state.cell_dir(cell), slurm_state, cell.error) if failed else None
             finish_cell(state, cell)
     if changed:
         state.save()

@@ -56,6 +56,8 @@ CORPUS = [
     (["strategy.sharding=hybrid"], "strategy.sharding", "FSDP strategy"),
     (["strategy.cpu_offload=true"], "strategy.cpu_offload=True", "fsdp_offload"),
     (["precision.param_dtype=bf16"], "precision.param_dtype='bf16'", "precision=bf16"),
+    (["precision=bf16", "precision.mode=params"], "precision.mode='params'", "precision.mode=autocast"),
+    (["precision.batchnorm=grouped"], "precision.batchnorm='grouped'", "precision.mode=params"),
     (["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=1"], "cluster.tasks_per_node=1",
      "cluster.tasks_per_node=8"),
     (["cluster.gpus_per_node=2", "cluster.tasks_per_node=2"], "needs 2 GPU(s) on this machine; nvidia-smi finds 0",
