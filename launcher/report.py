@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from jobs import mlflow_entry
-from launcher import compare, findings, plots, sync, tracking
+from launcher import compare, findings, interference, plots, sync, tracking
 from launcher.failures import FIXES
 from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, num, peak_memory_gib, ranked
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
@@ -62,8 +62,8 @@ def collect(state: SweepState) -> List[Dict[str, Any]]:
         tags = result.get("tags", {})
         row.update({k: v for k, v in tags.items() if k in _ENV_TAGS})
         row.update(result.get("summary", {}))
-        if tags.get("interference") or result.get("interference"):
-            row["interference"] = str(tags.get("interference") or result.get("interference"))
+        if cell.interference:  # launcher/interference.py: the cell measured something else too
+            row["interference"] = cell.interference
         rows.append(row)
     add_derived(rows)
     return rows
@@ -203,6 +203,13 @@ def _state_column(rows: Sequence[Dict[str, Any]]) -> Column:
     return Column(f"state {unit}/rank", value, _fixed(spec))
 
 
+def _status(row: dict) -> str:
+    """``done``, or ``co-located: <what else it measured>`` (launcher/interference.py)."""
+    if row.get("interference"):
+        return f"co-located: {row['interference']}"
+    return str(row.get("status"))
+
+
 def columns(rows: Sequence[Dict[str, Any]]) -> List[Column]:
     multi_sweep = len({r.get("sweep") for r in rows}) > 1
     cols = [
@@ -229,7 +236,7 @@ def columns(rows: Sequence[Dict[str, Any]]) -> List[Column]:
         Column("run spread", lambda r: r.get("run_spread"), _fixed(".1%"), optional=True),
         Column("CV", lambda r: r, _cv),
         Column("±95% CI", lambda r: r, findings.ci_text),
-        Column("status", lambda r: r.get("status"), numeric=False),
+        Column("status", _status, numeric=False),
     ]
     return [c for c in cols if not c.optional or any(num(c.value(r)) is not None for r in rows)]
 
@@ -426,6 +433,8 @@ def write_sweep_report(state: SweepState) -> Report:
 def finalize(state: SweepState) -> str:
     """Write report.md and its plots, attach them to the sweep's MLflow parent run and end that run
     (FAILED if any cell did not finish). Returns the ranking table and the report's path."""
+    interference.flag(state)  # before the rows: the findings leave flagged cells out
+    state.save()
     written = write_sweep_report(state)
     if state.tracking_uri:
         _settle_runs(state)
@@ -448,6 +457,8 @@ def _settle_runs(state: SweepState) -> None:
         sync.ensure_runs(state)
         if state.parent_run_id and state.experiment_id:
             tracking.reconcile_children(state.tracking_uri, state.experiment_id, state.parent_run_id, state.cells)
+        tracking.tag_runs(state.tracking_uri, {c.run_id: {"interference": c.interference}
+                                              for c in state.cells if c.run_id and c.interference})
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it
         print(f"[mlflow] could not settle the runs in {state.tracking_uri}: {exc}", file=sys.stderr)
 
