@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from launcher import sweep
 
     try:
-        return sweep.run(cells, ["python -m launcher", *args])
+        return sweep.run(cells, ["python -m launcher", *args], predicted)
     except plan.SweepError as exc:
         print(f"error: {exc}\nnothing was submitted.", file=sys.stderr)
         return 2

@@ -39,5 +39,5 @@ def _submissions(cells: list[Cell], max_array_size: int | None) -> list[str]:
     folder = Path(cells[0].config.output_root).resolve() / "<sweep>" / "submitit"
     for i, group in enumerate(calls, 1):
         lines += ["", f"--- sbatch call {i}: array of {len(group)}: cells {', '.join(str(c.index) for c in group)}",
-                  submit.sbatch_script(group[0], folder, "<sweep name>").rstrip()]
+                  submit.sbatch_script(group, folder, "<sweep name>").rstrip()]
     return lines

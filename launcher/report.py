@@ -36,7 +36,9 @@ NOISY_FLAG = "⚠"
 # Settings that say where and how a sweep was run, not what was measured: two runs that differ
 # only in these (and in the node count) belong to one scaling series.
 _NOT_MEASURED = ("nodes", *WHERE_KEYS)
-_ENV_TAGS = ("hostnames", "torch_version", "device_name", "backend", "num_threads")
+_ENV_TAGS = ("hostnames", "torch_version", "device_name", "backend", "num_threads", "precision_mode", "gpu_uuids",
+             "cuda_version", "nccl_version", "float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32",
+             "slowest_rank", "straggler_rank")
 
 
 class ReportError(Exception):
@@ -62,6 +64,8 @@ def collect(state: SweepState) -> List[Dict[str, Any]]:
         tags = result.get("tags", {})
         row.update({k: v for k, v in tags.items() if k in _ENV_TAGS})
         row.update(result.get("summary", {}))
+        if cell.predicted_state_bytes is not None:
+            row["predicted_model_state_bytes"] = cell.predicted_state_bytes
         if cell.interference:  # launcher/interference.py: the cell measured something else too
             row["interference"] = cell.interference
         rows.append(row)
@@ -317,7 +321,11 @@ def _how_measured(rows: Sequence[Dict[str, Any]]) -> str:
 def _environment(rows: Sequence[Dict[str, Any]], extra: Dict[str, str]) -> str:
     lines = ["| | |", "|---|---|"]
     for title, key, split in (("hosts", "hostnames", True), ("device", "device_name", False),
-                              ("torch", "torch_version", False), ("backend", "backend", False),
+                              ("GPU UUIDs", "gpu_uuids", True), ("torch", "torch_version", False),
+                              ("CUDA", "cuda_version", False), ("NCCL", "nccl_version", False),
+                              ("backend", "backend", False), ("precision mode", "precision_mode", False),
+                              ("fp32 matmul precision", "float32_matmul_precision", False),
+                              ("TF32 matmul", "cuda_matmul_allow_tf32", False), ("TF32 cuDNN", "cudnn_allow_tf32", False),
                               ("threads per rank", "num_threads", False)):
         values = _distinct(rows, key, split)
         lines.append(f"| {title} | {_md(', '.join(values) or '-')} |")

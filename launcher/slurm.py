@@ -89,7 +89,7 @@ def check_partitions(cells: List[Cell]) -> None:
         if c.mem_gb is None and cell.layout.gpus_per_node and parts[name]["mem_mb"]:
             # ... and its share of the node's memory (pinned host buffers, offloaded optimizer state).
             share = cell.layout.tasks_per_node / cell.layout.gpus_per_node
-            c.mem_gb = round(parts[name]["mem_mb"] * share / 1024, 2)
+            c.mem_gb = int(parts[name]["mem_mb"] * share) / 1024  # whole MiB: never above the node
     if errors:
         raise SweepError("\n".join(errors))
 

@@ -93,6 +93,7 @@ class CellState:
     error: str | None = None
     failure_class: str | None = None
     interference: str | None = None  # what else its measurement saw (launcher/interference.py)
+    predicted_state_bytes: int | None = None  # per rank, before launch (launcher/fit.py)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
 

@@ -183,10 +183,15 @@ def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout):
     return executor
 
 
-def sbatch_script(cell: CellState, folder: Path, job_name: str) -> str:
-    """The sbatch script submitit would write for ``cell`` (its own rendering; nothing is written)."""
-    executor = slurm_executor(folder, cell.cluster, cell.layout, job_name)
-    return executor._make_submission_file_text(executor._submitit_command_str, "plan")
+def sbatch_script(group: Sequence[CellState], folder: Path, job_name: str) -> str:
+    """The sbatch script submitit would write for ``group`` (a job array when it holds several cells):
+    submitit's own rendering, and nothing is written."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    executor = slurm_executor(folder, group[0].cluster, group[0].layout, job_name)
+    count = {"map_count": len(group)} if len(group) > 1 else {}
+    return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **count,
+                               **executor.parameters)
 
 
 def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str):

@@ -14,15 +14,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from launcher import report, status, submit, sync, tracking
+from launcher import fit, report, status, submit, sync, tracking
 from launcher.plan import Cell, SweepError, cell_state, run_spec
 from launcher.safety import mask
 from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState
 
 
-def run(cells: list[Cell], argv: list[str]) -> int:
+def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None) -> int:
     """The whole life of a sweep from the command line; returns the exit code."""
-    state = prepare(cells, argv)
+    state = prepare(cells, argv, predicted or {})
     todo = [c for c in state.cells if c.status is not CellStatus.done]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
     if state.cluster == "local":
@@ -41,7 +41,7 @@ def run(cells: list[Cell], argv: list[str]) -> int:
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
 
 
-def prepare(cells: list[Cell], argv: list[str]) -> SweepState:
+def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None) -> SweepState:
     """The sweep directory with its document, every cell's spec.json and config.yaml; or, when
     sweep_dir already holds this sweep, that sweep with its unfinished cells planned again."""
     cfg = cells[0].config  # sweep-level settings are uniform (plan._check_uniform)
@@ -55,6 +55,9 @@ def prepare(cells: list[Cell], argv: list[str]) -> SweepState:
     if cfg.tracking.enabled:
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
     state.cells = [cell_state(cell) for cell in cells]
+    for cs in state.cells:
+        if (predicted or {}).get(cs.index) is not None:
+            cs.predicted_state_bytes = predicted[cs.index].total
     # Local cells log no MLflow from their ranks: the launcher waits for each cell anyway and logs
     # its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import on rank 0).
     # Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.

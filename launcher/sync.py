@@ -154,7 +154,10 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
                     "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name, **code}
             if cell.job_id and state.cluster == "slurm":
                 tags["slurm_job_id"] = cell.job_id
-            cell.run_id = tracker.child(state.parent_run_id, cell.name, tracking.flatten(_resolved(state, cell)), tags)
+            metrics = ({"predicted_model_state_bytes": float(cell.predicted_state_bytes)}
+                       if cell.predicted_state_bytes is not None else {})
+            cell.run_id = tracker.child(state.parent_run_id, cell.name, tracking.flatten(_resolved(state, cell)), tags,
+                                        metrics)
             # The cell's rank 0 reads it from here when it logs, at the end of its job.
             (state.cell_dir(cell) / RUN_ID_FILE).write_text(cell.run_id + "\n")
         return len(missing)

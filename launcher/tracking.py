@@ -76,8 +76,11 @@ class SweepTracker:
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags})
         return run.info.run_id
 
-    def child(self, parent_id: str, name: str, params: Dict[str, Any], tags: Dict[str, str]) -> str:
-        from mlflow.entities import Param
+    def child(self, parent_id: str, name: str, params: Dict[str, Any], tags: Dict[str, str],
+              metrics: Optional[Dict[str, float]] = None) -> str:
+        import time
+
+        from mlflow.entities import Metric, Param
 
         run = self.client.create_run(
             self.experiment_id, run_name=name, tags={"mlflow.parentRunId": parent_id, **tags}
@@ -85,6 +88,9 @@ class SweepTracker:
         items = [Param(k, str(v)[:PARAM_MAX_CHARS]) for k, v in params.items()]
         for i in range(0, len(items), PARAMS_PER_BATCH):
             self.client.log_batch(run.info.run_id, params=items[i : i + PARAMS_PER_BATCH])
+        if metrics:  # figures known before launch, e.g. the predicted model-state bytes
+            now_ms = int(time.time() * 1000)
+            self.client.log_batch(run.info.run_id, metrics=[Metric(k, v, now_ms, 0) for k, v in metrics.items()])
         return run.info.run_id
 
 

@@ -5,7 +5,7 @@ import pytest
 from jobs.spec import InputKind, Precision, Sharding, Strategy
 from launcher import submit
 from launcher.__main__ import main
-from launcher.plan import CONF_DIR, SweepError, cell_state, compose, expand, plan
+from launcher.plan import CONF_DIR, SweepError, cell_state, compose, expand, plan, search_path
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
 # Options that need more than their own file to be valid (refused on CPU, or need a node count).
@@ -103,3 +103,38 @@ def test_a_thousand_point_grid_composes_each_point_as_asked():
     assert len(cells) == 1000 and len({c.config.seed for c in cells}) == 250
     assert {(c.config.strategy.label, c.layout.nodes) for c in cells} == {("ddp", 1), ("ddp", 2), ("fsdp", 1),
                                                                            ("fsdp", 2)}
+
+
+def test_plan_prints_cells_resources_and_predicted_state_and_creates_nothing(tmp_path, capsys):
+    out_root = tmp_path / "out"
+    assert main(["--plan", "-m", "+experiment=resnet50_ddp_vs_fsdp_cpu", f"output_root={out_root}"]) == 0
+    out = capsys.readouterr().out
+    assert "4 cell(s)" in out and "23,712,932" in out  # ResNet-50 with 100 classes, from a meta-device build
+    rows = {line.split("|")[2].strip(): line for line in out.splitlines() if line.startswith("| ") and "strategy=" in line}
+    assert "90.46 MiB" in rows["strategy=ddp precision=fp32"]  # every parameter on every rank
+    assert "45.23 MiB" in rows["strategy=fsdp precision=fp32"]  # half of them on each of 2 ranks
+    assert "one after another" in out
+    assert not out_root.exists()
+
+
+def test_named_experiments_compose_with_their_grids():
+    for name, cells in (("resnet50_ddp_vs_fsdp_cpu", 4), ("gpt2_strategies_cpu", 6), ("scaling_cpu", 4),
+                        ("resnet50_ddp_vs_fsdp", 4), ("gpt2_strategies", 6), ("scaling", 8)):
+        planned = plan(compose(*expand([f"+experiment={name}"], multirun=True)))
+        assert len(planned) == cells, name
+    # a command-line value of the experiment's grid key wins
+    planned = plan(compose(*expand(["+experiment=scaling_cpu", "nodes=2"], multirun=True)))
+    assert {c.layout.nodes for c in planned} == {2}
+
+
+def test_a_site_config_dir_adds_its_own_cluster_and_experiment(tmp_path):
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "mysite.yaml").write_text("name: local\ntasks_per_node: 2\ntimeout_min: 9\n")
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "nightly.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /cluster: mysite\nsteps: 22\n"
+        "hydra:\n  sweeper:\n    params:\n      seed: 1,2,3\n")
+    extra = search_path([tmp_path])
+    planned = plan(compose(*expand(["+experiment=nightly"], True, extra), extra=extra))
+    assert [c.config.seed for c in planned] == [1, 2, 3]
+    assert {(c.config.cluster.timeout_min, c.layout.tasks_per_node, c.config.steps) for c in planned} == {(9, 2, 22)}
