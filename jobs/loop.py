@@ -119,3 +119,27 @@ def run_steps(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Ca
         trace.losses.append(loss)
         if trainer.last_skipped is not None:
             trace.skipped.append(trainer.last_skipped)
+
+
+def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Callable[[], None]) -> List[float]:
+    """This rank's own work per step, with nobody to wait for: ``n_steps`` forward+backward passes
+    with gradient communication off (the trainer's ``no_sync``), gradients then dropped, no
+    optimizer step (the model is left as it was).
+
+    Why: in a synchronous step every rank waits for the slowest inside the gradient collective,
+    so wall-clock step times are the same on every rank and cannot name a straggler; these can.
+    Under FSDP the forward's parameter all-gathers still meet, so there the spread is understated.
+    Run after the measured window; ``sync()`` after each pass is a CUDA sync point.
+    """
+    times = []
+    for _ in range(n_steps):
+        t0 = time.perf_counter()
+        x, y = next(batches)
+        with trainer.no_sync():
+            with trainer._autocast():
+                loss = loss_fn(trainer.model(x), y)
+            loss.backward()
+        sync()
+        times.append(time.perf_counter() - t0)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return times

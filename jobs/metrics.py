@@ -308,3 +308,83 @@ def skipped_steps(history: Dict[str, Any]) -> Dict[str, int]:
     pairs = list(zip(flags, history["measured"], strict=False))  # no flags without a scaler
     return {"fp16_skipped_steps": sum(1 for s, m in pairs if s and m),
             "fp16_skipped_steps_warmup": sum(1 for s, m in pairs if s and not m)}
+
+
+# ---- interference, stragglers, steady state, cost --------------------------------------------
+
+def foreign_cpu_share(windows: List[Optional[Dict[str, Any]]]) -> Optional[float]:
+    """The largest share, over hosts, of the host's job cores' time that other processes used
+    during the measured window (jobs/interference.py samples it; None without a full sample).
+
+    Per host: the cores are the union of its ranks' affinity sets; the busy time is read from the
+    first rank's sample (one consistent reading of every core); our time is the sum of the host's
+    ranks' own CPU time. ``max(0, busy - ours) / (window_s * cores)``.
+    """
+    by_host: Dict[str, List[Dict[str, Any]]] = {}
+    for w in windows:
+        if w is None:
+            return None  # a rank without a window: the comparison would miss its time
+        by_host.setdefault(w["host"], []).append(w)
+    shares = []
+    for ranks in by_host.values():
+        cores = sorted(set().union(*(set(r["cpus"]) for r in ranks)))
+        ref = ranks[0]
+        busy_s = sum(ref["busy_ticks_delta"].get(c, 0) for c in cores) / ref["ticks_per_s"]
+        ours_s = sum(r["own_cpu_delta_s"] for r in ranks)
+        capacity_s = ref["window_s"] * len(cores)
+        if capacity_s <= 0:
+            continue
+        shares.append(max(0.0, busy_s - ours_s) / capacity_s)
+    return max(shares) if shares else None
+
+
+STRAGGLER_LIMIT = 1.10  # a rank this much slower than the median rank is named a straggler
+
+
+def stragglers(rank_medians_s: Sequence[float], hosts: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, str]]:
+    """(summary, tags) from each rank's median step time: ``step_time_rank_spread`` = slowest
+    rank's median over the median of the ranks' medians; tag ``slowest_rank`` ("<rank> on
+    <host>"), and ``straggler_rank`` when the slowest is more than 10% above the median."""
+    if not rank_medians_s:
+        return {}, {}
+    middle = statistics.median(rank_medians_s)
+    slowest = max(range(len(rank_medians_s)), key=lambda r: rank_medians_s[r])
+    spread = rank_medians_s[slowest] / middle if middle > 0 else math.nan
+    tags = {"slowest_rank": f"{slowest} on {hosts[slowest]}"}
+    if spread > STRAGGLER_LIMIT:
+        tags["straggler_rank"] = tags["slowest_rank"]
+    return {"step_time_rank_spread": spread}, tags
+
+
+# Steady-state rule: the warm-up is still settling while the median of its last WARMUP_K step
+# times is more than WARMUP_FALL_RATIO below the median of the WARMUP_K before them. Medians of
+# three ignore one outlier on either side (a GC pause, a page fault), and comparing two adjacent
+# groups needs no model of the decay.
+WARMUP_K = 3
+WARMUP_FALL_RATIO = 1.10
+
+
+def still_falling(step_times_s: Sequence[float], k: int = WARMUP_K, ratio: float = WARMUP_FALL_RATIO) -> bool:
+    """Whether step times still trend down: median(previous k) > ratio x median(last k). False
+    with fewer than 2k times (too short to tell: the configured warm-up stands)."""
+    if len(step_times_s) < 2 * k:
+        return False
+    last = statistics.median(step_times_s[-k:])
+    before = statistics.median(step_times_s[-2 * k:-k])
+    return before > ratio * last
+
+
+def cost_per_1m(throughput_per_s: float, *, devices: int, nodes: int, cost_per_device_hour: Optional[float],
+                cost_per_node_hour: Optional[float]) -> Optional[float]:
+    """What a million samples (or tokens: pass the token throughput) cost: the job's price per
+    hour (devices x cost_per_device_hour, else nodes x cost_per_node_hour) over its throughput
+    per hour, times 1e6. None without a price or a throughput."""
+    if cost_per_device_hour is not None:
+        per_hour = devices * cost_per_device_hour
+    elif cost_per_node_hour is not None:
+        per_hour = nodes * cost_per_node_hour
+    else:
+        return None
+    if not throughput_per_s or throughput_per_s <= 0:
+        return None
+    return per_hour / (throughput_per_s * 3600.0) * 1e6

@@ -5,6 +5,12 @@ resumed from a checkpoint at step s continues at step s (the step count stays ex
 warm-up of ``warmup_steps`` steps (or fewer near the end) that are trained but not measured:
 caches, allocator and thread pools are cold again after a restart. Measurements from before the
 restart come back from the checkpoint, so the summary covers every measured step.
+
+Steady state: when ``warmup_extend_max`` > 0, a fresh job decides at the end of its warm-up
+whether step times still fall (jobs.metrics.still_falling on this rank's warm-up times, agreed
+by all ranks); while they do, one more warm-up step runs, up to ``warmup_extend_max`` extra steps.
+The measured window keeps its length, so the job runs ``total_steps + extended`` steps; the
+extension is saved with every checkpoint, so a resumed job measures the same steps.
 """
 
 from __future__ import annotations
@@ -66,6 +72,11 @@ class Outcome:
     logged_through: int  # steps below this were already logged (before a restart)
     first_step_unix_s: float
     resumed_from_step: Optional[int] = None  # the checkpoint this run continued from, if any
+    warmup_steps_extended: int = 0  # warm-up steps added because step times were still falling
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.history.steps) and self.history.steps[-1] + 1
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,7 @@ class Schedule:
     warmup_steps: int
     accum_steps: int = 1  # micro-batches per step (the data position after a resume depends on it)
     every_steps: int = 0  # periodic checkpoint every N steps (0: only on stop requests)
+    warmup_extend_max: int = 0  # extra warm-up steps allowed while step times still fall
 
 
 def _no_op(*_args) -> None:
@@ -107,15 +119,25 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
     agree on stop requests (``jobs.dist.process_group`` yields it); None uses the default group."""
     import torch.distributed as dist
 
-    start, restarts, logged_through, history, found = _resume(trainer, batches, env, device, out_dir, schedule)
-    rewarm_until = start + min(schedule.warmup_steps, max(0, schedule.total_steps - start - 1)) if found else 0
+    start, restarts, logged_through, history, found, extended = _resume(trainer, batches, env, device, out_dir,
+                                                                         schedule)
+    total = schedule.total_steps + extended
+    rewarm_until = start + min(schedule.warmup_steps, max(0, total - start - 1)) if found else 0
     stop = preempt.StopRequests(control_group)
     measuring = False
+    # Only a fresh job extends its warm-up (a resumed one restored the extension it decided on).
+    deciding = not found and schedule.warmup_extend_max > 0
     first_step_unix_s = time.time()
     try:
         step = start
-        while step < schedule.total_steps:
-            is_measured = step >= schedule.warmup_steps and step >= rewarm_until
+        while step < total:
+            if deciding and step == schedule.warmup_steps + extended:
+                if extended < schedule.warmup_extend_max and _agree_still_falling(history, control_group):
+                    extended += 1
+                    total += 1
+                else:
+                    deciding = False
+            is_measured = step >= schedule.warmup_steps + extended and step >= rewarm_until
             if is_measured and not measuring:
                 hooks.reset_peak_memory()
                 # Sync point: every rank starts the measured window together, so no rank's window
@@ -129,22 +151,42 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
             hooks.on_step(step)
             step += 1
             request = stop.agreed()
-            periodic = schedule.every_steps > 0 and step % schedule.every_steps == 0 and step < schedule.total_steps
+            periodic = schedule.every_steps > 0 and step % schedule.every_steps == 0 and step < total
             if request or periodic:
                 logged_through = _save_or_stop(trainer, env, device, out_dir, hooks, history, step, restarts,
-                                               logged_through, request)
+                                               logged_through, request, extended)
         hooks.on_window("end")
         stop.finish()
     finally:
         stop.restore()
-    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found else None)
+    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found else None, extended)
+
+
+def _agree_still_falling(history: History, control_group) -> bool:
+    """Whether any rank's warm-up step times still fall (jobs.metrics.still_falling), agreed by all.
+
+    Sync point: one all-reduce of one integer on the control group (gloo, CPU tensor), at the end
+    of the warm-up, before the window's own barrier: no measured step waits on it. Every rank
+    must take the same decision, or they would disagree on the number of steps and hang.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from jobs.metrics import still_falling
+
+    mine = still_falling([t for t, m in zip(history.trace.step_time_s, history.measured, strict=True) if not m])
+    if not (dist.is_available() and dist.is_initialized()):
+        return mine
+    flag = torch.tensor([int(mine)], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control_group)
+    return bool(flag.item())
 
 
 def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Schedule):
     """(start step, restarts, logged_through, history, whether a checkpoint was found)."""
     found = checkpoint.latest(out_dir)
     if found is None:
-        return 0, 0, 0, History(), False
+        return 0, 0, 0, History(), False, 0
     meta, mine = checkpoint.load(found, trainer.model, trainer.optimizer, rank=env.rank, world_size=env.world_size)
     history = History()
     if mine is not None:
@@ -153,17 +195,18 @@ def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Sch
     # The data position is a function of the step: skip what was consumed before the stop.
     for _ in range(meta["step"] * schedule.accum_steps):
         next(batches)
-    return meta["step"], meta["restarts"] + 1, meta["logged_through"], history, True
+    return meta["step"], meta["restarts"] + 1, meta["logged_through"], history, True, meta.get("warmup_extended", 0)
 
 
 def _save_or_stop(trainer: Trainer, env, device, out_dir: Path, hooks: Hooks, history: History, step: int,
-                  restarts: int, logged_through: int, request) -> int:
+                  restarts: int, logged_through: int, request, extended: int = 0) -> int:
     """Checkpoint at ``step`` (collective); on a stop request log first, then raise Preempted."""
     if request:
         logged_through = hooks.on_checkpoint(history, logged_through, step)
     checkpoint.save(out_dir, trainer.model, trainer.optimizer, rank=env.rank,
                     meta={"step": step, "restarts": restarts, "world_size": env.world_size,
-                          "logged_through": logged_through, "saved_unix_s": time.time()},
+                          "logged_through": logged_through, "saved_unix_s": time.time(),
+                          "warmup_extended": extended},
                     rank_state={"history": history.portable(), "rng": checkpoint.rng_state(device)})
     if request:
         requeued = False

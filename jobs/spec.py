@@ -387,6 +387,13 @@ class TrainSpec:
     # Extra steps after the measured window, run under the profiler to measure communication
     # time (jobs/comm.py); not part of any throughput figure. 0 turns the probe off.
     comm_probe_steps: int = 3
+    # Extra warm-up steps allowed while step times still fall at the end of the warm-up
+    # (jobs.metrics.still_falling); the measured window keeps its length, so up to this many more
+    # steps run in total. 0 keeps the warm-up exactly warmup_steps long.
+    warmup_extend_max: int = 5
+    # Extra forward+backward passes per rank after the window, without gradient communication,
+    # timed to name a straggler (jobs.loop.local_step_times); 0 turns them off.
+    local_probe_steps: int = 3
 
     def validate(self) -> None:
         for name, fix in (
@@ -400,6 +407,9 @@ class TrainSpec:
             _positive(name, getattr(self, name), fix)
         _non_negative("warmup_steps", self.warmup_steps, "use warmup_steps=0 or more.")
         _non_negative("comm_probe_steps", self.comm_probe_steps, "use 0 (no probe) or a few steps, e.g. 3.")
+        _non_negative("local_probe_steps", self.local_probe_steps, "use 0 (no probe) or a few steps, e.g. 3.")
+        _non_negative("warmup_extend_max", self.warmup_extend_max,
+                      "use 0 (fixed warm-up) or a cap on extra warm-up steps, e.g. 5.")
         if self.warmup_steps >= self.steps:
             raise ConfigError(
                 "warmup_steps", self.warmup_steps,
@@ -464,3 +474,8 @@ class RunSpec:
     collective_timeout_s: float = 300.0
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     tags: Dict[str, str] = field(default_factory=dict)
+    # The price of the resources this cell runs on (the cluster's, filled in by the launcher):
+    # per device-hour (a GPU) or, when that is not set, per node-hour. With either, the summary
+    # gets cost_per_1m_samples (and cost_per_1m_tokens for token models).
+    cost_per_device_hour: Optional[float] = None
+    cost_per_node_hour: Optional[float] = None

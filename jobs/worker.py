@@ -177,12 +177,29 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         sink.flush()
         return step
 
-    on_window = on_window or (lambda event: None)
+    from jobs.interference import Interference
+
+    # Other processes on this rank's cores and GPU, sampled at the window's boundaries (CPU) and on
+    # a thread during it (GPU): never inside a step, and no collective (jobs/interference.py). Our
+    # samples sit outside the caller's: its "start" comes after ours, its "end" before ours, so a
+    # timing harness never times them.
+    interference = Interference(device)
+    caller_on_window = on_window or (lambda event: None)
+
+    def on_window(event: str) -> None:
+        if event == "start":
+            interference.event(event)
+            caller_on_window(event)
+        else:
+            caller_on_window(event)
+            interference.event(event)
+
     outcome = schedule.run(
         trainer, batches, env=env, device=device, out_dir=Path(spec.out_dir),
         schedule=schedule.Schedule(total_steps=train.steps, warmup_steps=train.warmup_steps,
                                    accum_steps=train.grad_accum_steps,
-                                   every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0),
+                                   every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0,
+                                   warmup_extend_max=train.warmup_extend_max),
         hooks=schedule.Hooks(sync=sync, on_step=heartbeat.beat, on_checkpoint=log_before_stop,
                              reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=on_window),
         control_group=control_group,
@@ -190,6 +207,12 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     # Peak memory of the measured window, read before the probe's profiler can add to it.
     window_memory = metrics.peak_memory(device)
     comm_figures = communication_probe(trainer, batches, sync, train.comm_probe_steps, env, device, heartbeat)
+    local_s = []
+    if env.world_size > 1 and train.local_probe_steps:
+        from jobs.loop import local_step_times
+
+        heartbeat.pause()  # after the window: not part of any measurement, and not a stall
+        local_s = local_step_times(trainer, batches, train.local_probe_steps, sync)
     heartbeat.pause()  # the final reduction and logging are not stalls
     history = outcome.history
     mine = {
@@ -197,11 +220,12 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         "history": history.portable(),
         "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **setup,
         **metrics.model_state_bytes(par.model, optimizer, grad_bytes=trainer.grad_bytes), **comm_figures,
+        "interference": interference.portable(env.hostname), "local_step_time_s": local_s,
     }
     if par.scaler is not None:
         mine.update(metrics.skipped_steps(mine["history"]))
     per_rank = metrics.gather_ranks(mine)
-    return report(spec, env, device, backend, sink, par, per_rank, outcome, lr, gpu_uuids)
+    return report(spec, env, device, backend, sink, par, per_rank, outcome, lr, gpu_uuids, interference.missing)
 
 
 def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, device, heartbeat) -> Dict[str, float]:
@@ -219,7 +243,7 @@ def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, devi
 
 
 def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, par, per_rank, outcome, lr: float,
-           gpu_uuids) -> Dict[str, Any]:
+           gpu_uuids, gpu_interference_missing=None) -> Dict[str, Any]:
     """Reduce the ranks' measurements into the summary, records and tags; log them (rank 0's sink)."""
     import torch
 
@@ -231,14 +255,42 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
     summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
                                 tokens_per_sample=per_sample, repeats=train.repeats)
     histories = [r["history"] for r in per_rank]
-    mean_loss = metrics.mean_losses(histories, train.steps)
+    # Steps run: the configured ones plus any warm-up extension (the window keeps its length).
+    total_steps = train.steps + outcome.warmup_steps_extended
+    mean_loss = metrics.mean_losses(histories, total_steps)
     summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
-                   restarts=outcome.restarts)
+                   restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
+    extra_tags: Dict[str, str] = {}
+    foreign = metrics.foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
+    if foreign is not None:
+        summary["foreign_cpu_share"] = foreign
+    gpu = [r["interference"]["gpu"] for r in per_rank if r["interference"]["gpu"]]
+    if gpu:
+        summary["foreign_gpu_share"] = max(g["foreign_gpu_share"] for g in gpu)
+        summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
+    elif gpu_interference_missing:
+        extra_tags["gpu_interference_missing"] = gpu_interference_missing
+    rank_medians_s = [metrics.percentile(r["step_time_s"], 50) for r in per_rank]
+    # Synchronous steps take every rank as long as the slowest, so stragglers are named from each
+    # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
+    local_medians_s = [metrics.percentile(r["local_step_time_s"], 50) for r in per_rank]
+    by_local = all(r["local_step_time_s"] for r in per_rank)
+    spread, straggler_tags = metrics.stragglers(local_medians_s if by_local else rank_medians_s,
+                                                [r["hostname"] for r in per_rank])
+    summary.update(spread)
+    extra_tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
+    cost_args = dict(devices=env.world_size, nodes=env.num_nodes, cost_per_device_hour=spec.cost_per_device_hour,
+                     cost_per_node_hour=spec.cost_per_node_hour)
+    for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
+                             ("tokens", summary.get("throughput_tokens_per_s"))):
+        cost = metrics.cost_per_1m(throughput, **cost_args) if throughput else None
+        if cost is not None:
+            summary[f"cost_per_1m_{unit}"] = cost
     tags = {"hostnames": ",".join(sorted({r["hostname"] for r in per_rank})), "torch_version": str(torch.__version__),
             "backend": backend, "process_group_backend": backend_for(device.type), "precision_mode": par.plan.mode,
             "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
             "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
-            "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device)}
+            "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device), **extra_tags}
     tags.update(_mfu(spec, device, par, summary))
     if gpu_uuids:
         tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in gpu_uuids)[:5000]
@@ -249,12 +301,16 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
         tags["resumed_from_step"] = str(outcome.resumed_from_step)
     first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
     sink.set_tags(tags)
-    sink.log_steps(metrics.step_records(histories, first_logged, train.steps))
+    sink.log_steps(metrics.step_records(histories, first_logged, total_steps))
     sink.log_summary(summary)
     return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
             "first_step_unix_s": outcome.first_step_unix_s,
             # What each rank used to rendezvous: all equal, or the job could not have run.
-            "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank]}
+            "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank],
+            # Each rank's own median step time (the summary's step times are the slowest rank's).
+            "rank_step_time_ms_p50": [1e3 * m for m in rank_medians_s],
+            # Each rank's own work per step without gradient communication (names the straggler).
+            "rank_local_step_time_ms_p50": [1e3 * m for m in local_medians_s] if by_local else None}
 
 
 def _mfu(spec: RunSpec, device, par, summary: Dict[str, Any]) -> Dict[str, str]:

@@ -1,0 +1,232 @@
+"""Other processes on this job's cores and GPUs during the measured window (stdlib; NVML optional).
+
+CPU: at the window's start and end each rank reads the per-CPU busy time of /proc/stat (``cpuN``
+lines) and its own process CPU time (all threads, plus live child processes such as DataLoader
+workers). Per host, the CPUs are the union of the local ranks' affinity sets
+(``os.sched_getaffinity``); the busy time those CPUs spent that none of the host's ranks spent is
+someone else's::
+
+    foreign_cpu_share = max(0, busy_delta_s - our_cpu_delta_s) / (window_s * n_cores)
+
+reported as the maximum over hosts (jobs.metrics.foreign_cpu_share). Samples are taken only at
+the window's two boundaries, outside every step: reading /proc costs well under a millisecond,
+and nothing here synchronises ranks (the per-rank samples travel with the one gather the worker
+does after the window). Limits: interrupt time (irq, softirq) is not attributed to a process, so
+it counts as foreign; /proc/stat counts in clock ticks (10 ms per CPU at USER_HZ=100), so a very
+short window has a coarse share.
+
+GPU: a sampling thread reads NVML every ``interval_s`` during the window: the compute processes on
+this rank's device that are not this process, and the device's utilisation. ``foreign_gpu_share``
+is the fraction of samples in which another process was present, ``gpu_util_mean`` the mean
+utilisation (a fraction, 0..1). Without ``pynvml`` the GPU figures are skipped and the tag
+``gpu_interference_missing`` says why.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+# /proc/stat cpuN columns: user nice system idle iowait irq softirq steal guest guest_nice.
+# Busy = everything but idle and iowait; guest time is already included in user (and
+# guest_nice in nice), so it is not added again.
+_BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
+
+
+def parse_proc_stat(text: str) -> Dict[int, int]:
+    """{cpu index: busy clock ticks} from /proc/stat's ``cpuN`` lines (the ``cpu`` total skipped)."""
+    out: Dict[int, int] = {}
+    for line in text.splitlines():
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, *fields = line.split()
+        values = [int(v) for v in fields]
+        out[int(name[3:])] = sum(values[i] for i in _BUSY_COLUMNS if i < len(values))
+    return out
+
+
+def clock_ticks_per_s() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _stat_cpu_s(pid: int, ticks_per_s: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), in seconds; 0 when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # The command name (field 2) may hold spaces; the fields after its closing parenthesis are
+    # fixed: utime and stime are fields 14 and 15, i.e. the 12th and 13th after it.
+    rest = text.rsplit(")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / ticks_per_s
+
+
+def _children(pid: int) -> List[int]:
+    out: List[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                out += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def own_cpu_s() -> float:
+    """This process's CPU time (every thread) plus that of its live descendants (DataLoader
+    workers): everything this rank runs on its cores."""
+    ticks = clock_ticks_per_s()
+    total = time.process_time()
+    stack = _children(os.getpid())
+    seen = set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += _stat_cpu_s(pid, ticks)
+        stack += _children(pid)
+    return total
+
+
+def cpu_sample() -> Optional[Dict[str, Any]]:
+    """One boundary sample: wall time, busy ticks of every CPU, this rank's own CPU time. None
+    where /proc/stat cannot be read (not Linux)."""
+    try:
+        busy = parse_proc_stat(Path("/proc/stat").read_text())
+    except OSError:
+        return None
+    return {"wall_s": time.monotonic(), "busy_ticks": busy, "own_cpu_s": own_cpu_s()}
+
+
+class CpuWindow:
+    """Samples at the measured window's start and end (``event("start")`` / ``event("end")``)."""
+
+    def __init__(self) -> None:
+        self.start: Optional[Dict[str, Any]] = None
+        self.end: Optional[Dict[str, Any]] = None
+
+    def event(self, name: str) -> None:
+        if name == "start":
+            self.start, self.end = cpu_sample(), None
+        elif name == "end" and self.start is not None:
+            self.end = cpu_sample()
+
+    def portable(self, hostname: str) -> Optional[Dict[str, Any]]:
+        """What this rank contributes to jobs.metrics.foreign_cpu_share (None: no complete window)."""
+        if self.start is None or self.end is None:
+            return None
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = sorted(self.start["busy_ticks"])
+        return {"host": hostname, "cpus": cpus, "ticks_per_s": clock_ticks_per_s(),
+                "window_s": self.end["wall_s"] - self.start["wall_s"],
+                "busy_ticks_delta": {c: self.end["busy_ticks"].get(c, 0) - self.start["busy_ticks"].get(c, 0)
+                                     for c in self.start["busy_ticks"]},
+                "own_cpu_delta_s": self.end["own_cpu_s"] - self.start["own_cpu_s"]}
+
+
+# ---- GPU -----------------------------------------------------------------------------------
+
+def load_nvml():
+    """(the pynvml module, initialised) or (None, why not)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "pynvml is not installed (pip install nvidia-ml-py): GPU interference not measured"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError: no driver, no permission
+        return None, f"NVML could not start ({exc}): GPU interference not measured"
+    return pynvml, None
+
+
+class GpuSampler:
+    """Samples NVML on a daemon thread while the measured window is open.
+
+    The thread wakes every ``interval_s`` and holds the GIL only to record a few numbers (the NVML
+    calls go through ctypes, which releases it), so the step path sees no sync point and a cost
+    of microseconds per sample. ``nvml``: the pynvml module or an object with the same four
+    functions (tests/test_interference.py uses a stateful fake).
+    """
+
+    def __init__(self, nvml, device_uuid: str, pid: Optional[int] = None, interval_s: float = 0.1) -> None:
+        self.nvml, self.pid, self.interval_s = nvml, pid or os.getpid(), interval_s
+        uuid = device_uuid if device_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{device_uuid}"
+        self.handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
+        self.samples: List[Dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def sample(self) -> None:
+        pids = [p.pid for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)]
+        if self.pid in pids:
+            others = len(pids) - pids.count(self.pid)
+        else:
+            # In a container NVML reports host pids, so ours does not appear: one of the listed
+            # processes is still this one (it holds a context on the device since the model was built).
+            others = max(0, len(pids) - 1)
+        util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
+        self.samples.append({"others": float(others), "util_share": util / 100.0})
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sample()
+            except Exception:  # a failing NVML read must not fail the benchmark
+                return
+
+    def event(self, name: str) -> None:
+        if name == "start" and self._thread is None:
+            self.samples = []
+            self.sample()
+            self._thread = threading.Thread(target=self._run, name="gpu-interference", daemon=True)
+            self._thread.start()
+        elif name == "end" and self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2)
+            self._thread = None
+            self._stop = threading.Event()
+
+    def figures(self) -> Dict[str, float]:
+        if not self.samples:
+            return {}
+        return {"foreign_gpu_share": sum(1 for s in self.samples if s["others"] > 0) / len(self.samples),
+                "gpu_util_mean": sum(s["util_share"] for s in self.samples) / len(self.samples)}
+
+
+class Interference:
+    """The window hook the worker chains before the caller's: CPU always, GPU when NVML is there."""
+
+    def __init__(self, device, make_nvml: Callable[[], Any] = load_nvml) -> None:
+        self.cpu = CpuWindow()
+        self.gpu: Optional[GpuSampler] = None
+        self.missing: Optional[str] = None
+        if getattr(device, "type", "cpu") == "cuda":
+            nvml, why = make_nvml()
+            if nvml is None:
+                self.missing = why
+            else:
+                import torch
+
+                try:
+                    self.gpu = GpuSampler(nvml, str(torch.cuda.get_device_properties(device).uuid))
+                except Exception as exc:
+                    self.missing = f"NVML has no handle for this device ({exc}): GPU interference not measured"
+
+    def event(self, name: str) -> None:
+        self.cpu.event(name)
+        if self.gpu is not None:
+            self.gpu.event(name)
+
+    def portable(self, hostname: str) -> Dict[str, Any]:
+        return {"cpu_window": self.cpu.portable(hostname), "gpu": self.gpu.figures() if self.gpu else {}}
