@@ -50,6 +50,7 @@ class StopRequests:
     def __init__(self, group=None) -> None:
         self.group = group
         self.received = NONE
+        self._terms = 0  # SIGTERMs received
         self._until_check = 0  # step boundaries to pass before the next agreement boundary
         self._boundaries = 0  # boundaries since the last agreement boundary
         self._last_check_s: Optional[float] = None
@@ -60,10 +61,14 @@ class StopRequests:
 
     def _handler(self, code: int):
         def handle(signum, frame):
-            if code == TERM and self.received >= TERM:
-                # A second SIGTERM: stop now (the first one's checkpoint did not come in time).
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
+            if code == TERM:
+                self._terms += 1
+                if self._terms >= 2:
+                    # A second SIGTERM: stop now (the first one's checkpoint did not come in time).
+                    # Counted apart from USR2: a preemption warning followed by Slurm's SIGTERM is
+                    # one SIGTERM, and still gets its checkpoint.
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
             # Otherwise only record: the step in flight must finish first.
             self.received = max(self.received, code)
         return handle
