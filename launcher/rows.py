@@ -144,7 +144,8 @@ def grouped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in {k for m in done for k, v in m.items() if num(v) is not None}:
             values = [num(m.get(key)) for m in done]
             if all(v is not None for v in values):
-                base[key] = statistics.fmean(values)
+                # Equal values keep their type (world_size stays 2, not 2.0); others are averaged.
+                base[key] = done[0][key] if len(set(values)) == 1 else statistics.fmean(values)
         tps = [throughput(m) for m in done]
         if len(tps) >= 2 and statistics.fmean(tps):
             base["run_spread"] = statistics.stdev(tps) / statistics.fmean(tps)
