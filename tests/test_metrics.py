@@ -82,3 +82,28 @@ def test_summarize_tokens_and_single_window():
     assert s["throughput_tokens_per_s"] == pytest.approx(32 * total)
     assert s["throughput_tokens_per_s_per_device"] == pytest.approx(16 * total)
     assert s["throughput_cv"] == 0.0
+
+
+# ---- stragglers and cost ------------------------------------------------------------------------
+
+def test_stragglers_name_the_slowest_rank_above_ten_percent():
+    from jobs.metrics import stragglers
+
+    summary, tags = stragglers([0.010, 0.010, 0.013, 0.010], ["a", "a", "b", "b"])
+    assert summary["step_time_rank_spread"] == pytest.approx(1.3)
+    assert tags == {"slowest_rank": "2 on b", "straggler_rank": "2 on b"}
+    summary, tags = stragglers([0.010, 0.0105], ["a", "a"])
+    assert summary["step_time_rank_spread"] < 1.1 and "straggler_rank" not in tags and tags["slowest_rank"] == "1 on a"
+
+
+def test_cost_per_million_samples_and_tokens():
+    from jobs.metrics import cost_per_1m
+
+    # 8 devices at $2/h = $16/h; 1000 samples/s = 3.6M samples/h: $4.44 per million.
+    assert cost_per_1m(1000.0, devices=8, nodes=1, cost_per_device_hour=2.0, cost_per_node_hour=None) == \
+        pytest.approx(16 / 3.6)
+    # Per node-hour when no device price is given: 2 nodes at $30/h over 1e6 tokens/s.
+    assert cost_per_1m(1e6, devices=16, nodes=2, cost_per_device_hour=None, cost_per_node_hour=30.0) == \
+        pytest.approx(60 / 3600)
+    assert cost_per_1m(1000.0, devices=8, nodes=1, cost_per_device_hour=None, cost_per_node_hour=None) is None
+    assert cost_per_1m(0.0, devices=8, nodes=1, cost_per_device_hour=2.0, cost_per_node_hour=None) is None
