@@ -97,6 +97,14 @@ def own_cpu_s() -> float:
     return total
 
 
+def kernel_id() -> Optional[str]:
+    """This kernel's boot id: the same for every process whose /proc/stat counts the same cores."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def cpu_sample() -> Optional[Dict[str, Any]]:
     """One boundary sample: wall time, busy ticks of every CPU, this rank's own CPU time. None
     where /proc/stat cannot be read (not Linux)."""
@@ -128,7 +136,9 @@ class CpuWindow:
             cpus = sorted(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cpus = sorted(self.start["busy_ticks"])
-        return {"host": hostname, "cpus": cpus, "ticks_per_s": clock_ticks_per_s(),
+        # Grouped by kernel, not by host name: ranks that read the same /proc/stat share its cores,
+        # even under different host names (containers, or the test cluster's namespaced nodes).
+        return {"host": kernel_id() or hostname, "cpus": cpus, "ticks_per_s": clock_ticks_per_s(),
                 "window_s": self.end["wall_s"] - self.start["wall_s"],
                 "busy_ticks_delta": {c: self.end["busy_ticks"].get(c, 0) - self.start["busy_ticks"].get(c, 0)
                                      for c in self.start["busy_ticks"]},
