@@ -360,6 +360,20 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN) -> list
     return lines
 
 
+def stragglers(rows: list[dict[str, Any]]) -> list[str]:
+    """Cells whose slowest rank ran more than 10% behind the median rank (the worker's ``straggler_rank``
+    tag, from step times measured without gradient communication, where waiting hides nothing)."""
+    out = []
+    for row in rows:
+        rank = row.get("straggler_rank")
+        spread = row.get("step_time_rank_spread")
+        if rank:
+            how = f": {spread:.2f}x the median rank's step time" if isinstance(spread, (int, float)) else ""
+            out.append(f"- {_md(row['cell'])}: rank {_md(rank)} is a straggler{how}. The whole job runs at its "
+                       f"pace; look at that host (thermals, a noisy neighbour, a slow link).")
+    return out
+
+
 def _est(row: dict[str, Any]) -> Estimate:
     e = estimate(row)
     if e is None:
@@ -405,6 +419,8 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN) -> str:
         lines += [""] + _table(comps) + [""]
     lines += ["### Scaling efficiency", ""]
     lines += scaling(units) or ["No series was measured at more than one world size."]
+    lines += ["", "### Stragglers", ""]
+    lines += stragglers(rows) or ["No rank lagged more than 10% behind the median rank."]
     lines += ["", f"### Recommendation (margin {margin:.0%})", ""]
     lines += recommendations(units, margin) or ["No cell finished with a result."]
     return "\n".join(lines).rstrip() + "\n"

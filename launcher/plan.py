@@ -372,5 +372,6 @@ def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: Optional[str], run_id: O
         strategy=cfg.strategy, precision=cfg.precision, model=cfg.model, data=cfg.data, train=train,
         layout=cell.layout, tracking_uri=tracking_uri, run_id=run_id,
         emulate_nodes=cfg.cluster.name is ClusterKind.local, collective_timeout_s=cfg.collective_timeout_s,
+        cost_per_device_hour=cfg.cluster.cost_per_device_hour, cost_per_node_hour=cfg.cluster.cost_per_node_hour,
         checkpoint=cfg.checkpoint,
     )

@@ -233,6 +233,7 @@ def columns(rows: Sequence[Dict[str, Any]]) -> List[Column]:
         Column("peak mem GiB", peak_memory_gib, _fixed(".2f")),
         _state_column(rows),
         Column("MFU", lambda r: r.get("mfu"), _fixed(".1%"), optional=True),
+        Column("cost/1M samples", lambda r: r.get("cost_per_1m_samples"), _fixed(",.2f"), optional=True),
         Column("rel perf", lambda r: r.get("relative_perf"), _fixed(".0%")),
         Column("scaling eff", lambda r: r.get("scaling_efficiency"), _fixed(".0%")),
         Column("comm share", lambda r: r.get("comm_share"), _fixed(".0%")),

@@ -81,6 +81,10 @@ class ClusterConfig:
     python: Optional[str] = None  # interpreter on the nodes; default: this one
     container: ContainerConfig = field(default_factory=ContainerConfig)
     array_parallelism: int = 64
+    # Prices, for cost_per_1m_samples / cost_per_1m_tokens: per device-hour (GPU, or CPU rank) or per
+    # node-hour (the device price wins when both are set).
+    cost_per_device_hour: Optional[float] = None
+    cost_per_node_hour: Optional[float] = None
     # GPU memory per GPU: a cell whose predicted model state exceeds it is refused before submission.
     gpu_mem_gib: Optional[float] = None
     # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
@@ -166,6 +170,9 @@ class Config(TrainSpec):
         self._validate_data()
         check_cluster(c)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
+        for key in ("cost_per_device_hour", "cost_per_node_hour", "gpu_mem_gib"):
+            if getattr(c, key) is not None:
+                _non_negative(f"cluster.{key}", getattr(c, key), "give a price per hour (or GiB) of 0 or more.")
         if c.mem_gb is not None:
             _positive("cluster.mem_gb", c.mem_gb, "give the memory per node in GiB, or null for the default.")
         if not self.tracking.experiment.strip():

@@ -166,3 +166,11 @@ def test_seeds_give_the_noise_and_one_unit():
     assert len(units) == 2 and {u["runs"] for u in units} == {3}
     (c,) = findings.comparisons(units, "strategy")
     assert c.claimed and c.throughput.verdict == "lower" and c.throughput.ratio == pytest.approx(0.7)
+
+
+def test_a_straggler_is_named_in_the_findings():
+    slow = row("ddp", tp=1000.0)
+    slow.update(straggler_rank="1 on node2", step_time_rank_spread=1.94)
+    md = findings.findings([slow, row("fsdp", tp=900.0)])
+    assert "### Stragglers" in md and "rank 1 on node2 is a straggler: 1.94x the median rank's step time" in md
+    assert "No rank lagged" in findings.findings([row("ddp", tp=1000.0), row("fsdp", tp=900.0)])
