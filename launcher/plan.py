@@ -11,9 +11,9 @@ import dataclasses
 import importlib.resources
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
 from launcher.schema import ClusterKind, Config, did_you_mean, field_type, non_finite, schema_keys, unknown_keys
@@ -29,8 +29,8 @@ class SweepError(Exception):
 
 @dataclass
 class Point:
-    overrides: List[str]
-    swept: Dict[str, str]  # the keys that vary across the sweep, with this point's values
+    overrides: list[str]
+    swept: dict[str, str]  # the keys that vary across the sweep, with this point's values
     config: Config
 
 
@@ -39,12 +39,12 @@ class Cell:
     index: int
     name: str  # e.g. "strategy=fsdp nodes=2"
     dirname: str  # e.g. "01-strategy_fsdp-nodes_2"
-    overrides: List[str]
+    overrides: list[str]
     config: Config
     layout: Layout
 
 
-def search_path(config_dirs: Sequence[str | Path]) -> List[str]:
+def search_path(config_dirs: Sequence[str | Path]) -> list[str]:
     """The override that adds a site's own config directories (``--config-dir``) to Hydra's search path,
     before the packaged configs: a site keeps its cluster/*.yaml and experiment/*.yaml out of the package."""
     if not config_dirs:
@@ -52,7 +52,7 @@ def search_path(config_dirs: Sequence[str | Path]) -> List[str]:
     return ["hydra.searchpath=[" + ",".join(f"file://{Path(d).resolve()}" for d in config_dirs) + "]"]
 
 
-def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[str]:
+def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
     """The grid a named experiment declares (``+experiment=NAME``: its ``hydra.sweeper.params``), as
     overrides; a key also given on the command line keeps the command line's values, as in Hydra."""
     chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+") == "experiment"]
@@ -72,7 +72,7 @@ def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> List
     return [f"{key}={value}" for key, value in params.items() if key not in given]
 
 
-def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) -> Tuple[List[List[str]], List[str]]:
+def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) -> tuple[list[list[str]], list[str]]:
     """The override list of every grid point, and the keys being swept (an experiment's grid included)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -89,7 +89,7 @@ def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) 
     return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch], swept
 
 
-def _explain(exc: Exception, overrides: List[str]) -> str:
+def _explain(exc: Exception, overrides: list[str]) -> str:
     """One paragraph for a composition error: no traceback, the setting and the fix."""
     from hydra.errors import MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
@@ -126,8 +126,8 @@ def _changes_composition(override: str, config_dir: Path) -> bool:
     return (config_dir / key).is_dir()
 
 
-def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path = CONF_DIR,
-            extra: Sequence[str] = ()) -> List[Point]:
+def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path = CONF_DIR,
+            extra: Sequence[str] = ()) -> list[Point]:
     """Compose and validate every point; raise SweepError listing every invalid one.
 
     Hydra composes once per distinct set of group choices; each point then gets its value
@@ -147,8 +147,8 @@ def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path
 
     register()
     parser = OverridesParser.create()
-    templates: Dict[Tuple[str, ...], Tuple[object, Config]] = {}
-    cache: Dict[str, object] = {}  # override text -> parsed: a grid repeats the same few (ANTLR is slow)
+    templates: dict[tuple[str, ...], tuple[object, Config]] = {}
+    cache: dict[str, object] = {}  # override text -> parsed: a grid repeats the same few (ANTLR is slow)
     points, errors = [], []
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         for overrides in point_overrides:
@@ -176,13 +176,13 @@ def compose(point_overrides: List[List[str]], swept: List[str], config_dir: Path
     return points
 
 
-def _parse(parser, cache: Dict[str, object], override: str):
+def _parse(parser, cache: dict[str, object], override: str):
     if override not in cache:
         cache[override] = parser.parse_override(override)
     return cache[override]
 
 
-def _template(cfg) -> Tuple[object, Config]:
+def _template(cfg) -> tuple[object, Config]:
     """A composed config made ready for value overrides (open dicts unlocked, every key known), and
     its objects: the base that the fast path copies."""
     from omegaconf import OmegaConf
@@ -192,7 +192,7 @@ def _template(cfg) -> Tuple[object, Config]:
     return cfg, OmegaConf.to_object(cfg)
 
 
-def _fast_apply(base: Config, parsed) -> Optional[Config]:
+def _fast_apply(base: Config, parsed) -> Config | None:
     """``base`` with plain scalar overrides set directly on a copy of its objects, or None when any
     override needs Hydra's own handling (a new key, a deletion, a list or dict, an interpolation, a
     value that needs conversion or is of the wrong type: those get Hydra's checks and messages).
@@ -253,10 +253,10 @@ def _coerce(tp, value):
     return _NO
 
 
-def _grouped(errors: List[Tuple[str, str]]) -> str:
+def _grouped(errors: list[tuple[str, str]]) -> str:
     """One paragraph per distinct problem: a mistake shared by 1000 grid points is said once, with
     the first point and how many more have it."""
-    by_problem: Dict[str, List[str]] = {}
+    by_problem: dict[str, list[str]] = {}
     for where, text in errors:
         problem = text[len(where) + 3:] if text.startswith(f"[{where}] ") else text
         by_problem.setdefault(problem, []).append(where)
@@ -314,7 +314,7 @@ def layout_for(config: Config) -> Layout:
     return Layout(nodes=config.nodes, tasks_per_node=c.tasks_per_node, gpus_per_node=c.gpus_per_node, cpus_per_task=cpus)
 
 
-def plan(points: List[Point]) -> List[Cell]:
+def plan(points: list[Point]) -> list[Cell]:
     """Cells with their resources; duplicate points (same resolved config) are refused."""
     cells, seen = [], {}
     for i, p in enumerate(points):
@@ -332,7 +332,7 @@ def plan(points: List[Point]) -> List[Cell]:
     return cells
 
 
-def _check_uniform(cells: List[Cell]) -> None:
+def _check_uniform(cells: list[Cell]) -> None:
     """Sweep-level settings must not vary across cells (one cluster, one tracking store, one directory)."""
     first = cells[0].config if cells else None
     for c in cells[1:]:
@@ -364,7 +364,7 @@ def model_label(cfg: Config) -> str:
     return m.name
 
 
-def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: Optional[str], run_id: Optional[str]) -> RunSpec:
+def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: str | None, run_id: str | None) -> RunSpec:
     cfg = cell.config
     train = TrainSpec(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainSpec)})
     return RunSpec(

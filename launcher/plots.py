@@ -7,8 +7,9 @@ through the Agg canvas, without pyplot: no global figure state, no GUI backend o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from launcher.rows import GIB, MIB, cell_label, grouped, peak_memory_gib, ranked, series_labels
 
@@ -29,23 +30,23 @@ def _figure(width_in: float, height_in: float):
     return fig
 
 
-def _colors(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+def _colors(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One colour per strategy, stable within a report."""
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
-    strategies: List[str] = []
+    strategies: list[str] = []
     for r in rows:
         if r.get("strategy") not in strategies:
             strategies.append(r.get("strategy"))
     return {s: cmap(i % 10) for i, s in enumerate(strategies)}
 
 
-def _measured(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _measured(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in ranked(grouped(rows)) if r.get("throughput_samples_per_s")]
 
 
-def _capped(measured: List[Dict[str, Any]]) -> Tuple[List[Dict[str, Any]], str]:
+def _capped(measured: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     """At most MAX_BARS rows, the best relative performance first (so every world size keeps its
     best cells), in table order; and a note for the title when some were left out."""
     if len(measured) <= MAX_BARS:
@@ -58,7 +59,7 @@ def _short(label: str) -> str:
     return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 1] + "…"
 
 
-def _barh(ax, labels: List[str], values: List[Optional[float]], colors: List[Any], fmt: str, xlabel: str) -> None:
+def _barh(ax, labels: list[str], values: list[float | None], colors: list[Any], fmt: str, xlabel: str) -> None:
     ys = list(range(len(labels)))
     shown = [v or 0.0 for v in values]
     ax.barh(ys, shown, color=colors)
@@ -74,7 +75,7 @@ def _barh(ax, labels: List[str], values: List[Optional[float]], colors: List[Any
         ax.text((v or 0.0) + top * 0.01, y, "-" if v is None else format(v, fmt), va="center", fontsize=8)
 
 
-def throughput(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
+def throughput(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     """Total and per-device throughput per cell, ranked as in the table."""
     measured, note = _capped(_measured(rows))
     if not measured:
@@ -96,7 +97,7 @@ def throughput(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     return path
 
 
-def memory(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
+def memory(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     """Peak memory and model-state bytes per rank (both the maximum over ranks), per cell."""
     measured, note = _capped([r for r in _measured(rows)
                               if peak_memory_gib(r) is not None or r.get("model_state_bytes")])
@@ -120,10 +121,10 @@ def memory(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     return path
 
 
-def scaling(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
+def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     """Per-device throughput and scaling efficiency over node counts, one line per series."""
     measured = _measured(rows)
-    by_series: Dict[str, Dict[int, List[Dict[str, Any]]]] = {}
+    by_series: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for r in measured:
         by_series.setdefault(r["series"], {}).setdefault(int(r["nodes"]), []).append(r)
     curves = {k: v for k, v in by_series.items() if len(v) > 1}
@@ -163,12 +164,12 @@ def scaling(rows: Sequence[Dict[str, Any]], path: Path) -> Optional[Path]:
     return path
 
 
-def _mean(values) -> Optional[float]:
+def _mean(values) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 
-def make_all(rows: Sequence[Dict[str, Any]], plot_dir: Path) -> List[Tuple[Path, str]]:
+def make_all(rows: Sequence[dict[str, Any]], plot_dir: Path) -> list[tuple[Path, str]]:
     """Every plot that has data, as (path, caption)."""
     plot_dir = Path(plot_dir)
     plot_dir.mkdir(parents=True, exist_ok=True)

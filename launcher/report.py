@@ -15,9 +15,10 @@ import argparse
 import csv
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 from jobs import mlflow_entry
 from launcher import compare, findings, interference, plots, sync, tracking
@@ -47,7 +48,7 @@ class ReportError(Exception):
 
 # ---- rows from a sweep directory ---------------------------------------------------------------
 
-def collect(state: SweepState) -> List[Dict[str, Any]]:
+def collect(state: SweepState) -> list[dict[str, Any]]:
     """One row per cell: its state plus the summary and tags its head rank wrote (result.json)."""
     rows = []
     for cell in state.cells:
@@ -55,7 +56,7 @@ def collect(state: SweepState) -> List[Dict[str, Any]]:
         result = json.loads(result_path.read_text()) if result_path.exists() else {}
         # Cells that differ only in their node count form one scaling series.
         series = " ".join(o for o in cell.overrides if o.split("=", 1)[0].lstrip("+~") != "nodes")
-        row: Dict[str, Any] = {"cell": cell.name, "sweep": state.name, "strategy": cell.strategy,
+        row: dict[str, Any] = {"cell": cell.name, "sweep": state.name, "strategy": cell.strategy,
                                "precision": cell.precision, "model": cell.model, "nodes": cell.nodes,
                                "world_size": cell.world_size, "status": cell.status.value, "error": cell.error,
                                "failure_class": cell.failure_class, "series": series, "run_id": cell.run_id,
@@ -73,7 +74,7 @@ def collect(state: SweepState) -> List[Dict[str, Any]]:
     return rows
 
 
-def _train_settings(state: SweepState, cell) -> Dict[str, Any]:
+def _train_settings(state: SweepState, cell) -> dict[str, Any]:
     try:
         train = state.load_spec(cell).train
     except (OSError, ValueError, TypeError):  # a sweep dir copied without its specs
@@ -84,7 +85,7 @@ def _train_settings(state: SweepState, cell) -> Dict[str, Any]:
 
 # ---- rows from an MLflow experiment ------------------------------------------------------------
 
-def rows_from_experiment(tracking_uri: str, experiment: str) -> List[Dict[str, Any]]:
+def rows_from_experiment(tracking_uri: str, experiment: str) -> list[dict[str, Any]]:
     """One row per cell run (child run with a ``cell`` tag) of every sweep in the experiment."""
     client = mlflow_entry.client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
@@ -96,7 +97,7 @@ def rows_from_experiment(tracking_uri: str, experiment: str) -> List[Dict[str, A
     return _rows_from_runs(_search(client, found.experiment_id, None), found.experiment_id)
 
 
-def rows_from_parent_run(tracking_uri: str, run_id: str) -> List[Dict[str, Any]]:
+def rows_from_parent_run(tracking_uri: str, run_id: str) -> list[dict[str, Any]]:
     """One row per cell run of one sweep, named by its MLflow parent run."""
     client = mlflow_entry.client(tracking_uri)
     try:
@@ -110,7 +111,7 @@ def rows_from_parent_run(tracking_uri: str, run_id: str) -> List[Dict[str, Any]]
     return _rows_from_runs(runs, exp)
 
 
-def _search(client, experiment_id: str, filter_string: Optional[str]) -> list:
+def _search(client, experiment_id: str, filter_string: str | None) -> list:
     runs, token = [], None
     while True:
         page = client.search_runs([experiment_id], filter_string=filter_string or "", max_results=1000,
@@ -121,7 +122,7 @@ def _search(client, experiment_id: str, filter_string: Optional[str]) -> list:
             return runs
 
 
-def _rows_from_runs(runs: list, experiment_id: str) -> List[Dict[str, Any]]:
+def _rows_from_runs(runs: list, experiment_id: str) -> list[dict[str, Any]]:
     sweeps = {r.info.run_id: r.data.tags.get("sweep") or r.info.run_name for r in runs
               if "mlflow.parentRunId" not in r.data.tags}
     rows = []
@@ -131,7 +132,7 @@ def _rows_from_runs(runs: list, experiment_id: str) -> List[Dict[str, Any]]:
             continue  # a sweep's parent run, or a run this tool did not make
         series = json.dumps({k: v for k, v in sorted(params.items())
                              if k not in _NOT_MEASURED and not k.startswith("tracking.")})
-        row: Dict[str, Any] = {"cell": tags["cell"], "sweep": sweeps.get(tags["mlflow.parentRunId"], "?"),
+        row: dict[str, Any] = {"cell": tags["cell"], "sweep": sweeps.get(tags["mlflow.parentRunId"], "?"),
                                "strategy": tags.get("strategy", "?"), "precision": tags.get("precision", "?"),
                                "model": tags.get("model", "?"), "nodes": _int(tags.get("nodes")),
                                "world_size": _int(tags.get("world_size")),
@@ -155,7 +156,7 @@ def _rows_from_runs(runs: list, experiment_id: str) -> List[Dict[str, Any]]:
     return rows
 
 
-def _int(value: Optional[str]) -> Optional[int]:
+def _int(value: str | None) -> int | None:
     try:
         return int(float(value)) if value is not None else None
     except ValueError:
@@ -179,7 +180,7 @@ def _fixed(spec: str) -> Callable[[Any], str]:
     return fmt
 
 
-def _cv(row: Dict[str, Any]) -> str:
+def _cv(row: dict[str, Any]) -> str:
     v = num(row.get("throughput_cv"))
     if v is None or (row.get("repeats") or 0) < 2:
         return "-"  # one measured window has no spread to report
@@ -189,18 +190,18 @@ def _cv(row: Dict[str, Any]) -> str:
 @dataclass
 class Column:
     title: str
-    value: Callable[[Dict[str, Any]], Any]
+    value: Callable[[dict[str, Any]], Any]
     fmt: Callable[[Any], str] = str
     numeric: bool = True
     # Shown only when some row has a value (tokens for language models, MFU on known GPUs).
     optional: bool = False
 
 
-def _state_column(rows: Sequence[Dict[str, Any]]) -> Column:
+def _state_column(rows: Sequence[dict[str, Any]]) -> Column:
     largest = max((num(r.get("model_state_bytes")) or 0 for r in rows), default=0)
     unit, div, spec = ("GiB", GIB, ".2f") if largest >= GIB else ("MiB", MIB, ".1f")
 
-    def value(r: Dict[str, Any]) -> Optional[float]:
+    def value(r: dict[str, Any]) -> float | None:
         b = num(r.get("model_state_bytes"))
         return None if b is None else b / div
 
@@ -214,7 +215,7 @@ def _status(row: dict) -> str:
     return str(row.get("status"))
 
 
-def columns(rows: Sequence[Dict[str, Any]]) -> List[Column]:
+def columns(rows: Sequence[dict[str, Any]]) -> list[Column]:
     multi_sweep = len({r.get("sweep") for r in rows}) > 1
     cols = [
         Column("#", lambda r: r.get("_rank"), lambda v: "-" if v is None else str(v)),
@@ -250,7 +251,7 @@ def _md(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def table(rows: List[Dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     """Markdown ranking table: per world size (fewest ranks first), best throughput first; cells
     without results last. Cells that differ only in their seed are one row (mean and spread)."""
     rows = grouped(rows)
@@ -267,14 +268,14 @@ def table(rows: List[Dict[str, Any]]) -> str:
 @dataclass
 class Report:
     path: Path
-    plots: List[Path] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
     tables: str = ""
     findings: str = ""
-    cells_csv: Optional[Path] = None
+    cells_csv: Path | None = None
 
 
-def _distinct(rows: Sequence[Dict[str, Any]], key: str, split: bool = False) -> List[str]:
-    seen: List[str] = []
+def _distinct(rows: Sequence[dict[str, Any]], key: str, split: bool = False) -> list[str]:
+    seen: list[str] = []
     for r in rows:
         if r.get(key) is None:
             continue
@@ -284,12 +285,12 @@ def _distinct(rows: Sequence[Dict[str, Any]], key: str, split: bool = False) -> 
     return seen
 
 
-def _uniform(rows: Sequence[Dict[str, Any]], key: str) -> str:
+def _uniform(rows: Sequence[dict[str, Any]], key: str) -> str:
     values = _distinct(rows, key)
     return values[0] if len(values) == 1 else ("/".join(values) if values else "?")
 
 
-def _how_measured(rows: Sequence[Dict[str, Any]]) -> str:
+def _how_measured(rows: Sequence[dict[str, Any]]) -> str:
     steps, warm = _uniform(rows, "steps"), _uniform(rows, "warmup_steps")
     measured = _distinct(rows, "measured_steps")
     repeats, batch = _uniform(rows, "repeats"), _uniform(rows, "batch_size")
@@ -319,7 +320,7 @@ def _how_measured(rows: Sequence[Dict[str, Any]]) -> str:
     ])
 
 
-def _environment(rows: Sequence[Dict[str, Any]], extra: Dict[str, str]) -> str:
+def _environment(rows: Sequence[dict[str, Any]], extra: dict[str, str]) -> str:
     lines = ["| | |", "|---|---|"]
     for title, key, split in (("hosts", "hostnames", True), ("device", "device_name", False),
                               ("GPU UUIDs", "gpu_uuids", True), ("torch", "torch_version", False),
@@ -335,7 +336,7 @@ def _environment(rows: Sequence[Dict[str, Any]], extra: Dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _failures(rows: Sequence[Dict[str, Any]]) -> str:
+def _failures(rows: Sequence[dict[str, Any]]) -> str:
     bad = [r for r in rows if r.get("status") != "done" or num(r.get("throughput_samples_per_s")) is None]
     if not bad:
         return "All cells finished with results."
@@ -349,7 +350,7 @@ def _failures(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _tables(rows: List[Dict[str, Any]]) -> str:
+def _tables(rows: list[dict[str, Any]]) -> str:
     """One table per model: samples/s of different models do not compare."""
     models = _distinct(rows, "model")
     if len(models) <= 1:
@@ -357,13 +358,13 @@ def _tables(rows: List[Dict[str, Any]]) -> str:
     return "\n\n".join(f"### {m}\n\n{table([r for r in rows if str(r.get('model')) == m])}" for m in models)
 
 
-def write(rows: List[Dict[str, Any]], out_dir: Path, title: str, source: Dict[str, str]) -> Report:
+def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[str, str]) -> Report:
     """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = _tables(rows)
     done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
-    counts: Dict[str, int] = {}
+    counts: dict[str, int] = {}
     for r in rows:
         counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
     models = ", ".join(_distinct(rows, "model")) or "-"
@@ -419,7 +420,7 @@ _CSV_FIRST = ("cell", "sweep", "model", "strategy", "precision", "nodes", "world
               "relative_perf", "scaling_efficiency", "comm_share", "interference", "error", "run_id")
 
 
-def write_cells_csv(rows: Sequence[Dict[str, Any]], path: Path) -> Path:
+def write_cells_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """Every cell, one line each, every figure it has (the markdown table groups and rounds)."""
     keys = {k for r in rows for k in r if not k.startswith("_") and k not in ("settings", "series")}
     header = [k for k in _CSV_FIRST if k in keys] + sorted(keys - set(_CSV_FIRST))
@@ -501,13 +502,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tracking_uri(arg: Optional[str]) -> str:
+def _tracking_uri(arg: str | None) -> str:
     import os
 
     return arg or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs', 'mlflow.db').resolve()}"
 
 
-def rows_of(source: str, tracking_uri: Optional[str]) -> List[Dict[str, Any]]:
+def rows_of(source: str, tracking_uri: str | None) -> list[dict[str, Any]]:
     """The rows of one sweep: a sweep directory, else an MLflow parent run id."""
     if Path(source, "sweep.json").exists():
         return collect(SweepState.load(Path(source)))
@@ -516,13 +517,13 @@ def rows_of(source: str, tracking_uri: Optional[str]) -> List[Dict[str, Any]]:
     return rows_from_parent_run(_tracking_uri(tracking_uri), source)
 
 
-def main_compare(a: str, b: str, threshold: float, tracking_uri: Optional[str]) -> int:
+def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None) -> int:
     result = compare.compare(rows_of(a, tracking_uri), rows_of(b, tracking_uri), threshold)
     print(compare.render(result, a, b))
     return 1 if result.regressions() else 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.compare:
         if args.sweep_dir or args.experiment:

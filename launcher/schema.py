@@ -15,7 +15,7 @@ import functools
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Union
 
 from jobs.spec import (
     BatchNormUnits,
@@ -54,8 +54,8 @@ class ContainerRuntime(enum.Enum):
 @dataclass
 class ContainerConfig:
     runtime: ContainerRuntime = ContainerRuntime.none
-    image: Optional[str] = None
-    mounts: List[str] = field(default_factory=list)
+    image: str | None = None
+    mounts: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -63,39 +63,39 @@ class ClusterConfig:
     name: ClusterKind = ClusterKind.local
     tasks_per_node: int = 1  # one rank per task
     gpus_per_node: int = 0  # 0 = CPU ranks on gloo
-    cpus_per_task: Optional[int] = None  # None: this machine's cores / ranks per node (local)
+    cpus_per_task: int | None = None  # None: this machine's cores / ranks per node (local)
     # Slurm only (submitit's parameter names where they exist).
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
     timeout_min: int = 60
-    mem_gb: Optional[float] = None
-    constraint: Optional[str] = None
-    exclude: Optional[str] = None
+    mem_gb: float | None = None
+    constraint: str | None = None
+    exclude: str | None = None
     # Whole nodes per cell: a benchmark that shares a node measures its neighbours too.
     exclusive: bool = True
     signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    srun_args: List[str] = field(default_factory=list)
-    setup: List[str] = field(default_factory=list)  # shell lines before srun: modules, venv
-    python: Optional[str] = None  # interpreter on the nodes; default: this one
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    srun_args: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)  # shell lines before srun: modules, venv
+    python: str | None = None  # interpreter on the nodes; default: this one
     container: ContainerConfig = field(default_factory=ContainerConfig)
     array_parallelism: int = 64
     # Prices, for cost_per_1m_samples / cost_per_1m_tokens: per device-hour (GPU, or CPU rank) or per
     # node-hour (the device price wins when both are set).
-    cost_per_device_hour: Optional[float] = None
-    cost_per_node_hour: Optional[float] = None
+    cost_per_device_hour: float | None = None
+    cost_per_node_hour: float | None = None
     # GPU memory per GPU: a cell whose predicted model state exceeds it is refused before submission.
-    gpu_mem_gib: Optional[float] = None
+    gpu_mem_gib: float | None = None
     # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
-    max_array_size: Optional[int] = None
+    max_array_size: int | None = None
 
 
 @dataclass
 class TrackingConfig:
     enabled: bool = True
     # None: sqlite:///<output_root>/mlflow.db, MLflow's own default store type.
-    uri: Optional[str] = None
+    uri: str | None = None
     experiment: str = "ddp-vs-fsdp"
 
 
@@ -109,9 +109,9 @@ class Config(TrainSpec):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     output_root: str = "outputs"
-    sweep_dir: Optional[str] = None  # default: <output_root>/<date>_<time>
+    sweep_dir: str | None = None  # default: <output_root>/<date>_<time>
     # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
-    wait: Optional[bool] = None
+    wait: bool | None = None
     collective_timeout_s: float = 300.0
     # Submit cells predicted not to fit in cluster.gpu_mem_gib anyway.
     allow_oom: bool = False
@@ -229,8 +229,8 @@ class Config(TrainSpec):
 
 # ---- the schema's keys: strict overrides, open dicts, finite numbers -------------------------
 
-@functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> Dict[str, Any]:
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -246,13 +246,13 @@ def _is_dataclass_type(tp: Any) -> bool:
 def _is_open(tp: Any) -> bool:
     """A dict-typed field (model.params, cluster.additional_parameters): any key may go in it."""
     tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if typing.get_origin(tp) is Union else tp
-    return typing.get_origin(tp) in (dict, Dict) or tp is dict
+    return typing.get_origin(tp) in (dict, dict) or tp is dict
 
 
-@functools.lru_cache(maxsize=None)
-def schema_keys(cls: type = None, prefix: str = "") -> Dict[str, bool]:
+@functools.cache
+def schema_keys(cls: type = None, prefix: str = "") -> dict[str, bool]:
     """{dotted key: is an open dict} for every key of the schema (Config by default)."""
-    out: Dict[str, bool] = {}
+    out: dict[str, bool] = {}
     for name, tp in _hints(cls or Config).items():
         key = prefix + name
         out[key] = _is_open(tp)
@@ -261,7 +261,7 @@ def schema_keys(cls: type = None, prefix: str = "") -> Dict[str, bool]:
     return out
 
 
-def unknown_keys(tree: Any, cls: type = None, prefix: str = "") -> List[str]:
+def unknown_keys(tree: Any, cls: type = None, prefix: str = "") -> list[str]:
     """Keys of a composed config (plain dicts) that the schema does not have; open dicts are not looked into."""
     hints = _hints(cls or Config)
     found = []
@@ -284,7 +284,7 @@ def did_you_mean(key: str) -> str:
     return f"valid keys{' of ' + parent if parent else ''}: {', '.join(siblings)}."
 
 
-def non_finite(obj: Any, prefix: str = "") -> List[str]:
+def non_finite(obj: Any, prefix: str = "") -> list[str]:
     """Dotted keys whose value is a float NaN or infinity (a YAML .nan, or lr=nan on the command line)."""
     if dataclasses.is_dataclass(obj):
         return [k for f in dataclasses.fields(obj) for k in non_finite(getattr(obj, f.name), f"{prefix}{f.name}.")]

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List
 
 from jobs.dist import expand_nodelist
 from launcher.plan import Cell, SweepError
@@ -28,7 +27,7 @@ def configured() -> bool:
     return bool(os.environ.get("SLURM_CONF")) or any(Path(p).exists() for p in CONF_PATHS)
 
 
-def partitions() -> Dict[str, dict]:
+def partitions() -> dict[str, dict]:
     """{partition: {"nodes": int, "max_nodes": int|None, "default": bool}} from sinfo."""
     if not shutil.which("sinfo"):
         raise SweepError("cluster=slurm: sinfo is not on PATH, so this machine cannot reach a Slurm cluster. "
@@ -42,7 +41,7 @@ def partitions() -> Dict[str, dict]:
     if proc.returncode != 0:
         raise SweepError(f"cluster=slurm: sinfo failed ({proc.stderr.strip()}). Fix: check that Slurm answers "
                          f"(sinfo) before submitting.")
-    out: Dict[str, dict] = {}
+    out: dict[str, dict] = {}
     for line in proc.stdout.split("\n"):
         if not line.strip():
             continue
@@ -68,7 +67,7 @@ def partitions() -> Dict[str, dict]:
     return out
 
 
-def check_partitions(cells: List[Cell]) -> None:
+def check_partitions(cells: list[Cell]) -> None:
     parts = partitions()
     errors = []
     for cell in cells:

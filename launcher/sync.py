@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, List, Optional, Set, Tuple
 
 import yaml
 
@@ -29,14 +28,14 @@ from launcher.state import CellState, StateError, SweepState
 STEP_KEYS_SKIP = ("kind", "step", "time")
 
 
-def sync_run(client, run_id: str, records: List[dict]) -> int:
+def sync_run(client, run_id: str, records: list[dict]) -> int:
     """Log every JSONL point missing from the run; returns how many points were added."""
     from mlflow.entities import Metric, RunTag
 
-    wanted: Dict[Tuple[str, int], float] = {}
-    tags: Dict[str, str] = {}
-    status: Optional[str] = None
-    error: Optional[str] = None
+    wanted: dict[tuple[str, int], float] = {}
+    tags: dict[str, str] = {}
+    status: str | None = None
+    error: str | None = None
     for rec in records:
         kind = rec.get("kind")
         if kind == "step":
@@ -51,7 +50,7 @@ def sync_run(client, run_id: str, records: List[dict]) -> int:
             tags.update({k: str(v) for k, v in rec.items() if k != "kind"})
         elif kind == "status":
             status, error = rec.get("status"), rec.get("error")
-    have: Set[Tuple[str, int]] = set()
+    have: set[tuple[str, int]] = set()
     for key in {k for k, _ in wanted}:
         have.update((key, m.step) for m in client.get_metric_history(run_id, key))
     now_ms = int(time.time() * 1000)
@@ -81,7 +80,7 @@ def sync_cell(state: SweepState, cell) -> int:
         return 0
 
 
-def sync_sweep(state: SweepState) -> Dict[str, int]:
+def sync_sweep(state: SweepState) -> dict[str, int]:
     """{cell: points added} for every cell that has records and a run."""
     if not state.tracking_uri:
         return {}
@@ -178,7 +177,7 @@ def start_in_background(state: SweepState) -> int:
     return proc.pid
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m launcher.sync <sweep_dir>", file=sys.stderr)

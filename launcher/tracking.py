@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any
 
 from jobs import mlflow_entry
 from jobs.mlflow_entry import PARAM_MAX_CHARS, PARAMS_PER_BATCH, TAG_MAX_CHARS
@@ -18,9 +19,9 @@ from launcher.state import MLFLOW_STATUS, CellStatus
 mlflow_entry.set_defaults()  # before anything imports MLflow
 
 
-def flatten(tree: Any, prefix: str = "") -> Dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``, secrets masked."""
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     if isinstance(tree, dict):
         for k, v in tree.items():
             out.update(flatten(v, f"{prefix}{k}."))
@@ -38,7 +39,7 @@ def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
 
 
-def artifact_location(uri: str) -> Optional[str]:
+def artifact_location(uri: str) -> str | None:
     """Artifacts of a SQLite store go beside its database file. MLflow's own default is ./mlruns
     under whatever directory the launcher happened to start in. A server decides for itself."""
     if uri.startswith("sqlite:///"):
@@ -72,12 +73,12 @@ class SweepTracker:
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(
             experiment, artifact_location=artifact_location(uri))
 
-    def parent(self, name: str, tags: Dict[str, str]) -> str:
+    def parent(self, name: str, tags: dict[str, str]) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags})
         return run.info.run_id
 
-    def child(self, parent_id: str, name: str, params: Dict[str, Any], tags: Dict[str, str],
-              metrics: Optional[Dict[str, float]] = None) -> str:
+    def child(self, parent_id: str, name: str, params: dict[str, Any], tags: dict[str, str],
+              metrics: dict[str, float] | None = None) -> str:
         import time
 
         from mlflow.entities import Metric, Param
@@ -94,8 +95,8 @@ class SweepTracker:
         return run.info.run_id
 
 
-def reconcile(uri: str, run_id: str, status: CellStatus, error: Optional[str] = None,
-              tags: Optional[Dict[str, str]] = None) -> None:
+def reconcile(uri: str, run_id: str, status: CellStatus, error: str | None = None,
+              tags: dict[str, str] | None = None) -> None:
     """Make a child run's status agree with its cell's: a killed rank cannot report itself."""
     if not status.terminal:
         return
@@ -135,7 +136,7 @@ def reconcile_children(uri: str, experiment_id: str, parent_run_id: str, cells: 
             return changed
 
 
-def tag_runs(uri: str, tags_by_run: Dict[str, Dict[str, str]]) -> None:
+def tag_runs(uri: str, tags_by_run: dict[str, dict[str, str]]) -> None:
     """Set tags on several runs (values cut at MLflow's tag limit)."""
     if not tags_by_run:
         return
@@ -150,7 +151,7 @@ def reopen(uri: str, run_id: str) -> None:
     mlflow_entry.client(uri).update_run(run_id, status="RUNNING")
 
 
-def check_reachable(uri: str, timeout_s: float = 5.0) -> Optional[str]:
+def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
     """Why the sweep could not log to ``uri``, or None when it can (no MLflow import: fast)."""
     from urllib.parse import urlparse
 
@@ -181,7 +182,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> Optional[str]:
     return None
 
 
-def code_provenance() -> Dict[str, str]:
+def code_provenance() -> dict[str, str]:
     """The project's git commit and whether the working tree had uncommitted changes."""
     import subprocess
 
@@ -196,7 +197,7 @@ def code_provenance() -> Dict[str, str]:
     return {"git_commit": commit or "unknown", "git_dirty": str(bool(dirty)).lower()}
 
 
-def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: Path, job_id: Optional[str]) -> None:
+def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: Path, job_id: str | None) -> None:
     """The cell's resolved config, records, errors, rank logs and the rendered sbatch script."""
     client = mlflow_entry.client(uri)
     for name in ("config.yaml", "spec.json", "metrics.jsonl", "result.json", "preempted.txt"):

@@ -25,8 +25,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 # The variables another launcher may have left in the test's environment; DistEnv.detect would
@@ -42,7 +43,7 @@ class RanksTimeout(RanksFailed):
     """The ranks did not finish before the deadline; every one was killed."""
 
 
-def free_ports(count: int) -> List[int]:
+def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free now (all held open together, so none repeats)."""
     socks = []
     try:
@@ -56,8 +57,8 @@ def free_ports(count: int) -> List[int]:
             sock.close()
 
 
-def run_ranks(specs: Union[Any, Sequence[Any]], world_size: int, *, nodes: int = 1,
-              timeout_s: float = 120.0) -> Union[List[Dict[str, Any]], List[List[Dict[str, Any]]]]:
+def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
+              timeout_s: float = 120.0) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
     """Run ``specs`` (one RunSpec or a list) on ``world_size`` gloo ranks as ``nodes`` nodes.
 
     Returns, per spec, each rank's result in rank order: ``jobs.worker.main``'s return value, or
@@ -117,10 +118,10 @@ TINY_GPT = dict(name="gpt_tiny", input="tokens", seq_len=16, vocab_size=128,
 TINY_CNN = dict(name="cnn", input="image", image_size=16, num_classes=10, params={"width": 8, "n_layer": 2})
 
 
-def make_spec(out_dir: Union[str, Path], *, strategy: str = "ddp", precision: str = "fp32", nodes: int = 1,
-              world_size: int = 2, model: Union[Dict[str, Any], None] = None, data: Union[Dict[str, Any], None] = None,
-              strategy_args: Union[Dict[str, Any], None] = None,
-              precision_args: Union[Dict[str, Any], None] = None, gpus_per_node: int = 0, **train: Any):
+def make_spec(out_dir: str | Path, *, strategy: str = "ddp", precision: str = "fp32", nodes: int = 1,
+              world_size: int = 2, model: dict[str, Any] | None = None, data: dict[str, Any] | None = None,
+              strategy_args: dict[str, Any] | None = None,
+              precision_args: dict[str, Any] | None = None, gpus_per_node: int = 0, **train: Any):
     """A RunSpec for ``run_ranks``: tiny gpt_tiny by default, tracking off, results under ``out_dir``.
 
     ``train`` overrides TrainSpec fields (steps, batch_size, lr, optimizer, grad_accum_steps, ...);
@@ -159,7 +160,7 @@ def make_spec(out_dir: Union[str, Path], *, strategy: str = "ddp", precision: st
     return run
 
 
-def _precision_args(args: Union[Dict[str, Any], None]) -> Dict[str, Any]:
+def _precision_args(args: dict[str, Any] | None) -> dict[str, Any]:
     from jobs import spec as s
 
     out = dict(args or {})
@@ -187,7 +188,7 @@ def _tails(work: Path, n: int) -> str:
     return "\n".join(parts)
 
 
-def _wait(procs: List[subprocess.Popen], work: Path, timeout_s: float) -> None:
+def _wait(procs: list[subprocess.Popen], work: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         codes = [p.poll() for p in procs]

@@ -121,7 +121,8 @@ def test_a_job_unknown_to_queue_and_accounting_becomes_lost_after_a_grace_period
 def test_sweep_documents_of_other_versions_are_refused_with_what_to_do(tmp_path, version, words):
     from launcher.state import StateError
 
-    (tmp_path / "sweep.json").write_text('{"version": %d, "cells": []}' % version if version != 1 else '{"cells": []}')
+    text = '{"cells": []}' if version == 1 else f'{{"version": {version}, "cells": []}}'
+    (tmp_path / "sweep.json").write_text(text)
     with pytest.raises(StateError, match=words) as info:
         SweepState.load(tmp_path)
     assert "Fix:" in str(info.value)
