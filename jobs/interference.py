@@ -20,6 +20,25 @@ this rank's device that are not this process, and the device's utilisation. ``fo
 is the fraction of samples in which another process was present, ``gpu_util_mean`` the mean
 utilisation (a fraction, 0..1). Without ``pynvml`` the GPU figures are skipped and the tag
 ``gpu_interference_missing`` says why.
+
+The same thread also records the device's power draw and memory in use, and the device's total-
+energy counter is read at the window's two boundaries: the energy the job's GPUs spent in the
+window (jobs.metrics.energy_figures) and the system metrics rank 0 logs for the job's own GPUs
+(jobs.metrics.system_records). Every rank samples its own device: each knows its device's UUID
+without any exchange, the thread exists anyway, and the set of devices sampled is exactly the
+job's (no device of the host that another job uses). A reading NVML refuses (NotSupported on an
+older GPU, no permission) switches that reading off for the rest of the window, and the reason
+travels with the figures.
+
+Why not ``mlflow.enable_system_metrics_logging()``: MLflow's monitor samples every GPU NVML sees
+on the host, other tenants' included (a job on 2 of a node's 8 GPUs would log all 8), from a
+thread tied to an active run in the logging process; here only rank 0 logs, through an explicit
+client at the end (jobs/sinks.py), and the other nodes' GPUs are in other processes. So each rank
+samples its own device, the samples travel with the one gather after the window, and rank 0 logs
+them as ``system/node<N>/gpu<I>_{utilization_percent,memory_used_gib,power_w}``, step = sample
+index, timestamp = when sampled (MLflow's system-metrics view lists keys under ``system/``).
+Device memory is the device's (nvmlDeviceGetMemoryInfo.used): another process on the same GPU
+counts too, which ``foreign_gpu_share`` flags.
 """
 
 from __future__ import annotations
@@ -29,6 +48,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
+
+from jobs import metrics
 
 # /proc/stat cpuN columns: user nice system idle iowait irq softirq steal guest guest_nice.
 # Busy = everything but idle and iowait; guest time is already included in user (and
@@ -173,11 +194,27 @@ class GpuSampler:
         self.nvml, self.pid, self.interval_s = nvml, pid or os.getpid(), interval_s
         uuid = device_uuid if device_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{device_uuid}"
         self.handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
-        self.samples: List[Dict[str, float]] = []
+        self.samples: List[Dict[str, Any]] = []
+        # Readings NVML refused on this device: {what: why}; not asked again (stateful on purpose:
+        # a NotSupported answer does not change within a window).
+        self.unsupported: Dict[str, str] = {}
+        self.energy_mj: Dict[str, Optional[int]] = {"start": None, "end": None}
+        self.window_t_s: Dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
+    def _optional(self, what: str, function: str):
+        """``nvml.<function>(handle)``, or None once NVML has refused it (reason kept)."""
+        if what in self.unsupported:
+            return None
+        try:
+            return getattr(self.nvml, function)(self.handle)
+        except Exception as exc:  # NVMLError_NotSupported, NoPermission; a library without it
+            self.unsupported[what] = f"{function}: {type(exc).__name__}: {exc}"[:200]
+            return None
+
     def sample(self) -> None:
+        t_s, unix_s = time.monotonic(), time.time()
         pids = [p.pid for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)]
         if self.pid in pids:
             others = len(pids) - pids.count(self.pid)
@@ -186,7 +223,12 @@ class GpuSampler:
             # processes is still this one (it holds a context on the device since the model was built).
             others = max(0, len(pids) - 1)
         util = self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
-        self.samples.append({"others": float(others), "util_share": util / 100.0})
+        power_mw = self._optional("power", "nvmlDeviceGetPowerUsage")
+        memory = self._optional("memory", "nvmlDeviceGetMemoryInfo")
+        self.samples.append({"others": float(others), "util_share": util / 100.0, "t_s": t_s, "unix_s": unix_s,
+                             "util_percent": float(util),
+                             "power_w": None if power_mw is None else power_mw / 1e3,
+                             "mem_used_gib": None if memory is None else memory.used / metrics.GIB})
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -198,6 +240,8 @@ class GpuSampler:
     def event(self, name: str) -> None:
         if name == "start" and self._thread is None:
             self.samples = []
+            self.window_t_s = {"start": time.monotonic()}
+            self.energy_mj = {"start": self._optional("energy", "nvmlDeviceGetTotalEnergyConsumption"), "end": None}
             self.sample()
             self._thread = threading.Thread(target=self._run, name="gpu-interference", daemon=True)
             self._thread.start()
@@ -206,12 +250,46 @@ class GpuSampler:
             self._thread.join(timeout=2)
             self._thread = None
             self._stop = threading.Event()
+            # A last sample at the boundary: power samples then span the whole window.
+            try:
+                self.sample()
+            except Exception:
+                pass
+            self.energy_mj["end"] = self._optional("energy", "nvmlDeviceGetTotalEnergyConsumption")
+            self.window_t_s["end"] = time.monotonic()
 
     def figures(self) -> Dict[str, float]:
         if not self.samples:
             return {}
         return {"foreign_gpu_share": sum(1 for s in self.samples if s["others"] > 0) / len(self.samples),
                 "gpu_util_mean": sum(s["util_share"] for s in self.samples) / len(self.samples)}
+
+    def energy(self) -> Dict[str, Any]:
+        """This device's joules over the window: ``{"energy_j", "window_s", "method"}`` or
+        ``{"missing": why}``. The total-energy counter first (Volta and later: exact, and not an
+        average NVML smooths over about a second, which nvmlDeviceGetPowerUsage is on recent GPUs);
+        else the power samples integrated over their times (trapezoid rule; the window's
+        boundary samples make them span it)."""
+        if "end" not in self.window_t_s:
+            return {"missing": "no complete measured window"}
+        joules = metrics.energy_from_counter_j(self.energy_mj["start"], self.energy_mj["end"])
+        if joules is not None:
+            return {"energy_j": joules, "window_s": self.window_t_s["end"] - self.window_t_s["start"],
+                    "method": "nvml_energy_counter"}
+        powered = [s for s in self.samples if s.get("power_w") is not None]
+        joules = metrics.energy_from_power_j([s["t_s"] for s in powered], [s["power_w"] for s in powered])
+        if joules is not None:
+            return {"energy_j": joules, "window_s": powered[-1]["t_s"] - powered[0]["t_s"],
+                    "method": "nvml_power_samples"}
+        why = "; ".join(self.unsupported.get(k, "") for k in ("energy", "power") if k in self.unsupported)
+        return {"missing": why or f"{len(powered)} power sample(s): too few to integrate"}
+
+    def series(self, node_id: int, device_index: int) -> Dict[str, Any]:
+        """Utilisation, memory and power over the window, thinned (jobs.metrics.thin), for rank 0's
+        system metrics: ``{"node_id", "device_index", "samples": [...], "unsupported": {...}}``."""
+        keep = ("unix_s", "util_percent", "mem_used_gib", "power_w")
+        return {"node_id": node_id, "device_index": device_index, "unsupported": dict(self.unsupported),
+                "samples": [{k: s.get(k) for k in keep} for s in metrics.thin(self.samples)]}
 
 
 class Interference:
@@ -238,5 +316,9 @@ class Interference:
         if self.gpu is not None:
             self.gpu.event(name)
 
-    def portable(self, hostname: str) -> Dict[str, Any]:
-        return {"cpu_window": self.cpu.portable(hostname), "gpu": self.gpu.figures() if self.gpu else {}}
+    def portable(self, hostname: str, node_id: int = 0, device_index: int = 0) -> Dict[str, Any]:
+        """What this rank contributes to the gather after the window. ``gpu_energy`` and
+        ``gpu_series`` are None without a GPU sampler (CPU ranks, no NVML)."""
+        return {"cpu_window": self.cpu.portable(hostname), "gpu": self.gpu.figures() if self.gpu else {},
+                "gpu_energy": self.gpu.energy() if self.gpu else None,
+                "gpu_series": self.gpu.series(node_id, device_index) if self.gpu else None}

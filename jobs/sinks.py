@@ -28,6 +28,11 @@ class NullSink:
 
     def set_tags(self, tags: Dict[str, str]) -> None: ...
 
+    def log_system(self, records: List[Dict[str, Any]]) -> None:
+        """System metrics of the job's own GPUs (jobs.metrics.system_records): ``{"step": sample
+        index, "time": unix_s, "system/...": value}``. Kept apart from training steps: their step
+        is a sample index, not a training step (FanOut's resume bookkeeping must not see them)."""
+
     def flush(self) -> None:
         """Send what is buffered now (before a checkpoint-and-stop); the run stays open."""
 
@@ -78,6 +83,9 @@ class JsonlSink(NullSink):
 
     def set_tags(self, tags: Dict[str, str]) -> None:
         self._write([{"kind": "tags", **tags}])
+
+    def log_system(self, records: List[Dict[str, Any]]) -> None:
+        self._write({"kind": "system", **r} for r in records)
 
     def finish(self, status: str, error: Optional[str] = None) -> None:
         self._write([{"kind": "status", "status": status, "error": error, "time": time.time()}])
@@ -143,6 +151,11 @@ class MlflowSink(NullSink):
     def log_summary(self, summary: Dict[str, Any]) -> None:
         self._add_metrics((k, v, 0) for k, v in summary.items() if isinstance(v, (int, float)))
 
+    def log_system(self, records: List[Dict[str, Any]]) -> None:
+        # Each point keeps the time it was sampled at: MLflow's system-metrics view plots by time.
+        self._metrics.extend((k, float(v), int(1000 * r["time"]), int(r["step"])) for r in records
+                             for k, v in r.items() if k not in ("step", "time") and _clean(v) is not None)
+
     def set_tags(self, tags: Dict[str, str]) -> None:
         self._tags.update({k: str(v)[:mlflow_entry.TAG_MAX_CHARS] for k, v in tags.items()})
 
@@ -201,6 +214,10 @@ class FanOut(NullSink):
     def set_tags(self, tags):
         for s in self.sinks:
             s.set_tags(tags)
+
+    def log_system(self, records):
+        for s in self.sinks:
+            s.log_system(records)
 
     def flush(self):
         for s in self.sinks:

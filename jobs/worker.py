@@ -11,7 +11,7 @@ import os
 import platform
 import traceback
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, process_group
 from jobs.heartbeat import Heartbeat
@@ -152,6 +152,11 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
 
     train = spec.train
     refuse_unsupported(spec, device)
+    from jobs import matmul_peak
+
+    # The device's own matmul peak (CUDA only, ~a second): during setup, before anything is built
+    # or measured, its buffers freed before the memory counters are reset below.
+    matmul = matmul_peak.measure(device, spec.precision.name.value)
     rss_before = metrics.current_rss_bytes()
     metrics.reset_peak_memory(device)
     par = parallel.parallelize(build_model(spec, device), spec.strategy, spec.precision, device=device,
@@ -220,7 +225,9 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         "history": history.portable(),
         "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **setup,
         **metrics.model_state_bytes(par.model, optimizer, grad_bytes=trainer.grad_bytes), **comm_figures,
-        "interference": interference.portable(env.hostname), "local_step_time_s": local_s,
+        "interference": interference.portable(env.hostname, env.node_rank,
+                                              device.index if device.index is not None else 0),
+        "local_step_time_s": local_s, "matmul_peak": matmul,
     }
     if par.scaler is not None:
         mine.update(metrics.skipped_steps(mine["history"]))
@@ -270,6 +277,9 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
         summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
     elif gpu_interference_missing:
         extra_tags["gpu_interference_missing"] = gpu_interference_missing
+    system = _gpu_figures(device, per_rank, summary, extra_tags, gpu_interference_missing,
+                          samples_in_window=train.batch_size * train.grad_accum_steps * summary["measured_steps"]
+                          * env.world_size)
     rank_medians_s = [metrics.percentile(r["step_time_s"], 50) for r in per_rank]
     # Synchronous steps take every rank as long as the slowest, so stragglers are named from each
     # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
@@ -291,7 +301,7 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
             "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
             "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
             "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device), **extra_tags}
-    tags.update(_mfu(spec, device, par, summary))
+    tags.update(_mfu(spec, device, par, summary, [r.get("matmul_peak") for r in per_rank]))
     if gpu_uuids:
         tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in gpu_uuids)[:5000]
     if summary.get("fp16_skipped_steps"):
@@ -303,6 +313,8 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
     sink.set_tags(tags)
     sink.log_steps(metrics.step_records(histories, first_logged, total_steps))
     sink.log_summary(summary)
+    if system:
+        sink.log_system(system)
     return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
             "first_step_unix_s": outcome.first_step_unix_s,
             # What each rank used to rendezvous: all equal, or the job could not have run.
@@ -313,8 +325,39 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
             "rank_local_step_time_ms_p50": [1e3 * m for m in local_medians_s] if by_local else None}
 
 
-def _mfu(spec: RunSpec, device, par, summary: Dict[str, Any]) -> Dict[str, str]:
-    """Adds ``mfu`` to the summary when it is known and at most 1; returns the tags that explain it."""
+def _gpu_figures(device, per_rank, summary: Dict[str, Any], tags: Dict[str, str], nvml_missing: Optional[str],
+                 samples_in_window: float) -> List[Dict[str, Any]]:
+    """Energy of the window into ``summary`` (``energy_j``, ``energy_j_per_sample``, ``power_w_mean``;
+    jobs.metrics.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
+    metrics for rank 0 to log. Off CUDA, or without NVML, no figure and a tag that says why."""
+    from jobs import metrics
+
+    if device.type != "cuda":
+        tags["energy_missing"] = f"{device.type} ranks: energy is measured on CUDA devices only (NVML)"
+        return []
+    if nvml_missing:
+        tags["energy_missing"] = nvml_missing
+        tags["system_metrics_missing"] = nvml_missing
+        return []
+    interference = [r["interference"] for r in per_rank]
+    energy, energy_tags = metrics.energy_figures([i.get("gpu_energy") for i in interference], samples_in_window)
+    summary.update(energy)
+    tags.update(energy_tags)
+    series = [i.get("gpu_series") for i in interference]
+    refused = sorted({f"{what}: {why}" for s in series if s for what, why in s["unsupported"].items()})
+    if refused:
+        tags["nvml_refused"] = "; ".join(refused)[:500]
+    # Which physical GPU each system/node<N>/gpu<I>_ name stands for.
+    tags["system_metrics_devices"] = ",".join(
+        f"node{s['node_id']}/gpu{s['device_index']}={r['hostname']}" for s, r in zip(series, per_rank, strict=True)
+        if s)[:5000]
+    return metrics.system_records(series)
+
+
+def _mfu(spec: RunSpec, device, par, summary: Dict[str, Any], matmul_peaks=()) -> Dict[str, str]:
+    """Adds ``mfu`` (datasheet peak) and ``mfu_measured_peak`` (the matmul peak measured on each
+    device before the window, jobs/matmul_peak.py) to the summary when known and at most 1;
+    returns the tags that explain them, each formula included."""
     import torch
 
     from jobs import metrics, models
@@ -331,12 +374,29 @@ def _mfu(spec: RunSpec, device, par, summary: Dict[str, Any]) -> Dict[str, str]:
         settings["peak_flops_math"] = math if precision == "fp32" else precision
     else:
         device_name, peak = platform.processor() or "cpu", None  # CPUs have no single meaningful peak
-    achieved, reason = metrics.mfu_checked(flops, summary["throughput_samples_per_s_per_device"], peak)
+    per_device = summary["throughput_samples_per_s_per_device"]
+    achieved, reason = metrics.mfu_checked(flops, per_device, peak)
+    settings["mfu_formula"] = ("flops_per_sample x throughput_samples_per_s_per_device / peak_flops_per_s "
+                               f"(datasheet peak for {device_name!r}, {settings.get('peak_flops_math', 'no math mode')})")
     if achieved is not None:
         summary["mfu"] = achieved
         summary["peak_flops_per_s"] = peak
     else:
         settings["mfu_missing"] = reason
+    measured_tflops, why = metrics.measured_peak(list(matmul_peaks))
+    if measured_tflops is not None:
+        first = matmul_peaks[0]
+        summary["measured_matmul_tflops"] = measured_tflops
+        settings["mfu_measured_formula"] = (
+            "flops_per_sample x throughput_samples_per_s_per_device / (measured_matmul_tflops x 1e12); "
+            f"measured_matmul_tflops: mean over the job's devices of 2*n^3 x {first['iterations']} / time of "
+            f"{first['iterations']} {first['dtype']} {first['n']}x{first['n']} matmuls (after warm-ups, CUDA events"
+            f"{', TF32 allowed' if first.get('tf32') else ''}), timed on each device before the window")
+        achieved, why = metrics.mfu_checked(flops, per_device, measured_tflops * 1e12)
+        if achieved is not None:
+            summary["mfu_measured_peak"] = achieved
+    if why:
+        settings["mfu_measured_missing"] = why
     return {"device_name": device_name, **settings}
 
 

@@ -119,6 +119,64 @@ def test_matrix_fp16_skipped_steps_are_counted(matrix):
         assert "fp16_skipped_steps" in summary and "fp16_skipped_steps_warmup" in summary
 
 
+def test_matrix_mfu_against_the_measured_matmul_peak(matrix):
+    # Same achieved FLOP/s divided by two peaks: mfu x datasheet == mfu_measured_peak x measured.
+    for run in MATRIX:
+        result = ok(matrix[run])
+        summary, tags = result["summary"], result["tags"]
+        assert summary.get("measured_matmul_tflops", 0) > 0, (run, tags.get("mfu_measured_missing"))
+        assert "mfu_formula" in tags and "mfu_measured_formula" in tags, run
+        if "mfu" in summary and "mfu_measured_peak" in summary:
+            assert summary["mfu"] * summary["peak_flops_per_s"] == pytest.approx(
+                summary["mfu_measured_peak"] * summary["measured_matmul_tflops"] * 1e12, rel=1e-9)
+
+
+# ---- GPU figures: measured matmul peak, energy, the job's own system metrics ---------------------
+
+def test_measured_matmul_peak_is_a_plausible_share_of_the_datasheet():
+    from jobs import matmul_peak
+
+    device = torch.device("cuda", 0)
+    name = torch.cuda.get_device_name(0)
+    low = "bf16" if torch.cuda.get_device_capability(0) >= (8, 0) else "fp16"
+    for precision in (low, "fp32"):
+        before = torch.cuda.memory_allocated(device)
+        measured = matmul_peak.measure(device, precision)
+        assert "missing" not in measured, measured
+        assert torch.cuda.memory_allocated(device) == before  # its buffers are gone before the window
+        math_mode = "tf32" if measured["tf32"] else "fp32"
+        datasheet = metrics.peak_flops_for(name, precision, math_mode)
+        print(f"measured matmul peak {name} {precision} n={measured['n']}: {measured['measured_matmul_tflops']:.1f} "
+              f"TFLOP/s, datasheet {datasheet and datasheet / 1e12} TFLOP/s")
+        if datasheet:
+            # A unit slip (x1000) or timing without the sync would land far outside this band.
+            assert 0.1 * datasheet <= measured["measured_matmul_tflops"] * 1e12 <= 1.15 * datasheet
+
+
+def test_energy_and_system_metrics_of_the_job_gpu(tmp_path):
+    import json
+
+    pynvml = pytest.importorskip("pynvml", reason="pip install nvidia-ml-py: energy and system metrics use NVML")
+    result = ok(run_ranks(gpu_spec(tmp_path, precision="bf16", steps=30, warmup_steps=5), 1))
+    summary, tags = result["summary"], result["tags"]
+    assert "energy_missing" not in tags, tags.get("energy_missing")
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    limit_w = pynvml.nvmlDeviceGetEnforcedPowerManagementLimit(handle) / 1e3
+    print(f"energy {summary['energy_j']:.1f} J, {summary['energy_j_per_sample']:.4f} J/sample, mean power "
+          f"{summary['power_w_mean']:.0f} W (limit {limit_w:.0f} W), method {tags['energy_method']}")
+    assert 0 < summary["power_w_mean"] <= 1.2 * limit_w
+    samples = 8 * summary["measured_steps"]
+    assert summary["energy_j_per_sample"] == pytest.approx(summary["energy_j"] / samples)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    system = [r for r in records if r["kind"] == "system"]
+    assert system and tags["system_metrics_devices"].startswith("node0/gpu0=")
+    keys = set().union(*system) - {"kind", "step", "time"}
+    assert {"system/node0/gpu0_utilization_percent", "system/node0/gpu0_power_w"} <= keys, keys
+    assert all(k.startswith("system/node0/gpu0_") for k in keys)  # this job's one GPU, no other
+    assert max(r.get("system/node0/gpu0_utilization_percent", 0) for r in system) > 0
+
+
 # ---- 3. profiler: what the GPU timeline holds (H2) ----------------------------------------------
 
 def test_profiler_annotations_and_compute_on_gpu(tmp_path):

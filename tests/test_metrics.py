@@ -107,3 +107,87 @@ def test_cost_per_million_samples_and_tokens():
         pytest.approx(60 / 3600)
     assert cost_per_1m(1000.0, devices=8, nodes=1, cost_per_device_hour=None, cost_per_node_hour=None) is None
     assert cost_per_1m(0.0, devices=8, nodes=1, cost_per_device_hour=2.0, cost_per_node_hour=None) is None
+
+
+# ---- energy, measured matmul peak, system metrics ---------------------------------------------
+
+def test_energy_from_counter_in_millijoules_with_wrap_and_missing_readings():
+    assert metrics.energy_from_counter_j(1_000, 351_000) == pytest.approx(350.0)
+    # The unsigned 64-bit counter wrapped between the readings: still the 2 J spent.
+    assert metrics.energy_from_counter_j(2**64 - 500, 1_500) == pytest.approx(2.0)
+    assert metrics.energy_from_counter_j(None, 5) is None  # NotSupported at the start (pre-Volta)
+    assert metrics.energy_from_counter_j(5, None) is None
+
+
+def test_energy_from_power_samples_is_the_trapezoid_rule():
+    # 100 W for 1 s, a ramp 100 -> 300 W over 2 s (400 J), 300 W for 0.5 s: 100 + 400 + 150.
+    times = [0.0, 1.0, 3.0, 3.5]
+    watts = [100.0, 100.0, 300.0, 300.0]
+    assert metrics.energy_from_power_j(times, watts) == pytest.approx(650.0)
+    assert metrics.energy_from_power_j([0.0], [100.0]) is None  # one reading: no duration
+    assert metrics.energy_from_power_j([], []) is None
+    with pytest.raises(ValueError, match="2 sample times but 1"):
+        metrics.energy_from_power_j([0.0, 1.0], [1.0])
+
+
+def test_energy_figures_sum_devices_over_the_job_samples():
+    devices = [{"energy_j": 600.0, "window_s": 2.0, "method": "nvml_energy_counter"},
+               {"energy_j": 400.0, "window_s": 2.0, "method": "nvml_power_samples"}]
+    summary, tags = metrics.energy_figures(devices, samples_in_window=500)
+    assert summary == pytest.approx({"energy_j": 1000.0, "energy_j_per_sample": 2.0, "power_w_mean": 250.0})
+    assert tags == {"energy_method": "nvml_energy_counter,nvml_power_samples"}
+
+
+def test_energy_figures_leave_the_job_out_when_one_device_has_none():
+    devices = [{"energy_j": 600.0, "window_s": 2.0, "method": "nvml_energy_counter"},
+               {"missing": "nvmlDeviceGetPowerUsage: NVMLError_NotSupported"}]
+    summary, tags = metrics.energy_figures(devices, samples_in_window=500)
+    assert summary == {}  # a sum over the other devices would understate the job's energy
+    assert tags == {"energy_missing": "rank 1: nvmlDeviceGetPowerUsage: NVMLError_NotSupported"}
+    assert metrics.energy_figures([None], 10)[1] == {"energy_missing": "rank 0: no NVML sample"}
+    assert "energy_missing" in metrics.energy_figures(devices[:1], 0)[1]
+
+
+def test_matmul_flop_count_and_rate():
+    assert metrics.matmul_flops(2, 3, 4) == 48  # 24 multiply-adds
+    assert metrics.matmul_flops(8192, 8192, 8192) == 2 * 8192**3
+    # Ten 8192^3 matmuls in 20 ms: 1.0995e15 FLOP x 10 / 0.02 s = 549.8 TFLOP/s.
+    assert metrics.matmul_tflops(8192, 10, 0.02) == pytest.approx(2 * 8192**3 * 10 / 0.02 / 1e12)
+    assert metrics.matmul_tflops(8192, 10, 0.02) == pytest.approx(549.76, abs=0.01)
+    with pytest.raises(ValueError):
+        metrics.matmul_tflops(8192, 10, 0.0)
+
+
+def test_mfu_against_the_measured_peak():
+    peaks = [{"measured_matmul_tflops": 700.0}, {"measured_matmul_tflops": 660.0}]
+    tflops, why = metrics.measured_peak(peaks)
+    assert (tflops, why) == (pytest.approx(680.0), None)
+    # 6e9 FLOP per sample at 34,000 samples/s per device: 204 TFLOP/s of 680 measured = 0.3.
+    assert metrics.mfu_checked(6e9, 34_000, tflops * 1e12) == (pytest.approx(0.3), None)
+    missing = metrics.measured_peak([peaks[0], {"missing": "cpu ranks"}])
+    assert missing == (None, "rank 1: cpu ranks")
+    assert metrics.measured_peak([])[0] is None
+
+
+def test_thin_keeps_first_and_last_evenly():
+    assert metrics.thin(list(range(5)), 10) == [0, 1, 2, 3, 4]
+    assert metrics.thin(list(range(101)), 5) == [0, 25, 50, 75, 100]
+    assert metrics.thin(list(range(10)), 1) == [9]
+
+
+def test_system_records_name_each_device_by_node_and_index():
+    series = [{"node_id": 0, "device_index": 0, "unsupported": {},
+               "samples": [{"unix_s": 10.0, "util_percent": 90.0, "mem_used_gib": 30.5, "power_w": 400.0},
+                           {"unix_s": 10.1, "util_percent": 95.0, "mem_used_gib": 30.5, "power_w": 410.0}]},
+              None,  # a rank without a sampler
+              {"node_id": 1, "device_index": 3, "unsupported": {"power": "NotSupported"},
+               "samples": [{"unix_s": 10.0, "util_percent": 50.0, "mem_used_gib": 2.0, "power_w": None}]}]
+    records = metrics.system_records(series)
+    assert records == [
+        {"step": 0, "time": 10.0, "system/node0/gpu0_utilization_percent": 90.0,
+         "system/node0/gpu0_memory_used_gib": 30.5, "system/node0/gpu0_power_w": 400.0},
+        {"step": 1, "time": 10.1, "system/node0/gpu0_utilization_percent": 95.0,
+         "system/node0/gpu0_memory_used_gib": 30.5, "system/node0/gpu0_power_w": 410.0},
+        {"step": 0, "time": 10.0, "system/node1/gpu3_utilization_percent": 50.0,
+         "system/node1/gpu3_memory_used_gib": 2.0},
+    ]
