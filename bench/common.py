@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shutil
@@ -32,6 +33,10 @@ class Row:
     passed: Optional[bool]
     ratio: Optional[float] = None
     note: str = ""
+    # (low, high) of the ratio's 95% confidence interval, where one was computed (figure 1).
+    ratio_ci: Optional[Tuple[float, float]] = None
+    # Replaces pass/FAIL in the table when the data cannot decide ("inconclusive").
+    verdict: Optional[str] = None
 
     @property
     def ours_median(self) -> Optional[float]:
@@ -48,6 +53,64 @@ def ratio_of_medians(ours: Sequence[float], reference: Sequence[float]) -> Optio
     return statistics.median(ours) / statistics.median(reference)
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (any statistics table).
+_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+          10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101,
+          19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052,
+          28: 2.048, 29: 2.045, 30: 2.042}
+
+
+def t_975(df: int) -> float:
+    """Student's t 0.975 quantile: the table up to 30 degrees of freedom, beyond it the normal
+    quantile with two Cornish-Fisher terms (within 0.001 of the exact value there)."""
+    if df < 1:
+        raise ValueError("a t interval needs at least 2 values (1 degree of freedom)")
+    if df in _T_975:
+        return _T_975[df]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def pair_ratio_ci(ours: Sequence[float], reference: Sequence[float]
+                  ) -> Tuple[Optional[float], Optional[Tuple[float, float]]]:
+    """(median of the per-pair ratios ours_i / reference_i, 95% interval or None).
+
+    Pairs are the runs of one ABBA block (run i of each side), so drift of a shared machine
+    between blocks cancels within each ratio. The interval is Student's t on the log ratios,
+    exponentiated: it covers the geometric mean ratio, which for the roughly symmetric log
+    ratios seen here is close to the median (reported as the point). It assumes the pairs are
+    independent and their log ratios roughly normal; with few pairs it is wide, and it should be:
+    t with n-1 degrees of freedom widens it for small n (n=4: +-3.18 standard errors). With one
+    pair there is no interval.
+    """
+    ratios = [o / r for o, r in zip(ours, reference, strict=True) if r > 0 and o > 0]
+    if not ratios:
+        return None, None
+    median = statistics.median(ratios)
+    if len(ratios) < 2:
+        return median, None
+    logs = [math.log(x) for x in ratios]
+    half = t_975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    mean = statistics.fmean(logs)
+    return median, (math.exp(mean - half), math.exp(mean + half))
+
+
+def ratio_verdict(median: Optional[float], ci: Optional[Tuple[float, float]], at_least: float
+                  ) -> Tuple[Optional[bool], Optional[str]]:
+    """(passed, verdict) for a "ratio >= at_least" target: pass when the whole interval is at or
+    above the target, FAIL when it is wholly below, "inconclusive" when it spans the target (the
+    runs cannot tell). Without an interval (one pair) the median decides, as before."""
+    if median is None:
+        return None, None
+    if ci is None:
+        return median >= at_least, None
+    if ci[0] >= at_least:
+        return True, None
+    if ci[1] < at_least:
+        return False, None
+    return None, "inconclusive"
+
+
 def fmt_values(values: Sequence[float], digits: int = 3) -> str:
     """``median [min-max] (n)``: the spread is the full range of the repeats."""
     if not values:
@@ -62,7 +125,13 @@ def fmt_ratio(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def fmt_pass(passed: Optional[bool], target: str = "") -> str:
+def fmt_ci(ci: Optional[Tuple[float, float]]) -> str:
+    return "" if ci is None else f" [{ci[0]:.3f}-{ci[1]:.3f}]"
+
+
+def fmt_pass(passed: Optional[bool], target: str = "", verdict: Optional[str] = None) -> str:
+    if verdict:
+        return verdict
     if passed is None and target == "(info)":
         return "-"
     return {True: "pass", False: "FAIL", None: "skipped"}[passed]
@@ -73,7 +142,7 @@ def render_table(rows: Sequence[Row]) -> str:
              "|---|---|---|---|---:|---|---|"]
     for r in rows:
         lines.append(f"| {r.figure} | {r.unit} | {fmt_values(r.ours)} | {fmt_values(r.reference)} | "
-                     f"{fmt_ratio(r.ratio)} | {r.target} | {fmt_pass(r.passed, r.target)} |")
+                     f"{fmt_ratio(r.ratio)}{fmt_ci(r.ratio_ci)} | {r.target} | {fmt_pass(r.passed, r.target, r.verdict)} |")
     return "\n".join(lines)
 
 

@@ -34,6 +34,13 @@ cross-check that other processes on the machine move less: samples per second of
 time over the window (each rank's own CPU time, gloo's threads included), summed over ranks.
 This machine is a small VM on a shared host: identical runs minutes apart differ by up to ~5%,
 which is more than the 2% the target allows, so read the per-pair ratios below with the table.
+The ratio in the table is the median of the per-pair ratios (run i of ours over run i of the
+bare loop, the two runs of one ABBA block), with a 95% interval: Student's t on the log ratios
+(n-1 degrees of freedom), exponentiated, i.e. an interval for the geometric mean ratio, whose
+point for these roughly symmetric logs is close to the median. The target passes when the whole
+interval is at or above it, fails when the whole interval is below, and otherwise reads
+"inconclusive": the runs cannot tell. With 4 pairs the t factor is 3.18, so an interval narrower
+than the 2% band needs a spread of the pair ratios well under 1%.
 
 **1c. Paired blocks in one job.** `bench/paired_steps.py` holds both sides in the same torchrun
 processes: one copy of the model wrapped as the bare loop wraps it and stepped by the bare step,
@@ -171,7 +178,19 @@ A/B runs of `bench/worker_entry.py` with parts of the worker switched off from o
   single run of either side being ours) against the bare loop's 3-6%: our process is sometimes
   in a slower state for a whole run. Not the step path (1c), not the per-process extras (above);
   what else differs per process (heap history, address layout of the same tensors) is not
-  measured yet.
+  measured yet. What that run's own numbers do say: the spread is in CPU time per sample too
+  (row 1b: ours 48.2-59.5 samples/CPU-s, 21%, against the bare loop's 53.9-55), so in the slow
+  runs our ranks spent more CPU per sample, not merely waited for a core that another process
+  held (that moves wall time, not the rank's own CPU time); and the worker's own reported
+  throughput follows the harness's window mean run by run (43.85 vs 43.81 ... 53.82 vs 53.79), so
+  the slow runs are slow throughout the window rather than in a few pre-empted steps. Which
+  per-process difference makes a whole run cost more CPU is not known: with 4 runs per side the
+  one fast run of ours (53.4) could as well be the outlier as the three slow ones. One explanation that
+  would fit, untested here: on 2 vCPUs a hypervisor's co-scheduling of the other tenant's work on the same physical core (shared caches,
+  hyperthread sibling) would raise CPU time per sample for a whole run on either side; that the
+  bare loop's four runs happened to escape it is possible with 4 runs, and nothing measured
+  separates the two explanations. The figure is therefore reported as the median of the per-pair
+  ratios with a 95% interval (above), whose width says how much the runs can decide.
 - Profiles (cProfile, rank 0, FSDP): the same operators dominate on both sides (autograd's
   backward, linear, gloo waits); the worker's own Python per step (timing, history, heartbeat,
   the agreement counter) does not appear among the top functions.
@@ -197,8 +216,12 @@ def details_section(rows: List[Row], details: Dict[str, Dict]) -> str:
             continue
         window = tp[f"{strategy}_window_throughput_samples_per_s"]
         row = next(r for r in rows if r.figure.startswith("1.") and strategy.upper() in r.figure)
+        ci = tp.get(f"{strategy}_pair_ratio_ci95")
+        interval = (f"median {_fmt(tp[f'{strategy}_pair_ratio_median'])}, 95% CI {_fmt(ci[0])}-{_fmt(ci[1])}"
+                    if ci else "no interval (fewer than 2 pairs)") if f"{strategy}_pair_ratio_median" in tp else ""
         out.append(f"- {strategy.upper()}: per-pair ratios (ours/bare, median-step throughput) "
-                   f"{', '.join(_fmt(x) for x in tp[f'{strategy}_pair_ratios'])}; range of the repeats: "
+                   f"{', '.join(_fmt(x) for x in tp[f'{strategy}_pair_ratios'])}"
+                   f"{f' ({interval})' if interval else ''}; range of the repeats: "
                    f"ours {_spread(row.ours)}, bare {_spread(row.reference)} of the median. Window-mean throughput "
                    f"(samples/s) ours {', '.join(_fmt(x) for x in window['ours'])}, bare "
                    f"{', '.join(_fmt(x) for x in window['bare'])}: ratio of medians "

@@ -191,3 +191,24 @@ def test_system_records_name_each_device_by_node_and_index():
         {"step": 0, "time": 10.0, "system/node1/gpu3_utilization_percent": 50.0,
          "system/node1/gpu3_memory_used_gib": 2.0},
     ]
+
+
+# ---- bench figure 1: the median per-pair ratio and its 95% interval (bench/common.py) ---------
+
+def test_bench_pair_ratio_median_and_t_interval_on_log_ratios():
+    from bench.common import pair_ratio_ci, ratio_verdict, t_975
+
+    assert t_975(3) == 3.182 and t_975(30) == 2.042
+    assert t_975(40) == pytest.approx(2.0211, abs=1e-3) and t_975(1000) == pytest.approx(1.9623, abs=1e-3)
+    # The previous suite run's DDP pairs (BENCH_RESULTS.md): median 0.9216; logs' mean -0.0723,
+    # sample stdev 0.0478, half-width 3.182 x 0.0478 / 2 = 0.0761 -> exp(-0.1484), exp(0.0038).
+    ours, bare = [94.97, 89.19, 99.06, 89.35], [100.0] * 4
+    median, ci = pair_ratio_ci(ours, bare)
+    assert median == pytest.approx(0.9216)
+    assert ci == (pytest.approx(0.8581, abs=1e-4), pytest.approx(1.0090, abs=1e-4))
+    assert ratio_verdict(median, ci, 0.98) == (None, "inconclusive")  # the interval spans the target
+    assert ratio_verdict(0.99, (0.985, 1.0), 0.98) == (True, None)
+    assert ratio_verdict(0.9, (0.85, 0.95), 0.98) == (False, None)
+    assert pair_ratio_ci([50.0], [100.0]) == (0.5, None)  # one pair: no interval, the median decides
+    assert ratio_verdict(0.5, None, 0.98) == (False, None)
+    assert pair_ratio_ci([], []) == (None, None)
