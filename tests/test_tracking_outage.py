@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 
 from launcher import submit, sweep
 from launcher.plan import compose, expand, plan
-from launcher.sync import sync_sweep
+from launcher.sync import ensure_runs, sync_sweep
 from tests.mlflow_server import MlflowServer, free_port
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,8 @@ def test_server_down_during_run_then_sync_restores_every_step(tmp_path, fast_ove
                                 f"output_root={tmp_path}", f"sweep_dir={tmp_path / 'sweep'}"], multirun=True)
         cells = plan(compose(points, swept))
         state = sweep.prepare(cells, ["test"])
-        sweep.create_runs(state, cells)  # experiment and runs exist on the server
+        ensure_runs(state)  # experiment and runs exist on the server
+        state.save()
         cell = state.cells[0]
         server.stop()  # down for the whole job
         submit.submit(state, state.cells)
