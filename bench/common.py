@@ -10,10 +10,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -27,27 +27,27 @@ class Row:
 
     figure: str
     unit: str
-    ours: List[float]
-    reference: List[float]
+    ours: list[float]
+    reference: list[float]
     target: str  # e.g. ">= 0.98" (ratio ours/reference), "<= 1.3", or a yes/no check
-    passed: Optional[bool]
-    ratio: Optional[float] = None
+    passed: bool | None
+    ratio: float | None = None
     note: str = ""
     # (low, high) of the ratio's 95% confidence interval, where one was computed (figure 1).
-    ratio_ci: Optional[Tuple[float, float]] = None
+    ratio_ci: tuple[float, float] | None = None
     # Replaces pass/FAIL in the table when the data cannot decide ("inconclusive").
-    verdict: Optional[str] = None
+    verdict: str | None = None
 
     @property
-    def ours_median(self) -> Optional[float]:
+    def ours_median(self) -> float | None:
         return statistics.median(self.ours) if self.ours else None
 
     @property
-    def reference_median(self) -> Optional[float]:
+    def reference_median(self) -> float | None:
         return statistics.median(self.reference) if self.reference else None
 
 
-def ratio_of_medians(ours: Sequence[float], reference: Sequence[float]) -> Optional[float]:
+def ratio_of_medians(ours: Sequence[float], reference: Sequence[float]) -> float | None:
     if not ours or not reference or statistics.median(reference) == 0:
         return None
     return statistics.median(ours) / statistics.median(reference)
@@ -72,7 +72,7 @@ def t_975(df: int) -> float:
 
 
 def pair_ratio_ci(ours: Sequence[float], reference: Sequence[float]
-                  ) -> Tuple[Optional[float], Optional[Tuple[float, float]]]:
+                  ) -> tuple[float | None, tuple[float, float] | None]:
     """(median of the per-pair ratios ours_i / reference_i, 95% interval or None).
 
     Pairs are the runs of one ABBA block (run i of each side), so drift of a shared machine
@@ -95,8 +95,8 @@ def pair_ratio_ci(ours: Sequence[float], reference: Sequence[float]
     return median, (math.exp(mean - half), math.exp(mean + half))
 
 
-def ratio_verdict(median: Optional[float], ci: Optional[Tuple[float, float]], at_least: float
-                  ) -> Tuple[Optional[bool], Optional[str]]:
+def ratio_verdict(median: float | None, ci: tuple[float, float] | None, at_least: float
+                  ) -> tuple[bool | None, str | None]:
     """(passed, verdict) for a "ratio >= at_least" target: pass when the whole interval is at or
     above the target, FAIL when it is wholly below, "inconclusive" when it spans the target (the
     runs cannot tell). Without an interval (one pair) the median decides, as before."""
@@ -121,15 +121,15 @@ def fmt_values(values: Sequence[float], digits: int = 3) -> str:
     return f"{med:.{digits}g} [{min(values):.{digits}g}-{max(values):.{digits}g}] (n={len(values)})"
 
 
-def fmt_ratio(value: Optional[float]) -> str:
+def fmt_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def fmt_ci(ci: Optional[Tuple[float, float]]) -> str:
+def fmt_ci(ci: tuple[float, float] | None) -> str:
     return "" if ci is None else f" [{ci[0]:.3f}-{ci[1]:.3f}]"
 
 
-def fmt_pass(passed: Optional[bool], target: str = "", verdict: Optional[str] = None) -> str:
+def fmt_pass(passed: bool | None, target: str = "", verdict: str | None = None) -> str:
     if verdict:
         return verdict
     if passed is None and target == "(info)":
@@ -146,7 +146,7 @@ def render_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def bench_env(threads: int, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def bench_env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment every measured process gets: the same threads per rank on both sides."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), MLFLOW_DISABLE_TELEMETRY="true",
@@ -167,7 +167,7 @@ class Proc:
         return self.end_unix_s - self.start_unix_s
 
 
-def run_logged(cmd: Sequence[str], log: Path, env: Dict[str, str], timeout_s: float = 600,
+def run_logged(cmd: Sequence[str], log: Path, env: dict[str, str], timeout_s: float = 600,
                cwd: Path = REPO, check: bool = True) -> Proc:
     """Run ``cmd`` to completion, output to ``log``; the start time is taken right before the spawn."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ def read_result(path: Path, proc: Proc) -> str:
     return path.read_text()
 
 
-def _cpu_jiffies() -> Tuple[int, int]:
+def _cpu_jiffies() -> tuple[int, int]:
     """(busy, total) jiffies over all CPUs since boot, from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
@@ -216,7 +216,7 @@ def busy_cores(interval_s: float = 0.5) -> float:
 QUIET_BUSY_CORES = 0.3
 
 
-def wait_for_quiet(max_wait_s: float, log: Optional[Callable[[str], None]] = None) -> float:
+def wait_for_quiet(max_wait_s: float, log: Callable[[str], None] | None = None) -> float:
     """Wait (up to ``max_wait_s``) until other processes leave the cores nearly idle.
 
     On a shared machine another user's job can take a core for seconds, which moves a run by tens
@@ -245,7 +245,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine(torch_version: str, device: str) -> Dict[str, str]:
+def machine(torch_version: str, device: str) -> dict[str, str]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -287,7 +287,7 @@ class Settings:
     pin: bool = False  # pin each rank to its own cores in the throughput runs (bench/pin_rank.sh)
     work: Path = field(default_factory=lambda: REPO / "outputs" / "bench")
 
-    def train_args(self, steps: Optional[int] = None, warmup_steps: Optional[int] = None) -> List[str]:
+    def train_args(self, steps: int | None = None, warmup_steps: int | None = None) -> list[str]:
         return ["--model", self.model, "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size),
                 "--batch-size", str(self.batch_size), "--steps", str(steps or self.steps),
                 "--warmup-steps", str(self.warmup_steps if warmup_steps is None else warmup_steps)]

@@ -12,7 +12,7 @@ import json
 import statistics
 import subprocess
 import time
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 from bench.common import PYTHON, REPO, Row, Settings, bench_env, ratio_of_medians
 
@@ -31,13 +31,13 @@ print(json.dumps({{"cells": len(cells), "seconds": elapsed,
 """
 
 
-def _wall(cmd: List[str], env: Dict[str, str]) -> Tuple[float, subprocess.CompletedProcess]:
+def _wall(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     return time.perf_counter() - t0, proc
 
 
-def imported_top_level(importtime_report: str) -> List[str]:
+def imported_top_level(importtime_report: str) -> list[str]:
     """Top-level packages named in a ``-X importtime`` report (stderr)."""
     names = set()
     for line in importtime_report.splitlines():
@@ -46,11 +46,11 @@ def imported_top_level(importtime_report: str) -> List[str]:
     return sorted(names)
 
 
-def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict]:
+def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     env = bench_env(settings.threads)
     n = max(5, 2 * settings.repeats)
-    ours: List[float] = []
-    ref: List[float] = []
+    ours: list[float] = []
+    ref: list[float] = []
     for _ in range(n):
         seconds, proc = _wall([PYTHON, "-m", "launcher", "--help"], env)
         if proc.returncode != 0 or "usage: python -m launcher" not in proc.stdout:
@@ -63,8 +63,8 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
     help_heavy = [m for m in imported_top_level(traced.stderr) if m in HEAVY]
     log(f"  --help: {statistics.median(ours):.3f} s median of {n}; heavy imports: {help_heavy or 'none'}")
 
-    compose_s: List[float] = []
-    compose_heavy: List[str] = []
+    compose_s: list[float] = []
+    compose_heavy: list[str] = []
     for _ in range(max(3, settings.repeats)):
         _, proc = _wall([PYTHON, "-c", COMPOSE], env)
         if proc.returncode != 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 from bench.common import PYTHON, REPO, TORCHRUN, Row, Settings, bench_env, read_result, run_logged, wait_for_quiet
 from bench.throughput import THROUGHPUT_TARGET
@@ -18,7 +18,7 @@ from bench.throughput import THROUGHPUT_TARGET
 BLOCK_STEPS = 5
 
 
-def pair_ratios(ranks: List[Dict[str, List[float]]]) -> List[float]:
+def pair_ratios(ranks: list[dict[str, list[float]]]) -> list[float]:
     """Bare block time / our block time for each pair of neighbouring blocks, each block's time
     being its slowest rank's (a synchronous step ends when the last rank ends it)."""
     ours = [max(r["ours_block_s"][i] for r in ranks) for i in range(len(ranks[0]["ours_block_s"]))]
@@ -26,7 +26,7 @@ def pair_ratios(ranks: List[Dict[str, List[float]]]) -> List[float]:
     return [b / o for b, o in zip(bare, ours, strict=True)]
 
 
-def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict]:
+def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     work = settings.work / "paired"
     work.mkdir(parents=True, exist_ok=True)
     env = bench_env(settings.threads, {"BENCH_THREADS_PER_RANK": str(settings.threads)})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Dict, List
 
 from bench.common import Row, Settings, render_table
 
@@ -201,14 +200,14 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _spread(values: List[float]) -> str:
+def _spread(values: list[float]) -> str:
     if len(values) < 2:
         return "-"
     med = statistics.median(values)
     return f"{100 * (max(values) - min(values)) / med:.0f}%" if med else "-"
 
 
-def details_section(rows: List[Row], details: Dict[str, Dict]) -> str:
+def details_section(rows: list[Row], details: dict[str, dict]) -> str:
     out = ["## Details of this run", ""]
     tp = details.get("throughput") or {}
     for strategy in ("ddp", "fsdp"):
@@ -253,7 +252,7 @@ def details_section(rows: List[Row], details: Dict[str, Dict]) -> str:
     return "\n".join(out)
 
 
-def failures_section(rows: List[Row]) -> str:
+def failures_section(rows: list[Row]) -> str:
     failed = [r for r in rows if r.passed is False]
     if not failed:
         return "## Targets missed\n\nNone in this run."
@@ -273,8 +272,8 @@ def failures_section(rows: List[Row]) -> str:
     return "\n".join(lines)
 
 
-def write_results(path: Path, *, command: str, info: Dict[str, str], settings: Settings, rows: List[Row],
-                  details: Dict[str, Dict], elapsed_s: float) -> None:
+def write_results(path: Path, *, command: str, info: dict[str, str], settings: Settings, rows: list[Row],
+                  details: dict[str, dict], elapsed_s: float) -> None:
     machine = "\n".join(f"| {k} | {v} |" for k, v in info.items())
     text = f"""# Benchmark results
 

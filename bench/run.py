@@ -27,7 +27,6 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List
 
 from bench import imports, paired, slurm_submit, startup, throughput
 from bench.common import PYTHON, REPO, Row, Settings, machine, render_table
@@ -35,7 +34,7 @@ from bench.common import PYTHON, REPO, Row, Settings, machine, render_table
 FIGURES = {"throughput": throughput, "paired": paired, "startup": startup, "slurm": slurm_submit, "imports": imports}
 
 
-def probe_device() -> Dict[str, object]:
+def probe_device() -> dict[str, object]:
     """Torch version and accelerator, asked of a fresh interpreter (this one keeps torch out)."""
     code = ("import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
             "'cuda': c, 'gpus': torch.cuda.device_count() if c else 0, "
@@ -44,7 +43,7 @@ def probe_device() -> Dict[str, object]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def parse_args(argv: List[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--quick", action="store_true", help="2 repeats, shorter runs")
@@ -69,7 +68,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     only = [x.strip() for x in args.only.split(",")] if args.only else list(FIGURES)
     unknown = [x for x in only if x not in FIGURES]
@@ -105,8 +104,8 @@ def main(argv: List[str] | None = None) -> int:
           f"{settings.nproc} ranks x {settings.threads} threads, {settings.model}, batch {settings.batch_size}/rank, "
           f"{settings.repeats} repeats{', ranks pinned' if settings.pin else ''}; work dir {settings.work}", flush=True)
 
-    rows: List[Row] = []
-    details: Dict[str, object] = {}
+    rows: list[Row] = []
+    details: dict[str, object] = {}
     t0 = time.perf_counter()
     for name in only:
         print(f"[{name}]", flush=True)

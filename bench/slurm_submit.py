@@ -21,8 +21,8 @@ import signal
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
 
 from bench.common import PYTHON, REPO, Row, Settings, bench_env, ratio_of_medians, wait_for_quiet
 
@@ -32,7 +32,7 @@ CELLS = 16
 RESOURCE_SHAPES = 2  # nodes=1 and nodes=2; everything else runs on the same allocation shape
 
 
-def unavailable() -> Optional[str]:
+def unavailable() -> str | None:
     if not os.environ.get("SLURM_CONF"):
         # Without SLURM_CONF every Slurm command falls back to a DNS SRV lookup.
         return "SLURM_CONF is not set (eval \"$(bash slurm/local-cluster.sh up | tail -1)\")"
@@ -52,7 +52,7 @@ def default_partition() -> str:
     return next((p.rstrip("*") for p in out if p.endswith("*")), out[0] if out else "debug")
 
 
-def read_log(path: Path) -> List[Tuple[float, float, int, str]]:
+def read_log(path: Path) -> list[tuple[float, float, int, str]]:
     if not path.exists():
         return []
     rows = []
@@ -62,7 +62,7 @@ def read_log(path: Path) -> List[Tuple[float, float, int, str]]:
     return rows
 
 
-def scancel(job_ids: List[str]) -> None:
+def scancel(job_ids: list[str]) -> None:
     ids = [j for j in job_ids if j and j.replace("_", "").isdigit()]
     if ids:
         subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
@@ -78,12 +78,12 @@ class Shim:
         shim.chmod(0o755)
         self.real = real
 
-    def env(self, log: Path, threads: int) -> Dict[str, str]:
+    def env(self, log: Path, threads: int) -> dict[str, str]:
         return bench_env(threads, {"PATH": f"{self.dir}{os.pathsep}{os.environ['PATH']}",
                                    "BENCH_REAL_SBATCH": self.real, "BENCH_SBATCH_LOG": str(log)})
 
 
-def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict]:
+def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     why = unavailable()
     figure = f"4. {CELLS}-cell Slurm sweep: command start -> last cell accepted by sbatch"
     if why:
@@ -94,13 +94,13 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
     work.mkdir(parents=True, exist_ok=True)
     shim = Shim(work)
     partition = default_partition()
-    ours_s: List[float] = []
-    ref_s: List[float] = []
-    ours_calls: List[float] = []
-    ref_calls: List[float] = []
-    ours_return_s: List[float] = []
-    submitted: List[str] = []
-    busy: List[float] = []
+    ours_s: list[float] = []
+    ref_s: list[float] = []
+    ours_calls: list[float] = []
+    ref_calls: list[float] = []
+    ours_return_s: list[float] = []
+    submitted: list[str] = []
+    busy: list[float] = []
 
     def run_ours(i: int) -> None:
         sbatch_log = work / f"ours-{i}.sbatch.log"

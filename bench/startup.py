@@ -11,7 +11,7 @@ taken by this process right before it spawns the command.
 from __future__ import annotations
 
 import json
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 from bench.common import (
     PYTHON,
@@ -31,14 +31,14 @@ TARGET = 1.3
 STEPS, WARMUP_STEPS = 3, 1
 
 
-def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict]:
+def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     work = settings.work / "startup"
     work.mkdir(parents=True, exist_ok=True)
     env = bench_env(settings.threads)
-    ours: List[float] = []
-    bare: List[float] = []
+    ours: list[float] = []
+    bare: list[float] = []
     common = {"model": settings.model, "batch_size": settings.batch_size}
-    busy: List[float] = []
+    busy: list[float] = []
 
     def run_ours(i: int) -> None:
         sweep_dir = work / f"ours-{i}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 from bench.common import (
     PYTHON,
@@ -52,7 +52,7 @@ class Tracker:
         return self.client.create_run(self.experiment_id, run_name=name).info.run_id
 
 
-def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict]:
+def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     work = settings.work / "throughput"
     work.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{(work / 'mlflow.db').resolve()}"
@@ -62,20 +62,20 @@ def run(settings: Settings, log: Callable[[str], None]) -> Tuple[List[Row], Dict
     if settings.pin:
         launch += ["--no-python", str(REPO / "bench" / "pin_rank.sh"), PYTHON]
     rows, details = [], {}
-    telemetry_fraction: List[float] = []
-    client_start: List[float] = []
-    comm_probe: List[float] = []
-    busy: List[float] = []
-    breakdown: Dict[str, List[float]] = {}
+    telemetry_fraction: list[float] = []
+    client_start: list[float] = []
+    comm_probe: list[float] = []
+    busy: list[float] = []
+    breakdown: dict[str, list[float]] = {}
 
     for strategy in ("ddp", "fsdp"):
-        ours: List[float] = []
-        bare: List[float] = []
-        ours_window: List[float] = []
-        bare_window: List[float] = []
-        ours_cpu: List[float] = []
-        bare_cpu: List[float] = []
-        reported: List[float] = []
+        ours: list[float] = []
+        bare: list[float] = []
+        ours_window: list[float] = []
+        bare_window: list[float] = []
+        ours_cpu: list[float] = []
+        bare_cpu: list[float] = []
+        reported: list[float] = []
 
         def run_bare(i: int, strategy=strategy, bare=bare, bare_window=bare_window, bare_cpu=bare_cpu) -> None:
             out = work / f"bare-{strategy}-{i}.json"

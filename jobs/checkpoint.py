@@ -18,12 +18,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 CKPT_DIR = "checkpoint"
 
 
-def latest(out_dir: Path) -> Optional[Path]:
+def latest(out_dir: Path) -> Path | None:
     pointer = Path(out_dir) / CKPT_DIR / "latest"
     if not pointer.exists():
         return None
@@ -31,7 +31,7 @@ def latest(out_dir: Path) -> Optional[Path]:
     return path if (path / "meta.json").exists() else None
 
 
-def save(out_dir: Path, model, optimizer, *, rank: int, meta: Dict[str, Any], rank_state: Dict[str, Any]) -> Path:
+def save(out_dir: Path, model, optimizer, *, rank: int, meta: dict[str, Any], rank_state: dict[str, Any]) -> Path:
     """Collective: every rank calls it at the same step boundary."""
     import torch
     import torch.distributed as dist
@@ -59,7 +59,7 @@ def save(out_dir: Path, model, optimizer, *, rank: int, meta: Dict[str, Any], ra
     return path
 
 
-def load(path: Path, model, optimizer, *, rank: int, world_size: int) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
+def load(path: Path, model, optimizer, *, rank: int, world_size: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Collective: restore model and optimizer in place; returns (meta, this rank's state or None)."""
     import torch
     import torch.distributed.checkpoint as dcp
@@ -75,12 +75,12 @@ def load(path: Path, model, optimizer, *, rank: int, world_size: int) -> Tuple[D
     return meta, (torch.load(mine, weights_only=False) if same_layout else None)
 
 
-def rng_state(device) -> Dict[str, Any]:
+def rng_state(device) -> dict[str, Any]:
     """This rank's RNG streams: the CPU generator, and the CUDA generator of ``device`` on GPU
     (dropout and random inits on the GPU draw from it)."""
     import torch
 
-    state: Dict[str, Any] = {"cpu": torch.get_rng_state()}
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
     if getattr(device, "type", "cpu") == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state

@@ -37,7 +37,7 @@ def from_plain(cls: type[T], data: Any, where: str = "") -> T:
     return _build(cls, data, where or getattr(cls, "__name__", "value"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -57,10 +57,10 @@ def _build(tp: Any, data: Any, where: str) -> Any:
             except (TypeError, ValueError) as exc:
                 errors.append(str(exc))
         raise ValueError(f"{where}: {data!r} matches none of {tp}: {'; '.join(errors)}")
-    if origin in (list, tuple, typing.List, typing.Tuple):
+    if origin in (list, tuple, list, tuple):
         (item,) = typing.get_args(tp)[:1] or (Any,)
         return [_build(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
-    if origin in (dict, typing.Dict):
+    if origin in (dict, dict):
         _key, value = typing.get_args(tp) or (str, Any)
         return {k: _build(value, v, f"{where}.{k}") for k, v in data.items()}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

@@ -26,9 +26,7 @@ waiting for data) count as compute. Reported per rank and reduced as the maximum
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
-
-Interval = Tuple[float, float]
+Interval = tuple[float, float]
 
 _COMM_MARKERS = ("nccl", "gloo:")
 _NCCL_KERNELS = ("ncclDevKernel", "ncclKernel")
@@ -49,7 +47,7 @@ def gpu_event_kind(name: str) -> str:
     return "compute"
 
 
-def union_length(intervals: List[Interval]) -> float:
+def union_length(intervals: list[Interval]) -> float:
     total, end = 0.0, float("-inf")
     for lo, hi in sorted(intervals):
         if hi <= end:
@@ -59,8 +57,8 @@ def union_length(intervals: List[Interval]) -> float:
     return total
 
 
-def merged(intervals: List[Interval]) -> List[Interval]:
-    out: List[Interval] = []
+def merged(intervals: list[Interval]) -> list[Interval]:
+    out: list[Interval] = []
     for lo, hi in sorted(intervals):
         if out and lo <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], hi))
@@ -69,7 +67,7 @@ def merged(intervals: List[Interval]) -> List[Interval]:
     return out
 
 
-def minus_length(a: List[Interval], b: List[Interval]) -> float:
+def minus_length(a: list[Interval], b: list[Interval]) -> float:
     """Length of union(a) minus union(b)."""
     a, b = merged(a), merged(b)
     total, j = 0.0, 0
@@ -85,9 +83,9 @@ def minus_length(a: List[Interval], b: List[Interval]) -> float:
     return total
 
 
-def classify_events(events, main_thread: int, on_gpu: bool) -> Dict[str, List[Interval]]:
+def classify_events(events, main_thread: int, on_gpu: bool) -> dict[str, list[Interval]]:
     """{"comm", "compute", "memcpy"} intervals in microseconds from profiler events."""
-    out: Dict[str, List[Interval]] = {"comm": [], "compute": [], "memcpy": []}
+    out: dict[str, list[Interval]] = {"comm": [], "compute": [], "memcpy": []}
     for e in events:
         if getattr(e, "is_user_annotation", False):
             continue  # a record_function range (CPU or its GPU mirror), not work of its own
@@ -104,13 +102,13 @@ def classify_events(events, main_thread: int, on_gpu: bool) -> Dict[str, List[In
     return out
 
 
-def intervals_from_events(events, main_thread: int, on_gpu: bool) -> Tuple[List[Interval], List[Interval]]:
+def intervals_from_events(events, main_thread: int, on_gpu: bool) -> tuple[list[Interval], list[Interval]]:
     """(collective, compute) intervals in microseconds from profiler events."""
     kinds = classify_events(events, main_thread, on_gpu)
     return kinds["comm"], kinds["compute"]
 
 
-def probe(run_steps, n_steps: int, on_gpu: bool) -> Dict[str, float]:
+def probe(run_steps, n_steps: int, on_gpu: bool) -> dict[str, float]:
     """Run ``run_steps(n_steps)`` under the profiler; per-step communication figures."""
     import threading
     import time
@@ -130,7 +128,7 @@ def probe(run_steps, n_steps: int, on_gpu: bool) -> Dict[str, float]:
     return figures(kinds, wall_s, n_steps)
 
 
-def figures(kinds: Dict[str, List[Interval]], wall_s: float, n_steps: int) -> Dict[str, float]:
+def figures(kinds: dict[str, list[Interval]], wall_s: float, n_steps: int) -> dict[str, float]:
     """Per-step figures (ms) from classified intervals (us) of ``n_steps`` steps that took ``wall_s``."""
     comm, compute = kinds["comm"], kinds["compute"]
     comm_us = union_length(comm)
@@ -150,7 +148,7 @@ def _main_thread_id(events, native_id: int) -> int:
     if native_id in threads:
         return native_id
     # Fall back to the thread with the most aten:: operators (the one that trains).
-    counts: Dict[int, int] = {}
+    counts: dict[int, int] = {}
     for e in events:
         if e.name.startswith("aten::"):
             counts[e.thread] = counts.get(e.thread, 0) + 1

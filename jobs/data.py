@@ -21,8 +21,8 @@ DataLoader, and cycles over epochs with ``sampler.set_epoch``:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List, Tuple
 
 import torch
 
@@ -36,7 +36,7 @@ from jobs.spec import (
     token_file_samples,
 )
 
-Batch = Tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 # Optimizer steps' worth of distinct synthetic samples kept per rank; cycling a few avoids a
 # constant input the optimizer could overfit to in a handful of steps while costing little memory.
@@ -83,7 +83,7 @@ def synthetic_batches(
     return itertools.cycle(pool)
 
 
-def samples_unit(model: ModelSpec) -> Tuple[str, int]:
+def samples_unit(model: ModelSpec) -> tuple[str, int]:
     """The throughput unit besides samples: tokens for language models (per sample count)."""
     return ("tokens", model.seq_len) if model.input is InputKind.tokens else ("images", 1)
 
@@ -123,7 +123,7 @@ class ImageFolderDataset(torch.utils.data.Dataset):
     def __init__(self, path: str, image_size: int) -> None:
         self.path, self.image_size = path, image_size
         self.classes = image_folder_classes(path)
-        self.samples: List[Tuple[str, int]] = []
+        self.samples: list[tuple[str, int]] = []
         for label, name in enumerate(self.classes):
             for file in sorted(Path(path, name).iterdir()):
                 if file.suffix.lower() in IMAGE_SUFFIXES + (ARRAY_SUFFIX,):

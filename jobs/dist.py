@@ -19,9 +19,9 @@ import os
 import re
 import socket
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Iterator, Mapping, Optional, Sequence
 
 # Below Linux's ephemeral range (32768-60999), so an outgoing connection never holds our port.
 PORT_BASE = 10000
@@ -86,7 +86,7 @@ class DistEnv:
         return self.rank == 0
 
     @classmethod
-    def detect(cls, environ: Mapping[str, str], emulate_tasks_per_node: Optional[int] = None) -> "DistEnv":
+    def detect(cls, environ: Mapping[str, str], emulate_tasks_per_node: int | None = None) -> DistEnv:
         """Read the layout from ``environ`` (pass ``os.environ``; tests pass tables)."""
         env = environ
         hostname = env.get("SLURMD_NODENAME") or socket.gethostname()
@@ -232,7 +232,7 @@ def check_unique_gpus(placements: Sequence[Sequence[str]]) -> None:
             "(--gpus-per-task=1) or let every rank see all of the node's GPUs.")
 
 
-def gloo_interface_problem(host_ip: str, num_nodes: int, environ: Mapping[str, str]) -> Optional[str]:
+def gloo_interface_problem(host_ip: str, num_nodes: int, environ: Mapping[str, str]) -> str | None:
     """Multi-node gloo binds to the address the host name resolves to; a loopback one (Debian's
     127.0.1.1 line in /etc/hosts) leaves other nodes unable to connect."""
     if num_nodes <= 1 or environ.get("GLOO_SOCKET_IFNAME") or not host_ip.startswith("127."):

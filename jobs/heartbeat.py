@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 STALL_EXIT_CODE = 70
 WRITE_EVERY_S = 1.0
@@ -28,10 +27,10 @@ class Heartbeat:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"rank{rank}.json"
         self.rank, self.host, self.stall_timeout_s = rank, host, stall_timeout_s
-        self.step: Optional[int] = None
+        self.step: int | None = None
         self.last_beat = time.monotonic()
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._write("starting")
 
     def _write(self, state: str) -> None:

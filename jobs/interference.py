@@ -46,8 +46,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from jobs import metrics
 
@@ -57,9 +58,9 @@ from jobs import metrics
 _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 
 
-def parse_proc_stat(text: str) -> Dict[int, int]:
+def parse_proc_stat(text: str) -> dict[int, int]:
     """{cpu index: busy clock ticks} from /proc/stat's ``cpuN`` lines (the ``cpu`` total skipped)."""
-    out: Dict[int, int] = {}
+    out: dict[int, int] = {}
     for line in text.splitlines():
         if not line.startswith("cpu") or line.startswith("cpu "):
             continue
@@ -88,8 +89,8 @@ def _stat_cpu_s(pid: int, ticks_per_s: int) -> float:
     return (int(rest[11]) + int(rest[12])) / ticks_per_s
 
 
-def _children(pid: int) -> List[int]:
-    out: List[int] = []
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
     try:
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
@@ -118,7 +119,7 @@ def own_cpu_s() -> float:
     return total
 
 
-def kernel_id() -> Optional[str]:
+def kernel_id() -> str | None:
     """This kernel's boot id: the same for every process whose /proc/stat counts the same cores."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
@@ -126,7 +127,7 @@ def kernel_id() -> Optional[str]:
         return None
 
 
-def cpu_sample() -> Optional[Dict[str, Any]]:
+def cpu_sample() -> dict[str, Any] | None:
     """One boundary sample: wall time, busy ticks of every CPU, this rank's own CPU time. None
     where /proc/stat cannot be read (not Linux)."""
     try:
@@ -140,8 +141,8 @@ class CpuWindow:
     """Samples at the measured window's start and end (``event("start")`` / ``event("end")``)."""
 
     def __init__(self) -> None:
-        self.start: Optional[Dict[str, Any]] = None
-        self.end: Optional[Dict[str, Any]] = None
+        self.start: dict[str, Any] | None = None
+        self.end: dict[str, Any] | None = None
 
     def event(self, name: str) -> None:
         if name == "start":
@@ -149,7 +150,7 @@ class CpuWindow:
         elif name == "end" and self.start is not None:
             self.end = cpu_sample()
 
-    def portable(self, hostname: str) -> Optional[Dict[str, Any]]:
+    def portable(self, hostname: str) -> dict[str, Any] | None:
         """What this rank contributes to jobs.metrics.foreign_cpu_share (None: no complete window)."""
         if self.start is None or self.end is None:
             return None
@@ -190,18 +191,18 @@ class GpuSampler:
     functions (tests/test_interference.py uses a stateful fake).
     """
 
-    def __init__(self, nvml, device_uuid: str, pid: Optional[int] = None, interval_s: float = 0.1) -> None:
+    def __init__(self, nvml, device_uuid: str, pid: int | None = None, interval_s: float = 0.1) -> None:
         self.nvml, self.pid, self.interval_s = nvml, pid or os.getpid(), interval_s
         uuid = device_uuid if device_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{device_uuid}"
         self.handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
-        self.samples: List[Dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
         # Readings NVML refused on this device: {what: why}; not asked again (stateful on purpose:
         # a NotSupported answer does not change within a window).
-        self.unsupported: Dict[str, str] = {}
-        self.energy_mj: Dict[str, Optional[int]] = {"start": None, "end": None}
-        self.window_t_s: Dict[str, float] = {}
+        self.unsupported: dict[str, str] = {}
+        self.energy_mj: dict[str, int | None] = {"start": None, "end": None}
+        self.window_t_s: dict[str, float] = {}
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def _optional(self, what: str, function: str):
         """``nvml.<function>(handle)``, or None once NVML has refused it (reason kept)."""
@@ -258,13 +259,13 @@ class GpuSampler:
             self.energy_mj["end"] = self._optional("energy", "nvmlDeviceGetTotalEnergyConsumption")
             self.window_t_s["end"] = time.monotonic()
 
-    def figures(self) -> Dict[str, float]:
+    def figures(self) -> dict[str, float]:
         if not self.samples:
             return {}
         return {"foreign_gpu_share": sum(1 for s in self.samples if s["others"] > 0) / len(self.samples),
                 "gpu_util_mean": sum(s["util_share"] for s in self.samples) / len(self.samples)}
 
-    def energy(self) -> Dict[str, Any]:
+    def energy(self) -> dict[str, Any]:
         """This device's joules over the window: ``{"energy_j", "window_s", "method"}`` or
         ``{"missing": why}``. The total-energy counter first (Volta and later: exact, and not an
         average NVML smooths over about a second, which nvmlDeviceGetPowerUsage is on recent GPUs);
@@ -284,7 +285,7 @@ class GpuSampler:
         why = "; ".join(self.unsupported.get(k, "") for k in ("energy", "power") if k in self.unsupported)
         return {"missing": why or f"{len(powered)} power sample(s): too few to integrate"}
 
-    def series(self, node_id: int, device_index: int) -> Dict[str, Any]:
+    def series(self, node_id: int, device_index: int) -> dict[str, Any]:
         """Utilisation, memory and power over the window, thinned (jobs.metrics.thin), for rank 0's
         system metrics: ``{"node_id", "device_index", "samples": [...], "unsupported": {...}}``."""
         keep = ("unix_s", "util_percent", "mem_used_gib", "power_w")
@@ -297,8 +298,8 @@ class Interference:
 
     def __init__(self, device, make_nvml: Callable[[], Any] = load_nvml) -> None:
         self.cpu = CpuWindow()
-        self.gpu: Optional[GpuSampler] = None
-        self.missing: Optional[str] = None
+        self.gpu: GpuSampler | None = None
+        self.missing: str | None = None
         if getattr(device, "type", "cpu") == "cuda":
             nvml, why = make_nvml()
             if nvml is None:
@@ -316,7 +317,7 @@ class Interference:
         if self.gpu is not None:
             self.gpu.event(name)
 
-    def portable(self, hostname: str, node_id: int = 0, device_index: int = 0) -> Dict[str, Any]:
+    def portable(self, hostname: str, node_id: int = 0, device_index: int = 0) -> dict[str, Any]:
         """What this rank contributes to the gather after the window. ``gpu_energy`` and
         ``gpu_series`` are None without a GPU sampler (CPU ranks, no NVML)."""
         return {"cpu_window": self.cpu.portable(hostname), "gpu": self.gpu.figures() if self.gpu else {},

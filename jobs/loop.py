@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -40,12 +41,12 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class StepTrace:
-    step_time_s: List[float] = field(default_factory=list)
-    data_time_s: List[float] = field(default_factory=list)
-    losses: List[torch.Tensor] = field(default_factory=list)
+    step_time_s: list[float] = field(default_factory=list)
+    data_time_s: list[float] = field(default_factory=list)
+    losses: list[torch.Tensor] = field(default_factory=list)
     # fp16 only: per step, whether the GradScaler skipped the optimizer step (inf/NaN gradients),
     # as device booleans read after the window (no sync point in the loop).
-    skipped: List = field(default_factory=list)
+    skipped: list = field(default_factory=list)
 
 
 class Trainer:
@@ -57,9 +58,9 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         *,
         accum_steps: int,
-        autocast_dtype: Optional[torch.dtype],
+        autocast_dtype: torch.dtype | None,
         device: torch.device,
-        no_sync: Callable[[], ContextManager],
+        no_sync: Callable[[], AbstractContextManager],
         scaler=None,
     ) -> None:
         self.model, self.optimizer, self.accum_steps = model, optimizer, accum_steps
@@ -67,11 +68,11 @@ class Trainer:
         self.autocast_dtype = autocast_dtype
         # Gradient bytes this rank holds after a backward (local shards under FSDP), read once on
         # the first step: gradients are freed after every step, so they cannot be read afterwards.
-        self.grad_bytes: Optional[int] = None
+        self.grad_bytes: int | None = None
         # The last step's "GradScaler skipped it" flag (a device bool tensor), None without a scaler.
         self.last_skipped = None
 
-    def _autocast(self) -> ContextManager:
+    def _autocast(self) -> AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
@@ -121,7 +122,7 @@ def run_steps(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Ca
             trace.skipped.append(trainer.last_skipped)
 
 
-def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Callable[[], None]) -> List[float]:
+def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Callable[[], None]) -> list[float]:
     """This rank's own work per step, with nobody to wait for: ``n_steps`` forward+backward passes
     with gradient communication off (the trainer's ``no_sync``), gradients then dropped, no
     optimizer step (the model is left as it was).

@@ -13,7 +13,7 @@ the window's memory figures do not see them.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 from jobs import metrics
 
@@ -42,7 +42,7 @@ def size_that_fits(free_bytes: int, element_bytes: int, n: int = DEFAULT_N) -> i
 
 
 def measure(device, precision: str, n: int = DEFAULT_N, warmup: int = WARMUP_ITERATIONS,
-            iterations: int = TIMED_ITERATIONS) -> Dict[str, Any]:
+            iterations: int = TIMED_ITERATIONS) -> dict[str, Any]:
     """``{"measured_matmul_tflops", "n", "iterations", "dtype", "tf32"}`` for this rank's device,
     or ``{"missing": why}`` (CPU ranks, too little free memory, a CUDA error). Never raises: the
     figure is optional, the benchmark is not."""

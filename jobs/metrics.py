@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 GIB = 1024**3
 
@@ -37,14 +38,14 @@ def scaling_efficiency(per_device: float, base_per_device: float) -> float:
     return per_device / base_per_device if base_per_device else math.nan
 
 
-def mfu(flops_per_sample: Optional[float], samples_per_s_per_device: float, peak_flops_per_s: Optional[float]) -> Optional[float]:
+def mfu(flops_per_sample: float | None, samples_per_s_per_device: float, peak_flops_per_s: float | None) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s per device over the device's peak (None
     when unknown, or when above 1: see :func:`mfu_checked` for the reason)."""
     return mfu_checked(flops_per_sample, samples_per_s_per_device, peak_flops_per_s)[0]
 
 
-def mfu_checked(flops_per_sample: Optional[float], samples_per_s_per_device: float,
-                peak_flops_per_s: Optional[float]) -> Tuple[Optional[float], Optional[str]]:
+def mfu_checked(flops_per_sample: float | None, samples_per_s_per_device: float,
+                peak_flops_per_s: float | None) -> tuple[float | None, str | None]:
     """(MFU or None, why it is None). An MFU above 100% is never reported: it means the peak is
     wrong for this device or math mode (e.g. TF32 on while the fp32 peak was used) or the FLOP
     count is, and either way the number would mislead."""
@@ -70,7 +71,7 @@ _H100_PCIE = {"fp32": 51 * _T, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 *
 _H100_NVL = {"fp32": 60 * _T, "tf32": 417.5 * _T, "bf16": 835 * _T, "fp16": 835 * _T}
 _A100 = {"fp32": 19.5 * _T, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
 # (name tokens that must all appear, case-insensitive; first match wins, most specific first)
-PEAK_FLOPS_PER_S: List[Tuple[Tuple[str, ...], Dict[str, Optional[float]]]] = [
+PEAK_FLOPS_PER_S: list[tuple[tuple[str, ...], dict[str, float | None]]] = [
     (("GH200",), _H100_SXM),  # Grace Hopper: the H100 SXM's tensor cores (before "H200")
     (("H200", "NVL"), _H100_NVL),
     (("H200",), _H100_SXM),  # same compute as the H100 SXM, more memory
@@ -98,13 +99,13 @@ PEAK_FLOPS_PER_S: List[Tuple[Tuple[str, ...], Dict[str, Optional[float]]]] = [
 ]
 
 
-def _matches(device_name: str, tokens: Tuple[str, ...]) -> bool:
+def _matches(device_name: str, tokens: tuple[str, ...]) -> bool:
     # Whole words only, "-" splitting them ("A100-SXM4-80GB"): "L40" is not "L40S", "H20" not "H200".
     words = set(device_name.upper().replace("-", " ").replace("_", " ").split())
     return all(t.upper() in words for t in tokens)
 
 
-def device_peaks(device_name: str) -> Optional[Dict[str, Optional[float]]]:
+def device_peaks(device_name: str) -> dict[str, float | None] | None:
     for tokens, table in PEAK_FLOPS_PER_S:
         if _matches(device_name, tokens):
             return table
@@ -121,7 +122,7 @@ def fp32_math(matmul_allow_tf32: bool, cudnn_allow_tf32: bool, float32_matmul_pr
     return "tf32" if matmul_tf32 or (has_conv and cudnn_allow_tf32) else "fp32"
 
 
-def peak_flops_for(device_name: str, precision: str, math: Optional[str] = None) -> Optional[float]:
+def peak_flops_for(device_name: str, precision: str, math: str | None = None) -> float | None:
     """Peak FLOP/s of ``device_name`` for ``precision`` (fp32 | bf16 | fp16); ``math`` ("fp32" |
     "tf32", from :func:`fp32_math`) picks the fp32 column. None when not known."""
     table = device_peaks(device_name)
@@ -134,7 +135,7 @@ def peak_flops_for(device_name: str, precision: str, math: Optional[str] = None)
     return table.get(key)
 
 
-def precision_settings(torch) -> Dict[str, str]:
+def precision_settings(torch) -> dict[str, str]:
     """The fp32 math settings in force (tags): they decide the fp32 peak (M4)."""
     return {"cuda_matmul_allow_tf32": str(bool(torch.backends.cuda.matmul.allow_tf32)),
             "cudnn_allow_tf32": str(bool(torch.backends.cudnn.allow_tf32)),
@@ -157,7 +158,7 @@ def reset_peak_memory(device) -> None:
         pass
 
 
-def peak_memory(device) -> Dict[str, float]:
+def peak_memory(device) -> dict[str, float]:
     import torch
 
     # Host RSS on GPU too: CPU offload moves the parameters and optimizer state there.
@@ -179,7 +180,7 @@ def current_rss_bytes() -> int:
     return 0
 
 
-def setup_memory(device, rss_before_bytes: int) -> Dict[str, float]:
+def setup_memory(device, rss_before_bytes: int) -> dict[str, float]:
     """Memory the model setup (build, shard, materialise) took: host RSS growth to its peak since
     :func:`reset_peak_memory`, and on GPU the allocator's peak. Read before the window's reset."""
     import torch
@@ -209,7 +210,7 @@ def local_bytes(tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def model_state_bytes(model, optimizer, grad_bytes: Optional[int] = None) -> Dict[str, int]:
+def model_state_bytes(model, optimizer, grad_bytes: int | None = None) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state (exact, from tensors).
 
     ``grad_bytes``: gradient bytes read while gradients existed (the step loop frees them after
@@ -231,18 +232,18 @@ def model_state_bytes(model, optimizer, grad_bytes: Optional[int] = None) -> Dic
 
 # ---- reduction -----------------------------------------------------------------------------
 
-def gather_ranks(obj: Any) -> List[Any]:
+def gather_ranks(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank (one collective, after measuring)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return [obj]
-    out: List[Any] = [None] * dist.get_world_size()
+    out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
 
 
-def summarize(per_rank: List[Dict[str, Any]], *, samples_per_step: int, tokens_per_sample: int, repeats: int) -> Dict[str, float]:
+def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_per_sample: int, repeats: int) -> dict[str, float]:
     """Reduce per-rank measurements of the measured window into the job's summary metrics.
 
     Each rank entry holds ``step_time_s`` and ``data_time_s`` (lists over measured steps),
@@ -259,7 +260,7 @@ def summarize(per_rank: List[Dict[str, Any]], *, samples_per_step: int, tokens_p
         sum(samples_per_step * len(w) / sum(r["step_time_s"][i] for i in w) for r in per_rank) for w in windows
     ]
     throughput = statistics.fmean(per_window)
-    out: Dict[str, float] = {
+    out: dict[str, float] = {
         "world_size": world,
         "measured_steps": n_steps,
         "throughput_samples_per_s": throughput,
@@ -282,7 +283,7 @@ def summarize(per_rank: List[Dict[str, Any]], *, samples_per_step: int, tokens_p
 
 # ---- per-step records ------------------------------------------------------------------------
 
-def step_records(histories: List[Dict[str, Any]], lo: int, hi: int) -> List[Dict[str, float]]:
+def step_records(histories: list[dict[str, Any]], lo: int, hi: int) -> list[dict[str, float]]:
     """Per-step records for steps lo..hi-1 from every rank's portable history: the mean loss over
     ranks and the slowest rank's step time (a synchronous step ends when the last rank ends)."""
     out = []
@@ -294,7 +295,7 @@ def step_records(histories: List[Dict[str, Any]], lo: int, hi: int) -> List[Dict
     return out
 
 
-def mean_losses(histories: List[Dict[str, Any]], total_steps: int) -> List[float]:
+def mean_losses(histories: list[dict[str, Any]], total_steps: int) -> list[float]:
     """Loss per step averaged over ranks; rank 0's own when not every rank ran every step (a
     resume on a different layout: the old ranks' steps live only in rank 0's restored history)."""
     if all(h["steps"] == list(range(total_steps)) for h in histories):
@@ -302,7 +303,7 @@ def mean_losses(histories: List[Dict[str, Any]], total_steps: int) -> List[float
     return histories[0]["losses"]
 
 
-def skipped_steps(history: Dict[str, Any]) -> Dict[str, int]:
+def skipped_steps(history: dict[str, Any]) -> dict[str, int]:
     """fp16 steps the GradScaler skipped (inf/NaN gradients), inside and before the measured window."""
     flags = history.get("skipped") or []
     pairs = list(zip(flags, history["measured"], strict=False))  # no flags without a scaler
@@ -312,7 +313,7 @@ def skipped_steps(history: Dict[str, Any]) -> Dict[str, int]:
 
 # ---- interference, stragglers, steady state, cost --------------------------------------------
 
-def foreign_cpu_share(windows: List[Optional[Dict[str, Any]]]) -> Optional[float]:
+def foreign_cpu_share(windows: list[dict[str, Any] | None]) -> float | None:
     """The largest share, over hosts, of the host's job cores' time that other processes used
     during the measured window (jobs/interference.py samples it; None without a full sample).
 
@@ -320,7 +321,7 @@ def foreign_cpu_share(windows: List[Optional[Dict[str, Any]]]) -> Optional[float
     first rank's sample (one consistent reading of every core); our time is the sum of the host's
     ranks' own CPU time. ``max(0, busy - ours) / (window_s * cores)``.
     """
-    by_host: Dict[str, List[Dict[str, Any]]] = {}
+    by_host: dict[str, list[dict[str, Any]]] = {}
     for w in windows:
         if w is None:
             return None  # a rank without a window: the comparison would miss its time
@@ -341,7 +342,7 @@ def foreign_cpu_share(windows: List[Optional[Dict[str, Any]]]) -> Optional[float
 STRAGGLER_LIMIT = 1.10  # a rank this much slower than the median rank is named a straggler
 
 
-def stragglers(rank_medians_s: Sequence[float], hosts: Sequence[str]) -> Tuple[Dict[str, float], Dict[str, str]]:
+def stragglers(rank_medians_s: Sequence[float], hosts: Sequence[str]) -> tuple[dict[str, float], dict[str, str]]:
     """(summary, tags) from each rank's median step time: ``step_time_rank_spread`` = slowest
     rank's median over the median of the ranks' medians; tag ``slowest_rank`` ("<rank> on
     <host>"), and ``straggler_rank`` when the slowest is more than 10% above the median."""
@@ -374,8 +375,8 @@ def still_falling(step_times_s: Sequence[float], k: int = WARMUP_K, ratio: float
     return before > ratio * last
 
 
-def cost_per_1m(throughput_per_s: float, *, devices: int, nodes: int, cost_per_device_hour: Optional[float],
-                cost_per_node_hour: Optional[float]) -> Optional[float]:
+def cost_per_1m(throughput_per_s: float, *, devices: int, nodes: int, cost_per_device_hour: float | None,
+                cost_per_node_hour: float | None) -> float | None:
     """What a million samples (or tokens: pass the token throughput) cost: the job's price per
     hour (devices x cost_per_device_hour, else nodes x cost_per_node_hour) over its throughput
     per hour, times 1e6. None without a price or a throughput."""
@@ -397,7 +398,7 @@ def cost_per_1m(throughput_per_s: float, *, devices: int, nodes: int, cost_per_d
 ENERGY_COUNTER_MODULUS_MJ = 2**64
 
 
-def energy_from_counter_j(start_mj: Optional[int], end_mj: Optional[int]) -> Optional[float]:
+def energy_from_counter_j(start_mj: int | None, end_mj: int | None) -> float | None:
     """Joules between two readings of NVML's total-energy counter; None when either is missing.
 
     A reading below the first is the counter wrapping at 2**64 mJ, not a reset: the driver cannot
@@ -411,7 +412,7 @@ def energy_from_counter_j(start_mj: Optional[int], end_mj: Optional[int]) -> Opt
     return delta_mj / 1e3
 
 
-def energy_from_power_j(times_s: Sequence[float], power_w: Sequence[float]) -> Optional[float]:
+def energy_from_power_j(times_s: Sequence[float], power_w: Sequence[float]) -> float | None:
     """Joules from power samples by the trapezoid rule over their times (seconds, increasing).
     None with fewer than two samples: one reading says nothing about how long it held."""
     if len(times_s) != len(power_w):
@@ -421,8 +422,8 @@ def energy_from_power_j(times_s: Sequence[float], power_w: Sequence[float]) -> O
     return sum(0.5 * (power_w[i] + power_w[i - 1]) * (times_s[i] - times_s[i - 1]) for i in range(1, len(times_s)))
 
 
-def energy_figures(per_device: List[Optional[Dict[str, Any]]], samples_in_window: float
-                   ) -> Tuple[Dict[str, float], Dict[str, str]]:
+def energy_figures(per_device: list[dict[str, Any] | None], samples_in_window: float
+                   ) -> tuple[dict[str, float], dict[str, str]]:
     """(summary, tags) from each rank's device energy over the measured window.
 
     ``per_device``: one entry per rank (each rank has its own GPU: jobs.dist.check_unique_gpus),
@@ -465,7 +466,7 @@ def matmul_tflops(n: int, iterations: int, elapsed_s: float) -> float:
     return matmul_flops(n, n, n) * iterations / elapsed_s / 1e12
 
 
-def measured_peak(per_rank: List[Optional[Dict[str, Any]]]) -> Tuple[Optional[float], Optional[str]]:
+def measured_peak(per_rank: list[dict[str, Any] | None]) -> tuple[float | None, str | None]:
     """(mean measured matmul TFLOP/s over the job's devices, or None and why). The mean over
     devices matches the per-device throughput it divides (the job's mean per device); a device
     without a measurement leaves the figure out rather than averaging the others."""
@@ -481,7 +482,7 @@ def measured_peak(per_rank: List[Optional[Dict[str, Any]]]) -> Tuple[Optional[fl
 SYSTEM_MAX_POINTS = 300  # per device and series: enough for a plot, small in the gather and the store
 
 
-def thin(items: Sequence[Any], max_points: int = SYSTEM_MAX_POINTS) -> List[Any]:
+def thin(items: Sequence[Any], max_points: int = SYSTEM_MAX_POINTS) -> list[Any]:
     """At most ``max_points`` items, evenly spaced, the first and last always kept."""
     if len(items) <= max_points:
         return list(items)
@@ -502,7 +503,7 @@ SYSTEM_SERIES = (("util_percent", "utilization_percent"), ("mem_used_gib", "memo
                  ("power_w", "power_w"))
 
 
-def system_records(per_rank: List[Optional[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+def system_records(per_rank: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
     """One record per device and sample, step-indexed from the window's first sample:
     ``{"step": i, "time": unix_s, "system/node<N>/gpu<I>_utilization_percent": ..., ...}``.
 
@@ -515,7 +516,7 @@ def system_records(per_rank: List[Optional[Dict[str, Any]]]) -> List[Dict[str, A
             continue
         prefix = system_metric_prefix(entry["node_id"], entry["device_index"])
         for i, sample in enumerate(entry["samples"]):
-            rec: Dict[str, Any] = {"step": i, "time": sample["unix_s"]}
+            rec: dict[str, Any] = {"step": i, "time": sample["unix_s"]}
             for field, name in SYSTEM_SERIES:
                 if sample.get(field) is not None:
                     rec[prefix + name] = sample[field]

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from jobs.spec import BatchNormUnits, Precision, PrecisionMode, PrecisionSpec, S
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def torch_dtype(name: Optional[str]) -> Optional[torch.dtype]:
+def torch_dtype(name: str | None) -> torch.dtype | None:
     return None if name is None else _DTYPES[name]
 
 
@@ -42,9 +43,9 @@ class PrecisionPlan:
     """
 
     mode: str
-    autocast: Optional[str]
-    param_dtype: Optional[str]
-    reduce_dtype: Optional[str]
+    autocast: str | None
+    param_dtype: str | None
+    reduce_dtype: str | None
     grad_scaler: bool
 
 
@@ -83,7 +84,7 @@ def make_grad_scaler(device_type: str):
     return torch.amp.GradScaler(device_type)
 
 
-def bf16_refusal(device_name: str, capability: Optional[tuple]) -> Optional[str]:
+def bf16_refusal(device_name: str, capability: tuple | None) -> str | None:
     """Why bf16 cannot run on this CUDA device (compute capability below 8.0), or None."""
     if capability is None or tuple(capability) >= (8, 0):
         return None
@@ -160,8 +161,8 @@ def apply_fsdp(
     *,
     units: Sequence[nn.Module],
     reshard_after_forward: bool,
-    param_dtype: Optional[torch.dtype],
-    reduce_dtype: Optional[torch.dtype],
+    param_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None,
     cpu_offload: bool,
     prefetch: int,
     batchnorm: BatchNormUnits = BatchNormUnits.unit,
@@ -253,8 +254,8 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 @dataclass
 class Parallelized:
     model: nn.Module  # what the step calls (compiled when asked)
-    no_sync: Callable[[], ContextManager]  # skips gradient communication (accumulation micro-steps)
-    autocast_dtype: Optional[torch.dtype]
+    no_sync: Callable[[], AbstractContextManager]  # skips gradient communication (accumulation micro-steps)
+    autocast_dtype: torch.dtype | None
     scaler: object  # torch.amp.GradScaler or None
     plan: PrecisionPlan
 

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import time
-from typing import Optional
 
 NONE, TERM, USR2 = 0, 1, 2
 NAMES = {TERM: "SIGTERM", USR2: "SIGUSR2"}
@@ -53,7 +52,7 @@ class StopRequests:
         self._terms = 0  # SIGTERMs received
         self._until_check = 0  # step boundaries to pass before the next agreement boundary
         self._boundaries = 0  # boundaries since the last agreement boundary
-        self._last_check_s: Optional[float] = None
+        self._last_check_s: float | None = None
         self._pending = None  # (work, tensor) of the round in flight
         self._previous = {}
         for signum, code in ((signal.SIGUSR2, USR2), (signal.SIGTERM, TERM)):

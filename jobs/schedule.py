@@ -16,9 +16,10 @@ extension is saved with every checkpoint, so a resumed job measures the same ste
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from jobs import checkpoint, preempt
 from jobs.loop import StepTrace, Trainer, run_steps
@@ -28,11 +29,11 @@ from jobs.loop import StepTrace, Trainer, run_steps
 class History:
     """This rank's record of every step it ran (across restarts, when the layout is unchanged)."""
 
-    steps: List[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
     trace: StepTrace = field(default_factory=StepTrace)
-    measured: List[bool] = field(default_factory=list)
+    measured: list[bool] = field(default_factory=list)
 
-    def losses(self) -> List[float]:
+    def losses(self) -> list[float]:
         import torch
 
         if not self.trace.losses:
@@ -41,7 +42,7 @@ class History:
         return torch.stack([x.detach().float().reshape(()) if isinstance(x, torch.Tensor) else torch.tensor(float(x))
                             for x in self.trace.losses]).cpu().tolist()
 
-    def skipped(self) -> List[bool]:
+    def skipped(self) -> list[bool]:
         """Per step, whether fp16 loss scaling skipped it ([] without a GradScaler)."""
         import torch
 
@@ -51,17 +52,17 @@ class History:
         read = iter(torch.stack(on_device).cpu().tolist() if on_device else [])
         return [bool(next(read)) if isinstance(f, torch.Tensor) else bool(f) for f in flags]
 
-    def portable(self) -> Dict[str, Any]:
+    def portable(self) -> dict[str, Any]:
         return {"steps": self.steps, "step_time_s": self.trace.step_time_s, "data_time_s": self.trace.data_time_s,
                 "losses": self.losses(), "measured": self.measured, "skipped": self.skipped()}
 
     @classmethod
-    def from_portable(cls, d: Dict[str, Any]) -> "History":
+    def from_portable(cls, d: dict[str, Any]) -> History:
         return cls(list(d["steps"]), StepTrace(list(d["step_time_s"]), list(d["data_time_s"]), list(d["losses"]),
                                                list(d.get("skipped", []))),
                    list(d["measured"]))
 
-    def measured_only(self, key: str) -> List[float]:
+    def measured_only(self, key: str) -> list[float]:
         return [v for v, m in zip(getattr(self.trace, key), self.measured, strict=True) if m]
 
 
@@ -71,7 +72,7 @@ class Outcome:
     restarts: int
     logged_through: int  # steps below this were already logged (before a restart)
     first_step_unix_s: float
-    resumed_from_step: Optional[int] = None  # the checkpoint this run continued from, if any
+    resumed_from_step: int | None = None  # the checkpoint this run continued from, if any
     warmup_steps_extended: int = 0  # warm-up steps added because step times were still falling
 
     @property

@@ -11,8 +11,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any
 
 from jobs import mlflow_entry
 
@@ -22,13 +23,13 @@ def _clean(value: Any) -> Any:
 
 
 class NullSink:
-    def log_steps(self, records: List[Dict[str, Any]]) -> None: ...
+    def log_steps(self, records: list[dict[str, Any]]) -> None: ...
 
-    def log_summary(self, summary: Dict[str, Any]) -> None: ...
+    def log_summary(self, summary: dict[str, Any]) -> None: ...
 
-    def set_tags(self, tags: Dict[str, str]) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
 
-    def log_system(self, records: List[Dict[str, Any]]) -> None:
+    def log_system(self, records: list[dict[str, Any]]) -> None:
         """System metrics of the job's own GPUs (jobs.metrics.system_records): ``{"step": sample
         index, "time": unix_s, "system/...": value}``. Kept apart from training steps: their step
         is a sample index, not a training step (FanOut's resume bookkeeping must not see them)."""
@@ -36,10 +37,10 @@ class NullSink:
     def flush(self) -> None:
         """Send what is buffered now (before a checkpoint-and-stop); the run stays open."""
 
-    def finish(self, status: str, error: Optional[str] = None) -> None: ...
+    def finish(self, status: str, error: str | None = None) -> None: ...
 
 
-def read_records(path: Path) -> List[Dict[str, Any]]:
+def read_records(path: Path) -> list[dict[str, Any]]:
     """Every record of a ``metrics.jsonl`` (none if it does not exist yet)."""
     path = Path(path)
     if not path.exists():
@@ -66,28 +67,28 @@ class JsonlSink(NullSink):
                 if f.read(1) != b"\n":
                     f.write(b"\n")
 
-    def _write(self, records: Iterable[Dict[str, Any]]) -> None:
+    def _write(self, records: Iterable[dict[str, Any]]) -> None:
         with self.path.open("a") as f:
             for rec in records:
                 f.write(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n")
 
-    def log_steps(self, records: List[Dict[str, Any]]) -> None:
+    def log_steps(self, records: list[dict[str, Any]]) -> None:
         self._write({"kind": "step", **r} for r in records)
 
-    def logged_steps(self) -> Set[int]:
+    def logged_steps(self) -> set[int]:
         """The steps an earlier run of this job already recorded here (empty for a fresh job)."""
         return {int(r["step"]) for r in read_records(self.path) if r.get("kind") == "step"}
 
-    def log_summary(self, summary: Dict[str, Any]) -> None:
+    def log_summary(self, summary: dict[str, Any]) -> None:
         self._write([{"kind": "summary", "time": time.time(), **summary}])
 
-    def set_tags(self, tags: Dict[str, str]) -> None:
+    def set_tags(self, tags: dict[str, str]) -> None:
         self._write([{"kind": "tags", **tags}])
 
-    def log_system(self, records: List[Dict[str, Any]]) -> None:
+    def log_system(self, records: list[dict[str, Any]]) -> None:
         self._write({"kind": "system", **r} for r in records)
 
-    def finish(self, status: str, error: Optional[str] = None) -> None:
+    def finish(self, status: str, error: str | None = None) -> None:
         self._write([{"kind": "status", "status": status, "error": error, "time": time.time()}])
 
 
@@ -113,12 +114,12 @@ class MlflowSink(NullSink):
     TAG_BATCH = 100
     RETRIES = 3
 
-    def __init__(self, tracking_uri: str, run_id: Optional[str] = None, run_id_file: Optional[Path] = None) -> None:
+    def __init__(self, tracking_uri: str, run_id: str | None = None, run_id_file: Path | None = None) -> None:
         self.tracking_uri, self.run_id, self.run_id_file = tracking_uri, run_id, run_id_file
-        self._metrics: List[tuple] = []  # (key, value, timestamp_ms, step)
-        self._tags: Dict[str, str] = {}
+        self._metrics: list[tuple] = []  # (key, value, timestamp_ms, step)
+        self._tags: dict[str, str] = {}
 
-    def _resolve_run_id(self) -> Optional[str]:
+    def _resolve_run_id(self) -> str | None:
         if not self.run_id and self.run_id_file is not None and Path(self.run_id_file).exists():
             self.run_id = Path(self.run_id_file).read_text().strip() or None
         return self.run_id
@@ -144,30 +145,30 @@ class MlflowSink(NullSink):
         now_ms = int(time.time() * 1000)
         self._metrics.extend((key, float(v), now_ms, step) for key, v, step in points if _clean(v) is not None)
 
-    def log_steps(self, records: List[Dict[str, Any]]) -> None:
+    def log_steps(self, records: list[dict[str, Any]]) -> None:
         self._add_metrics((k, v, r["step"]) for r in records for k, v in r.items()
                           if k != "step" and isinstance(v, (int, float)))
 
-    def log_summary(self, summary: Dict[str, Any]) -> None:
+    def log_summary(self, summary: dict[str, Any]) -> None:
         self._add_metrics((k, v, 0) for k, v in summary.items() if isinstance(v, (int, float)))
 
-    def log_system(self, records: List[Dict[str, Any]]) -> None:
+    def log_system(self, records: list[dict[str, Any]]) -> None:
         # Each point keeps the time it was sampled at: MLflow's system-metrics view plots by time.
         self._metrics.extend((k, float(v), int(1000 * r["time"]), int(r["step"])) for r in records
                              for k, v in r.items() if k not in ("step", "time") and _clean(v) is not None)
 
-    def set_tags(self, tags: Dict[str, str]) -> None:
+    def set_tags(self, tags: dict[str, str]) -> None:
         self._tags.update({k: str(v)[:mlflow_entry.TAG_MAX_CHARS] for k, v in tags.items()})
 
     def flush(self) -> None:
         self._send(status=None)
 
-    def finish(self, status: str, error: Optional[str] = None) -> None:
+    def finish(self, status: str, error: str | None = None) -> None:
         if error:
             self._tags["error"] = error[:mlflow_entry.TAG_MAX_CHARS]
         self._send(status)
 
-    def _send(self, status: Optional[str]) -> None:
+    def _send(self, status: str | None) -> None:
         run_id = self._resolve_run_id()
         if not run_id:
             print(f"[mlflow] no run id (none given, none in {self.run_id_file}): the metrics stay in metrics.jsonl; "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -166,8 +166,8 @@ class PrecisionSpec:
     mode: PrecisionMode = PrecisionMode.autocast
     # FSDP mixed-precision policy (mode=params); None derives it from `name` (params in the compute
     # dtype, gradient reduction in fp32, which is what keeps bf16 training numerically safe).
-    param_dtype: Optional[Dtype] = None
-    reduce_dtype: Optional[Dtype] = Dtype.fp32
+    param_dtype: Dtype | None = None
+    reduce_dtype: Dtype | None = Dtype.fp32
     # BatchNorm under FSDP with mode=params (see BatchNormUnits).
     batchnorm: BatchNormUnits = BatchNormUnits.unit
 
@@ -218,25 +218,25 @@ class ModelSpec:
     # called with `params` as keyword arguments; dicts with their own `_target_` inside `params`
     # are instantiated first, recursively (hydra.utils.instantiate's semantics, without Hydra).
     # Its input is described by the fields below.
-    _target_: Optional[str] = None
-    target: Optional[str] = None  # alias of `_target_`
+    _target_: str | None = None
+    target: str | None = None  # alias of `_target_`
     input: InputKind = InputKind.tokens
     seq_len: int = 128
     vocab_size: int = 50257
     image_size: int = 224
     num_classes: int = 1000
-    params: Dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
     # model=hf: the architecture, as transformers.AutoConfig.for_model(arch, **config) takes it
     # (gpt2, llama, bert, qwen2, mistral, ...), or a directory holding a config.json instead.
-    arch: Optional[str] = None
-    config: Dict[str, Any] = field(default_factory=dict)
-    config_path: Optional[str] = None
+    arch: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    config_path: str | None = None
     # model=hf: a local directory written by save_pretrained; its weights are loaded (no hub access).
-    pretrained_path: Optional[str] = None
+    pretrained_path: str | None = None
     head: LMHead = LMHead.auto
 
     @property
-    def target_path(self) -> Optional[str]:
+    def target_path(self) -> str | None:
         """The dotted path to build, from `_target_` or its alias `target` (None: a named model)."""
         return self._target_ or self.target
 
@@ -342,7 +342,7 @@ def image_folder_classes(path: str) -> list:
 class DataSpec:
     kind: DataKind = DataKind.synthetic
     # token_file: a flat uint16 token file; image_folder: a directory <path>/<class>/<image>.
-    path: Optional[str] = None
+    path: str | None = None
     num_workers: int = 0  # DataLoader worker processes per rank (0: load in the training process)
     pin_memory: bool = True  # applied only when the ranks train on CUDA
     prefetch_factor: int = 2  # batches each worker loads ahead; applied only with num_workers > 0
@@ -464,8 +464,8 @@ class RunSpec:
     data: DataSpec
     train: TrainSpec
     layout: Layout
-    tracking_uri: Optional[str] = None
-    run_id: Optional[str] = None  # MLflow child run created by the launcher; rank 0 logs to it
+    tracking_uri: str | None = None
+    run_id: str | None = None  # MLflow child run created by the launcher; rank 0 logs to it
     # Emulate `layout.nodes` nodes with local processes (the local cluster): node rank and
     # local rank are derived from the global rank as on a real cluster.
     emulate_nodes: bool = False
@@ -473,9 +473,9 @@ class RunSpec:
     # without step progress for this long ends itself (jobs/heartbeat.py).
     collective_timeout_s: float = 300.0
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
-    tags: Dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
     # The price of the resources this cell runs on (the cluster's, filled in by the launcher):
     # per device-hour (a GPU) or, when that is not set, per node-hour. With either, the summary
     # gets cost_per_1m_samples (and cost_per_1m_tokens for token models).
-    cost_per_device_hour: Optional[float] = None
-    cost_per_node_hour: Optional[float] = None
+    cost_per_device_hour: float | None = None
+    cost_per_node_hour: float | None = None

@@ -11,7 +11,7 @@ import os
 import platform
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, process_group
 from jobs.heartbeat import Heartbeat
@@ -23,7 +23,7 @@ RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.jsonl"
 
 
-def main(spec: RunSpec, on_window=None) -> Dict[str, Any]:
+def main(spec: RunSpec, on_window=None) -> dict[str, Any]:
     """Run one cell on this rank. ``on_window(event)``: a timing hook, called with "start" when the
     measured window opens (after its barrier) and "end" after its last step (bench/ uses it)."""
     env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
@@ -143,7 +143,7 @@ def build_model(spec: RunSpec, device):
 
 
 def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat,
-              control_group=None, gpu_uuids=(), on_window=None) -> Dict[str, Any]:
+              control_group=None, gpu_uuids=(), on_window=None) -> dict[str, Any]:
     """Build, wrap, run the schedule, probe, reduce and log. ``on_window(event)``: called with
     "start"/"end" around the measured window (jobs.schedule.Hooks; timing harnesses use it)."""
     from jobs import metrics, parallel, schedule
@@ -235,7 +235,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     return report(spec, env, device, backend, sink, par, per_rank, outcome, lr, gpu_uuids, interference.missing)
 
 
-def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, device, heartbeat) -> Dict[str, float]:
+def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, device, heartbeat) -> dict[str, float]:
     """The profiled steps after the window (jobs/comm.py), with the stall watchdog paused: parsing
     the trace can take longer than the stall timeout, and it is not a stall."""
     if not n_steps or env.world_size <= 1:
@@ -250,7 +250,7 @@ def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, devi
 
 
 def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, par, per_rank, outcome, lr: float,
-           gpu_uuids, gpu_interference_missing=None) -> Dict[str, Any]:
+           gpu_uuids, gpu_interference_missing=None) -> dict[str, Any]:
     """Reduce the ranks' measurements into the summary, records and tags; log them (rank 0's sink)."""
     import torch
 
@@ -267,7 +267,7 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
     mean_loss = metrics.mean_losses(histories, total_steps)
     summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
                    restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
-    extra_tags: Dict[str, str] = {}
+    extra_tags: dict[str, str] = {}
     foreign = metrics.foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
     if foreign is not None:
         summary["foreign_cpu_share"] = foreign
@@ -325,8 +325,8 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
             "rank_local_step_time_ms_p50": [1e3 * m for m in local_medians_s] if by_local else None}
 
 
-def _gpu_figures(device, per_rank, summary: Dict[str, Any], tags: Dict[str, str], nvml_missing: Optional[str],
-                 samples_in_window: float) -> List[Dict[str, Any]]:
+def _gpu_figures(device, per_rank, summary: dict[str, Any], tags: dict[str, str], nvml_missing: str | None,
+                 samples_in_window: float) -> list[dict[str, Any]]:
     """Energy of the window into ``summary`` (``energy_j``, ``energy_j_per_sample``, ``power_w_mean``;
     jobs.metrics.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
     metrics for rank 0 to log. Off CUDA, or without NVML, no figure and a tag that says why."""
@@ -354,7 +354,7 @@ def _gpu_figures(device, per_rank, summary: Dict[str, Any], tags: Dict[str, str]
     return metrics.system_records(series)
 
 
-def _mfu(spec: RunSpec, device, par, summary: Dict[str, Any], matmul_peaks=()) -> Dict[str, str]:
+def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -> dict[str, str]:
     """Adds ``mfu`` (datasheet peak) and ``mfu_measured_peak`` (the matmul peak measured on each
     device before the window, jobs/matmul_peak.py) to the summary when known and at most 1;
     returns the tags that explain them, each formula included."""
@@ -400,7 +400,7 @@ def _mfu(spec: RunSpec, device, par, summary: Dict[str, Any], matmul_peaks=()) -
     return {"device_name": device_name, **settings}
 
 
-def _provenance(torch, device) -> Dict[str, str]:
+def _provenance(torch, device) -> dict[str, str]:
     """Versions and the environment variables that change what a benchmark measures (the rank
     layout, Slurm's variables included, is jobs/dist.py's alone and is tagged from DistEnv)."""
     tags = {"python_version": platform.python_version(), "cuda_version": str(torch.version.cuda),
@@ -421,5 +421,5 @@ class Worker:
     can agree and save together, not in submitit's per-process signal handler.
     """
 
-    def __call__(self, spec: RunSpec) -> Dict[str, Any]:
+    def __call__(self, spec: RunSpec) -> dict[str, Any]:
         return main(spec)

@@ -40,9 +40,9 @@ from torch import nn
 
 from jobs.models.bert import Bert, BertConfig
 from jobs.models.gpt import GPT, GPTConfig
+from jobs.models.instantiate import InstantiationError, instantiate, locate
 from jobs.models.resnet import RESNET_LAYOUTS, ResNet
 from jobs.models.small import CNN, MLP
-from jobs.models.instantiate import InstantiationError, instantiate, locate
 from jobs.spec import HF_INSTALL, ConfigError, InputKind, LMHead, ModelSpec
 
 __all__ = [

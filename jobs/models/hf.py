@@ -40,7 +40,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,7 +64,7 @@ def is_hf_model(model: Any) -> bool:
         c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(model).__mro__)
 
 
-def positions_of(cfg: Any) -> Optional[int]:
+def positions_of(cfg: Any) -> int | None:
     """The config's maximum sequence length, under whichever name it uses (None: it has none)."""
     for key in HF_POSITION_KEYS:
         value = getattr(cfg, key, None)
@@ -77,7 +77,7 @@ def hf_config(spec: ModelSpec) -> Any:
     """The transformers config ``spec`` describes (model.arch + model.config, or a local directory)."""
     transformers = _transformers()
     if spec.arch:
-        overrides: Dict[str, Any] = {"vocab_size": spec.vocab_size, **spec.config}
+        overrides: dict[str, Any] = {"vocab_size": spec.vocab_size, **spec.config}
         cfg = transformers.AutoConfig.for_model(spec.arch, **overrides)
         if not any(key in spec.config for key in HF_POSITION_KEYS):
             for key in HF_POSITION_KEYS:  # the first name this config has (attribute maps included)
@@ -113,7 +113,7 @@ def _auto_class(head: LMHead) -> Any:
 class HFLogits(nn.Module):
     """A transformers model behind the benchmark's ``forward(tokens) -> logits`` contract."""
 
-    def __init__(self, model: nn.Module, pretrained_path: Optional[str] = None) -> None:
+    def __init__(self, model: nn.Module, pretrained_path: str | None = None) -> None:
         super().__init__()
         self.model = model
         self.pretrained_path = pretrained_path
@@ -125,17 +125,17 @@ class HFLogits(nn.Module):
         # No attention mask: synthetic and token-file batches have no padding.
         return self.model(input_ids=x, **self._forward_kwargs).logits
 
-    def _hf_models(self) -> List[nn.Module]:
+    def _hf_models(self) -> list[nn.Module]:
         """The outermost PreTrainedModels inside (one, unless a user's module holds several)."""
-        found: List[nn.Module] = []
-        prefixes: List[str] = []
+        found: list[nn.Module] = []
+        prefixes: list[str] = []
         for name, module in self.named_modules():
             if is_hf_model(module) and not any(name.startswith(p) for p in prefixes):
                 found.append(module)
                 prefixes.append(name + ".")
         return found
 
-    def shard_units(self) -> List[nn.Module]:
+    def shard_units(self) -> list[nn.Module]:
         """The modules named in ``_no_split_modules`` (the blocks accelerate wraps as FSDP units).
 
         Outermost matches only, and none that shares a parameter with a module outside it: BERT's
@@ -145,12 +145,12 @@ class HFLogits(nn.Module):
         names: set = set()
         for hf in self._hf_models():
             names |= set(getattr(hf, "_no_split_modules", None) or ())
-        owners: Dict[int, List[str]] = {}
+        owners: dict[int, list[str]] = {}
         for mod_name, module in self.named_modules():
             for _, p in module.named_parameters(recurse=False, remove_duplicate=False):
                 owners.setdefault(id(p), []).append(mod_name)
-        units: List[nn.Module] = []
-        taken: List[str] = []
+        units: list[nn.Module] = []
+        taken: list[str] = []
         for mod_name, module in self.named_modules():
             inner = getattr(module, "_checkpoint_wrapped_module", module)  # after replace_units
             if type(inner).__name__ not in names or any(mod_name.startswith(t) for t in taken):
@@ -197,7 +197,7 @@ class HFLogits(nn.Module):
         return 6.0 * n * seq_len + attention
 
 
-def wrap_hf(model: nn.Module, pretrained_path: Optional[str] = None) -> HFLogits:
+def wrap_hf(model: nn.Module, pretrained_path: str | None = None) -> HFLogits:
     return model if isinstance(model, HFLogits) else HFLogits(model, pretrained_path)
 
 
@@ -212,7 +212,7 @@ def build_hf(spec: ModelSpec) -> HFLogits:
 # Local weights
 
 
-def _read_state_dict(path: str) -> Dict[str, torch.Tensor]:
+def _read_state_dict(path: str) -> dict[str, torch.Tensor]:
     """Every tensor of a save_pretrained directory: model.safetensors (single or sharded) or pytorch_model.bin."""
     index = os.path.join(path, "model.safetensors.index.json")
     single = os.path.join(path, "model.safetensors")
@@ -224,7 +224,7 @@ def _read_state_dict(path: str) -> Dict[str, torch.Tensor]:
                 files = sorted(set(json.load(f)["weight_map"].values()))
         else:
             files = ["model.safetensors"]
-        state: Dict[str, torch.Tensor] = {}
+        state: dict[str, torch.Tensor] = {}
         for name in files:
             state.update(load_file(os.path.join(path, name)))
         return state
