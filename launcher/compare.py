@@ -123,29 +123,34 @@ def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float) -> list[Delta
         return [Delta("samples/s", None, eb.mean if eb else None, None, verdict, f"no result in A ({why})")]
     out = []
     d = difference(eb, ea)
-    change = d.ratio - 1
+    change: float = (d.ratio or 1.0) - 1
     if d.verdict == "unknown":
         verdict = NO_CHANGE if abs(change) <= threshold else (IMPROVEMENT if change > 0 else REGRESSION)
         out.append(Delta("samples/s", ea.mean, eb.mean, change, verdict, "no noise estimate: threshold only"))
     else:
         verdict = {"higher": IMPROVEMENT, "lower": REGRESSION}.get(d.verdict, NO_CHANGE)
-        out.append(Delta("samples/s", ea.mean, eb.mean, change, verdict, f"95% CI {d.low - 1:+.1%}..{d.high - 1:+.1%}"))
+        interval = f"95% CI {d.low - 1:+.1%}..{d.high - 1:+.1%}" if d.low is not None and d.high is not None else ""
+        out.append(Delta("samples/s", ea.mean, eb.mean, change, verdict, interval))
     # Step time: lower is better; its band is the throughputs' relative intervals, combined.
     sa, sb = num(a.get("step_time_ms_p50")), num(b.get("step_time_ms_p50"))
-    change = _change(sa, sb)
-    if change is not None:
+    step_change = _change(sa, sb)
+    if step_change is not None:
+        change = step_change
         ha, hb = _rel_half_width(a), _rel_half_width(b)
-        band, note = ((math.sqrt(ha**2 + hb**2), f"band ±{math.sqrt(ha**2 + hb**2):.1%}") if ha is not None and hb is not None
-                      else (threshold, "no noise estimate: threshold only"))
+        if ha is not None and hb is not None:
+            band = math.sqrt(ha**2 + hb**2)
+            note = f"band ±{band:.1%}"
+        else:
+            band, note = threshold, "no noise estimate: threshold only"
         verdict = NO_CHANGE if abs(change) <= band else (REGRESSION if change > 0 else IMPROVEMENT)
         out.append(Delta("step p50 ms", sa, sb, change, verdict, note))
     for metric, va, vb, tol in (("peak mem GiB", peak_memory_gib(a), peak_memory_gib(b), PEAK_TOLERANCE),
                                 ("model state MiB", _mib(a), _mib(b), STATE_TOLERANCE)):
-        change = _change(num(va), num(vb))
-        if change is None:
+        mem_change = _change(num(va), num(vb))
+        if mem_change is None:
             continue
-        verdict = NO_CHANGE if abs(change) <= tol else (REGRESSION if change > 0 else IMPROVEMENT)
-        out.append(Delta(metric, num(va), num(vb), change, verdict, f"band ±{tol:.0%}"))
+        verdict = NO_CHANGE if abs(mem_change) <= tol else (REGRESSION if mem_change > 0 else IMPROVEMENT)
+        out.append(Delta(metric, num(va), num(vb), mem_change, verdict, f"band ±{tol:.0%}"))
     return out
 
 

@@ -33,7 +33,7 @@ def first_failure(cell_dir: Path) -> str | None:
     own = [line for line in first_lines if not _COMM_ERROR.search(line)]
     if own:
         return own[0]
-    reported = {int(re.search(r"rank(\d+)", e.name).group(1)) for e in errors}
+    reported = {int(m.group(1)) for e in errors if (m := re.search(r"rank(\d+)", e.name))}
     silent = sorted((rec for r, rec in beats.items() if rec.get("state") in ("starting", "running") and r not in reported),
                     key=lambda rec: rec.get("time", 0))
     if silent:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
 from launcher.schema import ClusterKind, Config, did_you_mean, field_type, non_finite, schema_keys, unknown_keys
@@ -68,8 +69,9 @@ def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=[*chosen, *extra], return_hydra_config=True)
     params = OmegaConf.to_container(cfg.hydra.sweeper.params) or {}
+    assert isinstance(params, dict)  # a mapping in Hydra's schema
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    return [f"{key}={value}" for key, value in params.items() if key not in given]
+    return [f"{key!s}={value}" for key, value in params.items() if str(key) not in given]
 
 
 def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) -> tuple[list[list[str]], list[str]]:
@@ -89,7 +91,7 @@ def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) 
     return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch], swept
 
 
-def _explain(exc: Exception, overrides: list[str]) -> str:
+def _explain(exc: BaseException, overrides: list[str]) -> str:
     """One paragraph for a composition error: no traceback, the setting and the fix."""
     from hydra.errors import MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
@@ -147,7 +149,7 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
 
     register()
     parser = OverridesParser.create()
-    templates: dict[tuple[str, ...], tuple[object, Config]] = {}
+    templates: dict[tuple[str, ...], tuple[Any, Config]] = {}
     cache: dict[str, object] = {}  # override text -> parsed: a grid repeats the same few (ANTLR is slow)
     points, errors = [], []
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
@@ -159,11 +161,13 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
                     templates[groups] = _template(hydra_compose(config_name="config", overrides=list(groups)))
                 template, base = templates[groups]
                 parsed = [_parse(parser, cache, o) for o in values]
-                config = _fast_apply(base, parsed)
-                if config is None:  # anything but plain scalar values: Hydra's own way, ~10x slower
+                fast = _fast_apply(base, parsed)
+                if fast is None:  # anything but plain scalar values: Hydra's own way, ~10x slower
                     cfg = copy.deepcopy(template)
                     ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
-                    config = OmegaConf.to_object(cfg)
+                    config = cast(Config, OmegaConf.to_object(cfg))
+                else:
+                    config = fast
                 _check_finite(config)
                 config.validate()
             except Exception as exc:  # every kind of bad input becomes one readable line
@@ -188,8 +192,8 @@ def _template(cfg) -> tuple[object, Config]:
     from omegaconf import OmegaConf
 
     _open_dicts(cfg)
-    _check_keys(OmegaConf.to_container(cfg, resolve=False))
-    return cfg, OmegaConf.to_object(cfg)
+    _check_keys(cast(dict, OmegaConf.to_container(cfg, resolve=False)))
+    return cfg, cast(Config, OmegaConf.to_object(cfg))
 
 
 def _fast_apply(base: Config, parsed) -> Config | None:
@@ -213,7 +217,7 @@ def _fast_apply(base: Config, parsed) -> Config | None:
         changes.append((o.key_or_group.split("."), value))
     config = copy.deepcopy(base)
     for path, value in changes:
-        owner = config
+        owner: Any = config
         for part in path[:-1]:
             owner = getattr(owner, part, None)
             if not dataclasses.is_dataclass(owner):
@@ -288,10 +292,11 @@ def _check_keys(tree: dict) -> None:
                           f"{', '.join(k for k, is_open in schema_keys().items() if is_open)}.")
 
 
-def _value_at(tree: dict, key: str):
+def _value_at(tree: dict, key: str) -> Any:
+    node: Any = tree
     for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def _check_finite(config: Config) -> None:
@@ -316,7 +321,8 @@ def layout_for(config: Config) -> Layout:
 
 def plan(points: list[Point]) -> list[Cell]:
     """Cells with their resources; duplicate points (same resolved config) are refused."""
-    cells, seen = [], {}
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
     for i, p in enumerate(points):
         name = " ".join(f"{k}={v}" for k, v in p.swept.items()) or "single"
         key = repr(p.config)

@@ -37,8 +37,8 @@ def _colors(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     cmap = colormaps["tab10"]
     strategies: list[str] = []
     for r in rows:
-        if r.get("strategy") not in strategies:
-            strategies.append(r.get("strategy"))
+        if str(r.get("strategy")) not in strategies:
+            strategies.append(str(r.get("strategy")))
     return {s: cmap(i % 10) for i, s in enumerate(strategies)}
 
 
@@ -83,7 +83,7 @@ def throughput(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     multi = len({r.get("sweep") for r in rows}) > 1
     labels = [_short(cell_label(r, multi)) for r in measured]
     colors = _colors(rows)
-    bar_colors = [colors[r.get("strategy")] for r in measured]
+    bar_colors = [colors[str(r.get("strategy"))] for r in measured]
     fig = _figure(11, 1.4 + 0.42 * len(measured))
     left, right = fig.subplots(1, 2, sharey=True)
     _barh(left, labels, [r["throughput_samples_per_s"] for r in measured], bar_colors, ",.1f",
@@ -106,7 +106,7 @@ def memory(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     multi = len({r.get("sweep") for r in rows}) > 1
     labels = [_short(cell_label(r, multi)) for r in measured]
     colors = _colors(rows)
-    bar_colors = [colors[r.get("strategy")] for r in measured]
+    bar_colors = [colors[str(r.get("strategy"))] for r in measured]
     largest = max((r.get("model_state_bytes") or 0 for r in measured), default=0)
     unit, div = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
     fig = _figure(11, 1.4 + 0.42 * len(measured))
@@ -132,8 +132,8 @@ def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
         return None  # nothing was measured at more than one node count
     note = ""
     if len(curves) > MAX_SERIES:  # the series fastest per device at their smallest node count
-        best = sorted(curves, key=lambda k: -_mean(r["throughput_samples_per_s_per_device"]
-                                                   for r in curves[k][min(curves[k])]))[:MAX_SERIES]
+        best = sorted(curves, key=lambda k: -(_mean(r["throughput_samples_per_s_per_device"]
+                                                    for r in curves[k][min(curves[k])]) or 0.0))[:MAX_SERIES]
         note = f" ({MAX_SERIES} of {len(curves)} series: the fastest per device)"
         curves = {k: curves[k] for k in best}
     labels = {k: _short(v) for k, v in series_labels(measured).items()}

@@ -54,8 +54,9 @@ def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
             except ConfigError as exc:
                 errors.append(f"[{cell.name}] {exc}")
                 shapes[key] = None
-        if shapes[key] is not None:
-            predicted[cell.index] = fit.predict(shapes[key], cell.config.strategy, cell.layout, cell.config.optimizer)
+        found = shapes[key]
+        if found is not None:
+            predicted[cell.index] = fit.predict(found, cell.config.strategy, cell.layout, cell.config.optimizer)
     return predicted
 
 

@@ -463,12 +463,15 @@ def finalize(state: SweepState) -> str:
 
 def _settle_runs(state: SweepState) -> None:
     """The runs a large sweep created in the background exist, and their statuses match the cells'."""
+    uri = state.tracking_uri
+    if not uri:
+        return
     try:
         sync.ensure_runs(state)
         if state.parent_run_id and state.experiment_id:
-            tracking.reconcile_children(state.tracking_uri, state.experiment_id, state.parent_run_id, state.cells)
-        tracking.tag_runs(state.tracking_uri, {c.run_id: {"interference": c.interference}
-                                              for c in state.cells if c.run_id and c.interference})
+            tracking.reconcile_children(uri, state.experiment_id, state.parent_run_id, state.cells)
+        tracking.tag_runs(uri, {c.run_id: {"interference": c.interference}
+                                for c in state.cells if c.run_id and c.interference})
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it
         print(f"[mlflow] could not settle the runs in {state.tracking_uri}: {exc}", file=sys.stderr)
 
@@ -531,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         try:
-            return main_compare(*args.compare, args.threshold, args.tracking_uri)
+            first, second = args.compare
+            return main_compare(first, second, args.threshold, args.tracking_uri)
         except (ReportError, StateError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

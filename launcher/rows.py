@@ -111,7 +111,7 @@ def ranked(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         if r.get("model") not in models:
             models.append(r.get("model"))
     measured = sorted((r for r in rows if throughput(r)),
-                      key=lambda r: (models.index(r.get("model")), r.get("world_size") or 0, -throughput(r)))
+                      key=lambda r: (models.index(r.get("model")), r.get("world_size") or 0, -(throughput(r) or 0.0)))
     rank: dict[tuple[Any, Any], int] = {}
     for r in measured:
         key = (r.get("model"), r.get("world_size"))
@@ -142,11 +142,11 @@ def grouped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         base["cell"] += f" ({len(members)} seeds)" if all(seeds) else f" ({len(members)} runs)"
         base["runs"], base["runs_planned"] = len(done), len(members)
         for key in {k for m in done for k, v in m.items() if num(v) is not None}:
-            values = [num(m.get(key)) for m in done]
-            if all(v is not None for v in values):
+            values = [v for m in done if (v := num(m.get(key))) is not None]
+            if len(values) == len(done):
                 # Equal values keep their type (world_size stays 2, not 2.0); others are averaged.
                 base[key] = done[0][key] if len(set(values)) == 1 else statistics.fmean(values)
-        tps = [throughput(m) for m in done]
+        tps = [t for m in done if (t := throughput(m)) is not None]
         if len(tps) >= 2 and statistics.fmean(tps):
             base["run_spread"] = statistics.stdev(tps) / statistics.fmean(tps)
         base["status"] = "done" if len(done) == len(members) else f"{len(done)}/{len(members)} done"

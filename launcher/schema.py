@@ -208,7 +208,7 @@ class Config(TrainSpec):
             )
         ranks = self.nodes * self.cluster.tasks_per_node
         if d.kind is DataKind.token_file:
-            samples = token_file_samples(d.path, m.seq_len)
+            samples = token_file_samples(d.path or "", m.seq_len)  # DataSpec.validate: set for this kind
             if samples // ranks < self.batch_size:
                 raise ConfigError(
                     "data.path", d.path,
@@ -217,7 +217,7 @@ class Config(TrainSpec):
                     "use a larger token file, or lower batch_size or model.seq_len.",
                 )
         if d.kind is DataKind.image_folder:
-            classes = image_folder_classes(d.path)
+            classes = image_folder_classes(d.path or "")
             if not classes or len(classes) > m.num_classes:
                 raise ConfigError(
                     "data.path", d.path,
@@ -250,7 +250,7 @@ def _is_open(tp: Any) -> bool:
 
 
 @functools.cache
-def schema_keys(cls: type = None, prefix: str = "") -> dict[str, bool]:
+def schema_keys(cls: type | None = None, prefix: str = "") -> dict[str, bool]:
     """{dotted key: is an open dict} for every key of the schema (Config by default)."""
     out: dict[str, bool] = {}
     for name, tp in _hints(cls or Config).items():
@@ -261,7 +261,7 @@ def schema_keys(cls: type = None, prefix: str = "") -> dict[str, bool]:
     return out
 
 
-def unknown_keys(tree: Any, cls: type = None, prefix: str = "") -> list[str]:
+def unknown_keys(tree: Any, cls: type | None = None, prefix: str = "") -> list[str]:
     """Keys of a composed config (plain dicts) that the schema does not have; open dicts are not looked into."""
     hints = _hints(cls or Config)
     found = []

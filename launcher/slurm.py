@@ -60,7 +60,7 @@ def partitions() -> dict[str, dict]:
     proc = subprocess.run(["scontrol", "show", "partition", "--oneliner"], capture_output=True, text=True, timeout=30)
     for line in proc.stdout.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        name = fields.get("PartitionName")
+        name = fields.get("PartitionName", "")
         if name in out:
             max_nodes = fields.get("MaxNodes", "UNLIMITED")
             out[name]["max_nodes"] = None if max_nodes == "UNLIMITED" else int(max_nodes)
@@ -103,7 +103,7 @@ def expand_array_ids(job: str) -> list[str]:
     base, sep, rest = job.partition("_[")
     if not sep:
         return [job]
-    ids = []
+    ids: list[str] = []
     for part in rest.rstrip("]").split("%")[0].split(","):
         lo, _, hi = part.partition("-")
         ids.extend(f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1))

@@ -189,9 +189,10 @@ def sbatch_script(group: Sequence[CellState], folder: Path, job_name: str) -> st
     from submitit.slurm.slurm import _make_sbatch_string
 
     executor = slurm_executor(folder, group[0].cluster, group[0].layout, job_name)
-    count = {"map_count": len(group)} if len(group) > 1 else {}
-    return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **count,
-                               **executor.parameters)
+    params: dict[str, Any] = dict(executor.parameters)
+    if len(group) > 1:
+        params["map_count"] = len(group)
+    return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
 
 
 def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str):

@@ -56,8 +56,9 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
     state.cells = [cell_state(cell) for cell in cells]
     for cs in state.cells:
-        if (predicted or {}).get(cs.index) is not None:
-            cs.predicted_state_bytes = predicted[cs.index].total
+        state_bytes = (predicted or {}).get(cs.index)
+        if state_bytes is not None:
+            cs.predicted_state_bytes = state_bytes.total
     # Local cells log no MLflow from their ranks: the launcher waits for each cell anyway and logs
     # its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import on rank 0).
     # Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.

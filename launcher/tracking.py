@@ -163,7 +163,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
         try:
             # Credentials in the URI are not part of the address (MLflow reads them from
             # MLFLOW_TRACKING_USERNAME/PASSWORD); /health needs none.
-            netloc = parsed.hostname + (f":{parsed.port}" if parsed.port else "")
+            netloc = (parsed.hostname or "") + (f":{parsed.port}" if parsed.port else "")
             base = f"{parsed.scheme}://{netloc}{parsed.path}".rstrip("/")
             with urllib.request.urlopen(base + "/health", timeout=timeout_s) as resp:
                 if resp.status == 200:
