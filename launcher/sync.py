@@ -33,6 +33,7 @@ def sync_run(client, run_id: str, records: list[dict]) -> int:
     from mlflow.entities import Metric, RunTag
 
     wanted: dict[tuple[str, int], float] = {}
+    stamps_ms: dict[tuple[str, int], int] = {}  # system samples keep the time they were taken
     tags: dict[str, str] = {}
     status: str | None = None
     error: str | None = None
@@ -46,6 +47,11 @@ def sync_run(client, run_id: str, records: list[dict]) -> int:
             for key, value in rec.items():
                 if key not in STEP_KEYS_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
                     wanted[(key, 0)] = float(value)
+        elif kind == "system":  # the job's own GPUs, sampled during the window (step: sample index)
+            for key, value in rec.items():
+                if key.startswith("system/") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    wanted[(key, int(rec["step"]))] = float(value)
+                    stamps_ms[(key, int(rec["step"]))] = int(float(rec.get("time", time.time())) * 1000)
         elif kind == "tags":
             tags.update({k: str(v) for k, v in rec.items() if k != "kind"})
         elif kind == "status":
@@ -54,7 +60,8 @@ def sync_run(client, run_id: str, records: list[dict]) -> int:
     for key in {k for k, _ in wanted}:
         have.update((key, m.step) for m in client.get_metric_history(run_id, key))
     now_ms = int(time.time() * 1000)
-    missing = [Metric(k, v, now_ms, s) for (k, s), v in sorted(wanted.items()) if (k, s) not in have]
+    missing = [Metric(k, v, stamps_ms.get((k, s), now_ms), s) for (k, s), v in sorted(wanted.items())
+               if (k, s) not in have]
     for i in range(0, len(missing), METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=missing[i : i + METRICS_PER_BATCH])
     run = client.get_run(run_id)

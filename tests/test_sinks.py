@@ -51,3 +51,21 @@ def test_a_line_cut_short_by_a_killed_writer_does_not_hide_the_steps_before_it(t
     assert resumed.logged_steps() == {0, 1, 2}
     resumed.log_steps(_records(3, 5, attempt=2))  # the resumed run's records start on a line of their own
     assert JsonlSink(path).logged_steps() == {0, 1, 2, 3, 4}
+
+
+def test_sync_replays_system_samples_with_their_time(tmp_path):
+    # A local cell's ranks log nothing to MLflow: the GPU samples in metrics.jsonl reach the run
+    # through launcher.sync, at their sample index and with the time they were taken.
+    from mlflow.tracking import MlflowClient
+
+    from launcher.sync import sync_run
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    records = [{"kind": "system", "step": i, "time": 1_700_000_000.0 + i, "system/node0/gpu0_power_w": 300.0 + i}
+               for i in range(3)]
+    assert sync_run(client, run_id, records) == 3
+    history = sorted(client.get_metric_history(run_id, "system/node0/gpu0_power_w"), key=lambda m: m.step)
+    assert [(m.step, m.value, m.timestamp) for m in history] == [
+        (i, 300.0 + i, (1_700_000_000 + i) * 1000) for i in range(3)]
+    assert sync_run(client, run_id, records) == 0  # nothing twice
