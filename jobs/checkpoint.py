@@ -67,7 +67,7 @@ def load(path: Path, model, optimizer, *, rank: int, world_size: int) -> tuple[d
 
     meta = json.loads((path / "meta.json").read_text())
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     mine = path / f"rank{rank}.pt"

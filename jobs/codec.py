@@ -65,7 +65,7 @@ def _build(tp: Any, data: Any, where: str) -> Any:
         return {k: _build(value, v, f"{where}.{k}") for k, v in data.items()}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(data)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise TypeError(f"{where}: expected a mapping for {tp.__name__}, got {type(data).__name__}")
         hints = _hints(tp)

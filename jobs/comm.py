@@ -152,4 +152,4 @@ def _main_thread_id(events, native_id: int) -> int:
     for e in events:
         if e.name.startswith("aten::"):
             counts[e.thread] = counts.get(e.thread, 0) + 1
-    return max(counts, key=counts.get) if counts else -1
+    return max(counts, key=counts.__getitem__) if counts else -1

@@ -56,8 +56,10 @@ def input_batches(
     """This rank's endless stream of (input, target) micro-batches of ``batch_size`` samples."""
     if data.kind is DataKind.synthetic:
         return synthetic_batches(model, batch_size, seed, rank, device, accum_steps=accum_steps)
+    if data.path is None:  # DataSpec.validate refuses this for every kind that reads files
+        raise ValueError(f"data.kind={data.kind.value} reads files, and data.path is not set.")
     if data.kind is DataKind.token_file:
-        dataset: torch.utils.data.Dataset = TokenFileDataset(data.path, model.seq_len, model.vocab_size)
+        dataset: TokenFileDataset | ImageFolderDataset = TokenFileDataset(data.path, model.seq_len, model.vocab_size)
     else:
         dataset = ImageFolderDataset(data.path, model.image_size)
     return loader_batches(dataset, data, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
@@ -172,16 +174,16 @@ def _read_array(file: str) -> torch.Tensor:
 
 
 def loader_batches(
-    dataset: torch.utils.data.Dataset, data: DataSpec, *, batch_size: int, seed: int, rank: int, world_size: int,
-    device: torch.device,
+    dataset: TokenFileDataset | ImageFolderDataset, data: DataSpec, *, batch_size: int, seed: int, rank: int,
+    world_size: int, device: torch.device,
 ) -> Iterator[Batch]:
     """Endless batches of this rank's share of ``dataset``, epoch after epoch."""
     from torch.utils.data import DataLoader, DistributedSampler
 
     # drop_last: every rank gets the same number of samples (a rank with one batch more would
     # wait forever in a collective) and every batch has the same shape.
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
-                                 drop_last=True)
+    sampler: DistributedSampler[int] = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                                          seed=seed, drop_last=True)
     if len(sampler) < batch_size:
         raise ValueError(f"data.path={data.path!r}: {len(dataset)} samples give each of {world_size} ranks "
                          f"{len(sampler)}, fewer than batch_size={batch_size}; use more data or a smaller batch_size.")

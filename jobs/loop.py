@@ -79,7 +79,7 @@ class Trainer:
 
     def step(self, batches: Iterator[Batch]) -> tuple[torch.Tensor, float]:
         data_time_s = 0.0
-        total = None
+        total: torch.Tensor | None = None
         for micro in range(self.accum_steps):
             t0 = time.perf_counter()
             x, y = next(batches)
@@ -92,6 +92,8 @@ class Trainer:
                     loss = loss_fn(self.model(x), y) / self.accum_steps
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
+        if total is None:  # RunSpec validation keeps grad_accum_steps >= 1
+            raise ValueError(f"accum_steps={self.accum_steps}: a step needs at least one micro-batch.")
         if self.grad_bytes is None:
             self.grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
         if self.scaler:

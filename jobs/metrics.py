@@ -66,10 +66,10 @@ def mfu_checked(flops_per_sample: float | None, samples_per_s_per_device: float,
 # H100 reports itself as "NVIDIA H100 80GB HBM3" with no "SXM". A device not listed gets no MFU:
 # never another GPU's figures. "tf32": None marks a GPU without TF32 units (fp32 math always).
 _T = 1e12
-_H100_SXM = {"fp32": 67 * _T, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
-_H100_PCIE = {"fp32": 51 * _T, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T}
-_H100_NVL = {"fp32": 60 * _T, "tf32": 417.5 * _T, "bf16": 835 * _T, "fp16": 835 * _T}
-_A100 = {"fp32": 19.5 * _T, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
+_H100_SXM: dict[str, float | None] = {"fp32": 67 * _T, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
+_H100_PCIE: dict[str, float | None] = {"fp32": 51 * _T, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T}
+_H100_NVL: dict[str, float | None] = {"fp32": 60 * _T, "tf32": 417.5 * _T, "bf16": 835 * _T, "fp16": 835 * _T}
+_A100: dict[str, float | None] = {"fp32": 19.5 * _T, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
 # (name tokens that must all appear, case-insensitive; first match wins, most specific first)
 PEAK_FLOPS_PER_S: list[tuple[tuple[str, ...], dict[str, float | None]]] = [
     (("GH200",), _H100_SXM),  # Grace Hopper: the H100 SXM's tensor cores (before "H200")

@@ -119,7 +119,7 @@ def apply_ddp(
     static_graph: bool,
     find_unused_parameters: bool,
     broadcast_buffers: bool,
-) -> nn.Module:
+) -> nn.parallel.DistributedDataParallel:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(
@@ -176,7 +176,7 @@ def apply_fsdp(
     inputs alone (BatchNorm takes low-precision input with fp32 parameters and statistics natively):
     one all-gather for all of them, no activation-sized casts.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
@@ -191,15 +191,14 @@ def apply_fsdp(
                                          output_dtype=param_dtype)
         for module in norms:
             shard(module, mp_policy=bn_policy)
-    for unit in units:
-        shard(unit, mp_policy=mp)
+    sharded: list[FSDPModule] = [shard(unit, mp_policy=mp) for unit in units]  # the same modules, now FSDPModules
     # The root's parameters (embeddings, head) are used last in backward: keeping them gathered
     # after forward avoids an immediate re-all-gather (torchtitan does the same).
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
-    if prefetch > 0 and len(units) > 1:
-        for i, unit in enumerate(units):
-            unit.set_modules_to_forward_prefetch(list(units[i + 1 : i + 1 + prefetch]))
-            unit.set_modules_to_backward_prefetch(list(reversed(units[max(0, i - prefetch) : i])))
+    if prefetch > 0 and len(sharded) > 1:
+        for i, unit in enumerate(sharded):
+            unit.set_modules_to_forward_prefetch(list(sharded[i + 1 : i + 1 + prefetch]))
+            unit.set_modules_to_backward_prefetch(list(reversed(sharded[max(0, i - prefetch) : i])))
     return model
 
 
@@ -298,7 +297,8 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
         # Bound now, to the FSDP module itself: not to whatever `model` names after compiling.
         no_sync = functools.partial(_fsdp_no_sync, model)
     if compile:
-        model = torch.compile(model)
+        # An nn.Module compiles to an OptimizedModule (an nn.Module); torch's stub says a plain callable.
+        model = torch.compile(model)  # type: ignore[assignment]
     scaler = make_grad_scaler(device.type) if plan.grad_scaler else None
     return Parallelized(model, no_sync, torch_dtype(plan.autocast), scaler, plan)
 

@@ -17,6 +17,10 @@ import os
 import signal
 import subprocess
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 NONE, TERM, USR2 = 0, 1, 2
 NAMES = {TERM: "SIGTERM", USR2: "SIGUSR2"}
@@ -53,7 +57,8 @@ class StopRequests:
         self._until_check = 0  # step boundaries to pass before the next agreement boundary
         self._boundaries = 0  # boundaries since the last agreement boundary
         self._last_check_s: float | None = None
-        self._pending = None  # (work, tensor) of the round in flight
+        # (work, tensor) of the round in flight; all_reduce's stub says Work | None, None only without async_op.
+        self._pending: tuple[Any, torch.Tensor] | None = None
         self._previous = {}
         for signum, code in ((signal.SIGUSR2, USR2), (signal.SIGTERM, TERM)):
             self._previous[signum] = signal.signal(signum, self._handler(code))

@@ -80,7 +80,7 @@ def resolve_device(gpus_per_node: int, env: DistEnv):
     return device, backend
 
 
-def machine_slot(env: DistEnv) -> tuple:
+def machine_slot(env: DistEnv) -> tuple[int, int]:
     """(this rank's index among the ranks on its machine, how many there are). The local cluster
     emulates nodes as groups of local processes on ONE machine: there every rank of the job shares
     the machine's GPUs, so the global rank picks the GPU, not the emulated node's local rank."""
@@ -191,7 +191,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     interference = Interference(device)
     caller_on_window = on_window or (lambda event: None)
 
-    def on_window(event: str) -> None:
+    def window_hook(event: str) -> None:
         if event == "start":
             interference.event(event)
             caller_on_window(event)
@@ -206,7 +206,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
                                    every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0,
                                    warmup_extend_max=train.warmup_extend_max),
         hooks=schedule.Hooks(sync=sync, on_step=heartbeat.beat, on_checkpoint=log_before_stop,
-                             reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=on_window),
+                             reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=window_hook),
         control_group=control_group,
     )
     # Peak memory of the measured window, read before the probe's profiler can add to it.
@@ -220,7 +220,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         local_s = local_step_times(trainer, batches, train.local_probe_steps, sync)
     heartbeat.pause()  # the final reduction and logging are not stalls
     history = outcome.history
-    mine = {
+    mine: dict[str, Any] = {
         "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
         "history": history.portable(),
         "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **setup,
@@ -289,11 +289,11 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
                                                 [r["hostname"] for r in per_rank])
     summary.update(spread)
     extra_tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
-    cost_args = dict(devices=env.world_size, nodes=env.num_nodes, cost_per_device_hour=spec.cost_per_device_hour,
-                     cost_per_node_hour=spec.cost_per_node_hour)
     for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
                              ("tokens", summary.get("throughput_tokens_per_s"))):
-        cost = metrics.cost_per_1m(throughput, **cost_args) if throughput else None
+        cost = metrics.cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
+                                   cost_per_device_hour=spec.cost_per_device_hour,
+                                   cost_per_node_hour=spec.cost_per_node_hour) if throughput else None
         if cost is not None:
             summary[f"cost_per_1m_{unit}"] = cost
     tags = {"hostnames": ",".join(sorted({r["hostname"] for r in per_rank})), "torch_version": str(torch.__version__),
@@ -381,7 +381,7 @@ def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -
     if achieved is not None:
         summary["mfu"] = achieved
         summary["peak_flops_per_s"] = peak
-    else:
+    elif reason:
         settings["mfu_missing"] = reason
     measured_tflops, why = metrics.measured_peak(list(matmul_peaks))
     if measured_tflops is not None:

@@ -212,8 +212,8 @@ def _unwrap(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+        elif isinstance(orig := getattr(model, "_orig_mod", None), nn.Module):
+            model = orig
         else:
             return model
 
@@ -374,8 +374,9 @@ def check_buildable(spec: ModelSpec) -> None:
     does not build, a vocabulary or position count that disagrees with model.vocab_size /
     model.seq_len, or an input kind the model does not take are all caught here with the fix.
     """
-    if spec.target_path:
-        _check_target(spec)
+    target = spec.target_path
+    if target:
+        _check_target(spec, target)
     elif spec.name == "hf":
         _check_hf(spec)
     else:
@@ -387,10 +388,9 @@ def _on_meta(factory: Callable[[], Any]) -> Any:
         return factory()
 
 
-def _check_target(spec: ModelSpec) -> None:
+def _check_target(spec: ModelSpec, target: str) -> None:
     import inspect
 
-    target = spec.target_path
     setting = "model._target_" if spec._target_ else "model.target"
     try:
         fn = locate(target)

@@ -10,7 +10,9 @@ are nanoGPT's: 124,439,808 (gpt2-small), 354,823,168 (medium), 774,030,080 (larg
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -116,7 +118,9 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
         # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
         # variance does not grow with depth.
-        for block in self.blocks:
+        # Blocks, or CheckpointWrappers that forward attributes to them (models.replace_units, before
+        # init_weights): typed as Block, not checked with isinstance.
+        for block in cast(Iterable[Block], self.blocks):
             for proj in (block.attn.c_proj, block.mlp.c_proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 

@@ -40,12 +40,15 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
 
 from jobs.spec import HF_INSTALL, HF_POSITION_KEYS, LMHead, ModelSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["HFLogits", "build_hf", "hf_config", "is_hf_model", "pick_head", "positions_of", "wrap_hf"]
 
@@ -58,7 +61,7 @@ def _transformers():
     return transformers
 
 
-def is_hf_model(model: Any) -> bool:
+def is_hf_model(model: Any) -> TypeGuard[PreTrainedModel]:
     """Whether ``model`` is a transformers ``PreTrainedModel`` (without importing transformers)."""
     return isinstance(model, nn.Module) and any(
         c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(model).__mro__)
@@ -125,9 +128,9 @@ class HFLogits(nn.Module):
         # No attention mask: synthetic and token-file batches have no padding.
         return self.model(input_ids=x, **self._forward_kwargs).logits
 
-    def _hf_models(self) -> list[nn.Module]:
+    def _hf_models(self) -> list[PreTrainedModel]:
         """The outermost PreTrainedModels inside (one, unless a user's module holds several)."""
-        found: list[nn.Module] = []
+        found: list[PreTrainedModel] = []
         prefixes: list[str] = []
         for name, module in self.named_modules():
             if is_hf_model(module) and not any(name.startswith(p) for p in prefixes):
@@ -168,7 +171,8 @@ class HFLogits(nn.Module):
         for hf in self._hf_models():
             for obj in [*hf.modules(), *hf.parameters(), *hf.buffers()]:
                 if getattr(obj, "_is_hf_initialized", False):
-                    obj._is_hf_initialized = False
+                    # transformers' own flag, set on modules and tensors alike; neither class declares it.
+                    setattr(obj, "_is_hf_initialized", False)  # noqa: B010
             # Tie first: an eager build's to_empty untied the embeddings while a sharded model kept
             # them tied; tied in both, both draw the same numbers (the output layer's draw wins).
             hf.tie_weights()
@@ -249,10 +253,12 @@ def load_local_weights(model: nn.Module, path: str) -> None:
         try:
             from torch.distributed.tensor import DTensor, distribute_tensor
         except ImportError:  # pragma: no cover - torch without distributed
-            DTensor = ()  # type: ignore[assignment]
-        if isinstance(tensor, DTensor):
-            # Every rank read the whole file: each takes its own shard, no communication.
-            src = distribute_tensor(src.to(tensor.device), tensor.device_mesh, tensor.placements, src_data_rank=None)
+            pass
+        else:
+            if isinstance(tensor, DTensor):
+                # Every rank read the whole file: each takes its own shard, no communication.
+                src = distribute_tensor(src.to(tensor.device), tensor.device_mesh, tensor.placements,
+                                        src_data_rank=None)
         tensor.copy_(src)
     # Non-persistent buffers (position ids, rotary tables) are not saved: initialise_weights set them.
     persistent = set(model.state_dict().keys())

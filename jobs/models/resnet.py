@@ -11,12 +11,16 @@ worker's business.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
 
 def conv2d_macs(conv: nn.Conv2d, height: int, width: int) -> tuple[int, int, int]:
     """Multiply-accumulates of one image through `conv`, and the output height and width."""
+    if isinstance(conv.padding, str):  # "same" / "valid": no numbers to count with
+        raise ValueError(f"conv2d_macs needs numeric padding, got padding={conv.padding!r}")
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = conv.kernel_size, conv.stride, conv.padding, conv.dilation
     out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
@@ -24,8 +28,12 @@ def conv2d_macs(conv: nn.Conv2d, height: int, width: int) -> tuple[int, int, int
     return macs, out_h, out_w
 
 
-def pool_out(size: int, kernel: int, stride: int, padding: int) -> int:
-    return (size + 2 * padding - kernel) // stride + 1
+def pool_out(pool: nn.MaxPool2d, height: int, width: int) -> tuple[int, int]:
+    """The output height and width of `pool` (kernel, stride and padding given as ints)."""
+    kernel, stride, padding = pool.kernel_size, pool.stride, pool.padding
+    if not (isinstance(kernel, int) and isinstance(stride, int) and isinstance(padding, int)):
+        raise TypeError(f"pool_out needs int kernel_size, stride and padding, got {pool!r}")
+    return (height + 2 * padding - kernel) // stride + 1, (width + 2 * padding - kernel) // stride + 1
 
 
 def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
@@ -37,7 +45,12 @@ def conv1x1(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
 
 
 def _shortcut_macs(downsample: nn.Sequential | None, height: int, width: int) -> int:
-    return 0 if downsample is None else conv2d_macs(downsample[0], height, width)[0]
+    if downsample is None:
+        return 0
+    conv = downsample[0]
+    if not isinstance(conv, nn.Conv2d):
+        raise TypeError(f"a shortcut starts with its conv1x1, not {type(conv).__name__}")
+    return conv2d_macs(conv, height, width)[0]
 
 
 class BasicBlock(nn.Module):
@@ -173,10 +186,11 @@ class ResNet(nn.Module):
         figures (ResNet-50 at 224: 4.09 GMACs).
         """
         total, h, w = conv2d_macs(self.conv1, image_size, image_size)
-        pool = self.maxpool
-        h, w = (pool_out(size, pool.kernel_size, pool.stride, pool.padding) for size in (h, w))
+        h, w = pool_out(self.maxpool, h, w)
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in layer:
-                macs, h, w = block.forward_macs(h, w)
+                # A block, or a CheckpointWrapper that forwards attributes to it (models.replace_units):
+                # typed as the block, not checked with isinstance.
+                macs, h, w = cast(BasicBlock | Bottleneck, block).forward_macs(h, w)
                 total += macs
         return total + self.fc.in_features * self.fc.out_features

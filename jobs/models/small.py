@@ -79,6 +79,5 @@ class CNN(nn.Module):
             if isinstance(block, ConvBlock):
                 macs, h, w = conv2d_macs(block.conv, h, w)
                 total += macs
-                pool = block.pool
-                h, w = (pool_out(size, pool.kernel_size, pool.stride, pool.padding) for size in (h, w))
+                h, w = pool_out(block.pool, h, w)
         return total + self.fc.in_features * self.fc.out_features
