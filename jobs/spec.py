@@ -63,11 +63,6 @@ class BatchNormUnits(enum.Enum):
     grouped = "grouped"  # all BatchNorms in one fp32 unit, inputs left in the low dtype (no casts)
 
 
-class Dtype(enum.Enum):
-    fp32 = "fp32"
-    fp16 = "fp16"
-    bf16 = "bf16"
-
 
 class InputKind(enum.Enum):
     tokens = "tokens"  # int64 [batch, seq_len] in, next-token targets out
@@ -166,19 +161,19 @@ class PrecisionSpec:
     mode: PrecisionMode = PrecisionMode.autocast
     # FSDP mixed-precision policy (mode=params); None derives it from `name` (params in the compute
     # dtype, gradient reduction in fp32, which is what keeps bf16 training numerically safe).
-    param_dtype: Dtype | None = None
-    reduce_dtype: Dtype | None = Dtype.fp32
+    param_dtype: Precision | None = None  # a dtype: the same three names
+    reduce_dtype: Precision | None = Precision.fp32
     # BatchNorm under FSDP with mode=params (see BatchNormUnits).
     batchnorm: BatchNormUnits = BatchNormUnits.unit
 
     def validate(self) -> None:
-        if self.name is Precision.fp32 and self.param_dtype not in (None, Dtype.fp32):
+        if self.name is Precision.fp32 and self.param_dtype not in (None, Precision.fp32):
             raise ConfigError(
                 "precision.param_dtype", self.param_dtype.value,
                 "a low-precision parameter dtype contradicts precision=fp32.",
                 "use precision=bf16 or precision=fp16, or drop the override.",
             )
-        if PrecisionMode(self.mode) is PrecisionMode.autocast and self.param_dtype not in (None, Dtype.fp32):
+        if PrecisionMode(self.mode) is PrecisionMode.autocast and self.param_dtype not in (None, Precision.fp32):
             raise ConfigError(
                 "precision.param_dtype", self.param_dtype.value,
                 "casting parameters is precision.mode=params; under mode=autocast parameters stay fp32.",

@@ -11,7 +11,6 @@ from jobs import checkpoint, dist, metrics, parallel
 from jobs.spec import (
     BatchNormUnits,
     ConfigError,
-    Dtype,
     Precision,
     PrecisionMode,
     PrecisionSpec,
@@ -206,10 +205,10 @@ def _prec(name, mode="autocast", **kw):
     (Strategy.fsdp, _prec("bf16"), ("autocast", "bf16", None, None, False)),  # same as DDP
     (Strategy.ddp, _prec("fp16"), ("autocast", "fp16", None, None, True)),
     (Strategy.fsdp, _prec("fp16"), ("autocast", "fp16", None, None, True)),
-    (Strategy.fsdp, _prec("bf16", reduce_dtype=Dtype.bf16), ("autocast", "bf16", None, "bf16", False)),
+    (Strategy.fsdp, _prec("bf16", reduce_dtype=Precision.bf16), ("autocast", "bf16", None, "bf16", False)),
     (Strategy.fsdp, _prec("bf16", "params"), ("params", None, "bf16", "fp32", False)),
     (Strategy.fsdp, _prec("fp16", "params"), ("params", None, "fp16", "fp32", True)),
-    (Strategy.fsdp, _prec("bf16", "params", param_dtype=Dtype.bf16, reduce_dtype=None),
+    (Strategy.fsdp, _prec("bf16", "params", param_dtype=Precision.bf16, reduce_dtype=None),
      ("params", None, "bf16", None, False)),
 ])
 def test_precision_plan(strategy, spec, expected):
@@ -224,9 +223,9 @@ def test_params_mode_is_refused_for_ddp_with_the_fix():
 
 def test_param_dtype_needs_params_mode():
     with pytest.raises(ConfigError, match="precision.mode=params"):
-        _prec("bf16", param_dtype=Dtype.bf16).validate()
-    _prec("bf16", "params", param_dtype=Dtype.bf16).validate()
-    _prec("bf16", param_dtype=Dtype.fp32).validate()
+        _prec("bf16", param_dtype=Precision.bf16).validate()
+    _prec("bf16", "params", param_dtype=Precision.bf16).validate()
+    _prec("bf16", param_dtype=Precision.fp32).validate()
     assert PrecisionSpec().mode is PrecisionMode.autocast and PrecisionSpec().batchnorm is BatchNormUnits.unit
 
 
