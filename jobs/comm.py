@@ -87,8 +87,11 @@ def classify_events(events, main_thread: int, on_gpu: bool) -> dict[str, list[In
     """{"comm", "compute", "memcpy"} intervals in microseconds from profiler events."""
     out: dict[str, list[Interval]] = {"comm": [], "compute": [], "memcpy": []}
     for e in events:
-        if getattr(e, "is_user_annotation", False):
-            continue  # a record_function range (CPU or its GPU mirror), not work of its own
+        if on_gpu and getattr(e, "is_user_annotation", False):
+            # A record_function range or its GPU mirror (FSDP::all_gather spans its NCCL kernels),
+            # not work of its own. Not on CPU: there gloo's collectives themselves are such ranges
+            # ("gloo:all_reduce" on gloo's worker thread is a user annotation in torch 2.13).
+            continue
         rng = e.time_range
         span = (float(rng.start), float(rng.end))
         is_device = getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")

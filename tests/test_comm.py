@@ -80,17 +80,19 @@ def test_gpu_kernel_kinds(name, kind):
     assert comm.gpu_event_kind(name) == kind
 
 
-def test_cpu_classification_unchanged_and_annotations_skipped():
+def test_cpu_classification_counts_gloo_ranges_and_skips_other_annotations():
     events = [
         cpu("aten::mm", 0, 10), cpu("aten::add_", 10, 12),
         cpu("gloo:all_reduce", 5, 20, thread=7),
         cpu("aten::wait", 12, 20),  # blocking in a collective is not compute
         cpu("aten::mm", 30, 40, thread=9),  # another thread
         cpu("FSDP::all_gather", 0, 40, is_user_annotation=True),
+        # gloo's collectives are record_function ranges on its worker thread: they are the
+        # communication (test_real_gloo_collectives_are_counted reads them from the profiler).
         cpu("gloo:broadcast", 50, 60, thread=7, is_user_annotation=True),
     ]
     kinds = comm.classify_events(events, main_thread=1, on_gpu=False)
-    assert kinds["comm"] == [(5, 20)]
+    assert kinds["comm"] == [(5, 20), (50, 60)]
     assert kinds["compute"] == [(0, 10), (10, 12)]
     assert comm.intervals_from_events(events, 1, False) == (kinds["comm"], kinds["compute"])
 
@@ -134,3 +136,28 @@ def test_merged():
 ])
 def test_minus_length(a, b, length):
     assert comm.minus_length(a, b) == pytest.approx(length)
+
+
+def test_real_gloo_collectives_are_counted(tmp_path):
+    # The profiler's own events for a real gloo all-reduce, not synthetic ones.
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from jobs.dist import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        tensor = torch.ones(1 << 20)
+
+        def run_steps(n):
+            for _ in range(n):
+                tensor.mul_(1.0001)  # compute
+                dist.all_reduce(tensor)
+
+        figures = comm.probe(run_steps, 3, on_gpu=False)
+    finally:
+        dist.destroy_process_group()
+    assert figures["comm_time_ms"] > 0 and 0 < figures["comm_share"] <= 1
