@@ -461,7 +461,22 @@ def finalize(state: SweepState) -> str:
                                   "FAILED" if failed else "FINISHED")
         except Exception as exc:  # the report is on disk; a tracking outage must not hide it
             print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
-    return f"{written.tables}\n\nreport: {written.path}"
+    return f"{written.tables}\n\nFindings (the full section is in report.md):\n{_claims(written.findings)}\n\nreport: {written.path}"
+
+
+def _claims(findings: str) -> str:
+    """The findings' statements (bullets and warnings) under their headings, for the terminal."""
+    out: list[str] = []
+    heading = None
+    for line in findings.splitlines():
+        if line.startswith("### "):
+            heading = line[4:]
+        elif line.startswith(("- ", "⚠")):
+            if heading:
+                out.append(f"{heading}:")
+                heading = None
+            out.append(line)
+    return "\n".join(out) or "no measurable difference to report"
 
 
 def _settle_runs(state: SweepState) -> None:
