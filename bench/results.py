@@ -57,7 +57,7 @@ to the end of `benchmark()` (loss read, memory and model-state figures, `gather_
 `summarize`, FLOPs, step records, the sinks' `set_tags`/`log_steps`/`log_summary`), plus the
 sinks' `finish` (JSONL status line, one MLflow `log_batch` and `set_terminated` against the
 SQLite store), divided by the measured window's wall time. Two things are timed and reported
-apart: MLflow's one-off import and store opening (`MlflowSink._client`, once per job, after the
+apart: MLflow's one-off import and store opening (`MlflowSink.client`, once per job, after the
 window: 2b) and the communication probe (`comm_probe_steps` extra profiled steps after the
 window, a measurement in its own right: 2c). `gather_ranks` is a collective, so rank 0's time in
 it includes waiting for a peer still busy with its probe: the gather is charged at the time the

@@ -15,7 +15,7 @@ around a few worker functions from outside, so the worker runs unmodified:
 * telemetry on rank 0: ``metrics.gather_ranks``, ``metrics.summarize``, each sink call (JSONL and
   MLflow fan-out), and everything from the end of the window to the end of ``benchmark()``
   (loss read, memory and model-state figures, FLOPs, records, tags);
-* MLflow client start-up (``MlflowSink._client``: import and store opening), at the end of the job.
+* MLflow client start-up (``MlflowSink.client``: import and store opening), at the end of the job.
 
 Each rank writes ``bench-rank<R>.json`` into the run directory; the worker itself writes its usual
 ``result.json`` and ``metrics.jsonl`` there.
@@ -72,7 +72,7 @@ def install_timers(warmup_steps: int, total_steps: int) -> None:
     jobs.metrics.summarize = _timed("summarize_s", jobs.metrics.summarize)
     for method in ("set_tags", "log_steps", "log_summary", "finish"):
         setattr(jobs.sinks.FanOut, method, _timed(f"sink_{method}_s", getattr(jobs.sinks.FanOut, method)))
-    jobs.sinks.MlflowSink._client = _timed("mlflow_client_start_s", jobs.sinks.MlflowSink._client)
+    jobs.sinks.MlflowSink.client = _timed("mlflow_client_start_s", jobs.sinks.MlflowSink.client)
     if _has_module("jobs.comm"):
         import jobs.comm
 

@@ -124,7 +124,7 @@ class MlflowSink(NullSink):
             self.run_id = Path(self.run_id_file).read_text().strip() or None
         return self.run_id
 
-    def _client(self):
+    def client(self):
         # A tracking outage must not stall a benchmark: mlflow_entry sets short HTTP retries (JSONL
         # has everything and `launcher.sync` replays it later).
         return mlflow_entry.client(self.tracking_uri)
@@ -175,7 +175,7 @@ class MlflowSink(NullSink):
                   "python -m launcher.sync replays them once the run exists.", file=sys.stderr)
             return
         try:
-            client = self._client()
+            client = self.client()
         except Exception as exc:  # best-effort, as every call below
             print(f"[mlflow] cannot open {self.tracking_uri}: {exc}", file=sys.stderr)
             return
