@@ -104,3 +104,26 @@ def test_rerunning_a_sweep_resumes_it_without_rerunning_finished_cells(tmp_path,
     code = main(["-m", "strategy=ddp,fsdp,zero2", *fast_overrides, f"output_root={tmp_path}",
                  f"sweep_dir={tmp_path / 'sweep'}"])
     assert code == 2
+
+
+def test_a_flagged_cell_is_rerun_alone_into_a_new_run_and_keeps_its_first_attempt(tmp_path, fast_overrides):
+    from launcher import status
+    from launcher.state import CellStatus
+
+    code, state = run_sweep(tmp_path, *fast_overrides)
+    assert code == 0
+    cell = state.cells[0]
+    first_run, first_job = cell.run_id, cell.job_id
+    # As launcher/interference.py records it when another job shared the cell's cores.
+    cell.interference = "other processes used 40% of its cores during the measured window"
+    state.save()
+    again = status.resubmit_flagged(SweepState.load(state.sweep_dir))
+    assert [c.index for c in again] == [0]
+    rerun = SweepState.load(state.sweep_dir).cells[0]
+    assert rerun.status is CellStatus.done and rerun.job_id != first_job and rerun.resubmits == 1
+    assert rerun.run_id and rerun.run_id != first_run and rerun.interference is None
+    cell_dir = state.cell_dir(rerun)
+    assert (cell_dir / "attempt-1" / "result.json").exists() and (cell_dir / "result.json").exists()
+    client = MlflowClient(tracking_uri=state.tracking_uri)
+    assert client.get_run(rerun.run_id).info.status == "FINISHED"
+    assert client.get_run(first_run).info.status == "FINISHED"  # the first attempt's numbers stay
