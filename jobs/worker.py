@@ -10,11 +10,14 @@ import json
 import os
 import platform
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, process_group
 from jobs.heartbeat import Heartbeat
+from jobs.mlflow_entry import TAG_MAX_CHARS
 from jobs.preempt import Preempted
 from jobs.sinks import RUN_ID_FILE, FanOut, JsonlSink, MlflowSink, NullSink
 from jobs.spec import Precision, RunSpec, Strategy
@@ -142,18 +145,51 @@ def build_model(spec: RunSpec, device):
     return model
 
 
+@dataclass
+class Setup:
+    """What the measured steps run on, built once per job."""
+
+    par: Any  # jobs.parallel.Parallelized
+    optimizer: Any
+    batches: Any
+    trainer: Any
+    lr: float
+    memory: dict[str, float]  # setup_memory: what building and wrapping cost
+    matmul: Any  # the device's measured matmul peak (CUDA), or None
+
+
 def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat,
               control_group=None, gpu_uuids=(), on_window=None) -> dict[str, Any]:
-    """Build, wrap, run the schedule, probe, reduce and log. ``on_window(event)``: called with
-    "start"/"end" around the measured window (jobs.schedule.Hooks; timing harnesses use it)."""
-    from jobs import metrics, parallel, schedule
+    """Build, run the schedule, measure after the window, reduce and log: a few named steps.
+    ``on_window(event)``: called with "start"/"end" around the measured window (jobs.schedule.Hooks;
+    timing harnesses use it)."""
+    import torch
+
+    from jobs import metrics
+    from jobs.interference import Interference
+
+    refuse_unsupported(spec, device)
+    built = set_up(spec, env, device)
+    # CUDA steps end on the device: this is the sync point of every measured step on GPU.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    interference = Interference(device)
+    outcome = run_schedule(spec, env, device, built, sync, sink, heartbeat, control_group,
+                           window_hook(interference, on_window))
+    # Peak memory of the measured window, read before the probe's profiler can add to it.
+    window_memory = metrics.peak_memory(device)
+    mine = after_window(spec, env, device, built, sync, heartbeat, outcome, interference, window_memory)
+    per_rank = metrics.gather_ranks(mine)
+    return report(spec, env, device, backend, sink, built.par, per_rank, outcome, built.lr, gpu_uuids,
+                  interference.missing)
+
+
+def set_up(spec: RunSpec, env: DistEnv, device) -> Setup:
+    """Matmul peak, model (on meta for FSDP), wrapping, optimizer, data and the step."""
+    from jobs import matmul_peak, metrics, parallel
     from jobs.data import input_batches
     from jobs.loop import Trainer, scaled_lr
 
     train = spec.train
-    refuse_unsupported(spec, device)
-    from jobs import matmul_peak
-
     # The device's own matmul peak (CUDA only, ~a second): during setup, before anything is built
     # or measured, its buffers freed before the memory counters are reset below.
     matmul = matmul_peak.measure(device, spec.precision.name.value)
@@ -161,16 +197,40 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     metrics.reset_peak_memory(device)
     par = parallel.parallelize(build_model(spec, device), spec.strategy, spec.precision, device=device,
                                num_nodes=env.num_nodes, tasks_per_node=env.local_world_size, compile=train.compile)
-    setup = metrics.setup_memory(device, rss_before)
+    memory = metrics.setup_memory(device, rss_before)
     lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
     optimizer = parallel.build_optimizer(par.model, train.optimizer, lr)
     batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=train.grad_accum_steps,
                             seed=train.seed, rank=env.rank, world_size=env.world_size, device=device)
     trainer = Trainer(par.model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=par.autocast_dtype,
                       device=device, no_sync=par.no_sync, scaler=par.scaler)
-    import torch
+    return Setup(par, optimizer, batches, trainer, lr, memory, matmul)
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+def window_hook(interference, on_window) -> Callable[[str], None]:
+    """Other processes on this rank's cores and GPU are sampled at the window's boundaries (CPU) and on
+    a thread during it (GPU): never inside a step, and no collective (jobs/interference.py). Our
+    samples sit outside the caller's: its "start" comes after ours, its "end" before ours, so a
+    timing harness never times them."""
+    caller = on_window or (lambda event: None)
+
+    def hook(event: str) -> None:
+        if event == "start":
+            interference.event(event)
+            caller(event)
+        else:
+            caller(event)
+            interference.event(event)
+
+    return hook
+
+
+def run_schedule(spec: RunSpec, env: DistEnv, device, built: Setup, sync, sink: NullSink, heartbeat: Heartbeat,
+                 control_group, on_window: Callable[[str], None]):
+    """Warm-up, the measured window, checkpoints and resume (jobs/schedule.py)."""
+    from jobs import metrics, schedule
+
+    train = spec.train
 
     def log_before_stop(history, logged_through: int, step: int) -> int:
         # Collective: the steps so far reach JSONL and MLflow before the job stops, so the run's
@@ -182,57 +242,48 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
         sink.flush()
         return step
 
-    from jobs.interference import Interference
-
-    # Other processes on this rank's cores and GPU, sampled at the window's boundaries (CPU) and on
-    # a thread during it (GPU): never inside a step, and no collective (jobs/interference.py). Our
-    # samples sit outside the caller's: its "start" comes after ours, its "end" before ours, so a
-    # timing harness never times them.
-    interference = Interference(device)
-    caller_on_window = on_window or (lambda event: None)
-
-    def window_hook(event: str) -> None:
-        if event == "start":
-            interference.event(event)
-            caller_on_window(event)
-        else:
-            caller_on_window(event)
-            interference.event(event)
-
-    outcome = schedule.run(
-        trainer, batches, env=env, device=device, out_dir=Path(spec.out_dir),
+    return schedule.run(
+        built.trainer, built.batches, env=env, device=device, out_dir=Path(spec.out_dir),
         schedule=schedule.Schedule(total_steps=train.steps, warmup_steps=train.warmup_steps,
                                    accum_steps=train.grad_accum_steps,
                                    every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0,
                                    warmup_extend_max=train.warmup_extend_max),
         hooks=schedule.Hooks(sync=sync, on_step=heartbeat.beat, on_checkpoint=log_before_stop,
-                             reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=window_hook),
+                             reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=on_window),
         control_group=control_group,
     )
-    # Peak memory of the measured window, read before the probe's profiler can add to it.
-    window_memory = metrics.peak_memory(device)
-    comm_figures = communication_probe(trainer, batches, sync, train.comm_probe_steps, env, device, heartbeat)
+
+
+def after_window(spec: RunSpec, env: DistEnv, device, built: Setup, sync, heartbeat: Heartbeat, outcome,
+                 interference, window_memory: dict[str, float]) -> dict[str, Any]:
+    """This rank's measurements: its window, the communication and straggler probes (after the window,
+    outside every figure), memory, model state and interference samples."""
+    from jobs import metrics
+
+    train = spec.train
+    comm_figures = communication_probe(built.trainer, built.batches, sync, train.comm_probe_steps, env, device,
+                                       heartbeat)
     local_s = []
     if env.world_size > 1 and train.local_probe_steps:
         from jobs.loop import local_step_times
 
         heartbeat.pause()  # after the window: not part of any measurement, and not a stall
-        local_s = local_step_times(trainer, batches, train.local_probe_steps, sync)
+        local_s = local_step_times(built.trainer, built.batches, train.local_probe_steps, sync)
     heartbeat.pause()  # the final reduction and logging are not stalls
     history = outcome.history
     mine: dict[str, Any] = {
         "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
         "history": history.portable(),
-        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **setup,
-        **metrics.model_state_bytes(par.model, optimizer, grad_bytes=trainer.grad_bytes), **comm_figures,
+        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **built.memory,
+        **metrics.model_state_bytes(built.par.model, built.optimizer, grad_bytes=built.trainer.grad_bytes),
+        **comm_figures,
         "interference": interference.portable(env.hostname, env.node_rank,
                                               device.index if device.index is not None else 0),
-        "local_step_time_s": local_s, "matmul_peak": matmul,
+        "local_step_time_s": local_s, "matmul_peak": built.matmul,
     }
-    if par.scaler is not None:
+    if built.par.scaler is not None:
         mine.update(metrics.skipped_steps(mine["history"]))
-    per_rank = metrics.gather_ranks(mine)
-    return report(spec, env, device, backend, sink, par, per_rank, outcome, lr, gpu_uuids, interference.missing)
+    return mine
 
 
 def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, device, heartbeat) -> dict[str, float]:
@@ -252,63 +303,21 @@ def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, devi
 def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, par, per_rank, outcome, lr: float,
            gpu_uuids, gpu_interference_missing=None) -> dict[str, Any]:
     """Reduce the ranks' measurements into the summary, records and tags; log them (rank 0's sink)."""
-    import torch
-
     from jobs import metrics
-    from jobs.data import samples_unit
 
     train = spec.train
-    _, per_sample = samples_unit(spec.model)
-    summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
-                                tokens_per_sample=per_sample, repeats=train.repeats)
     histories = [r["history"] for r in per_rank]
     # Steps run: the configured ones plus any warm-up extension (the window keeps its length).
     total_steps = train.steps + outcome.warmup_steps_extended
     mean_loss = metrics.mean_losses(histories, total_steps)
-    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
-                   restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
-    extra_tags: dict[str, str] = {}
-    foreign = metrics.foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
-    if foreign is not None:
-        summary["foreign_cpu_share"] = foreign
-    gpu = [r["interference"]["gpu"] for r in per_rank if r["interference"]["gpu"]]
-    if gpu:
-        summary["foreign_gpu_share"] = max(g["foreign_gpu_share"] for g in gpu)
-        summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
-    elif gpu_interference_missing:
-        extra_tags["gpu_interference_missing"] = gpu_interference_missing
+    summary, extra_tags = reduce_summary(spec, env, per_rank, outcome, lr, mean_loss)
     system = _gpu_figures(device, per_rank, summary, extra_tags, gpu_interference_missing,
                           samples_in_window=train.batch_size * train.grad_accum_steps * summary["measured_steps"]
                           * env.world_size)
-    rank_medians_s = [metrics.percentile(r["step_time_s"], 50) for r in per_rank]
-    # Synchronous steps take every rank as long as the slowest, so stragglers are named from each
-    # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
-    local_medians_s = [metrics.percentile(r["local_step_time_s"], 50) for r in per_rank]
-    by_local = all(r["local_step_time_s"] for r in per_rank)
-    spread, straggler_tags = metrics.stragglers(local_medians_s if by_local else rank_medians_s,
-                                                [r["hostname"] for r in per_rank])
-    summary.update(spread)
-    extra_tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
-    for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
-                             ("tokens", summary.get("throughput_tokens_per_s"))):
-        cost = metrics.cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
-                                   cost_per_device_hour=spec.cost_per_device_hour,
-                                   cost_per_node_hour=spec.cost_per_node_hour) if throughput else None
-        if cost is not None:
-            summary[f"cost_per_1m_{unit}"] = cost
-    tags = {"hostnames": ",".join(sorted({r["hostname"] for r in per_rank})), "torch_version": str(torch.__version__),
-            "backend": backend, "process_group_backend": backend_for(device.type), "precision_mode": par.plan.mode,
-            "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
-            "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
-            "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device), **extra_tags}
-    tags.update(_mfu(spec, device, par, summary, [r.get("matmul_peak") for r in per_rank]))
-    if gpu_uuids:
-        tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in gpu_uuids)[:5000]
-    if summary.get("fp16_skipped_steps"):
-        # A skipped step costs no optimizer update: inside the window it makes the window look cheap.
-        tags["fp16_skipped_in_window"] = "true"
-    if outcome.resumed_from_step is not None:
-        tags["resumed_from_step"] = str(outcome.resumed_from_step)
+    if "foreign_gpu_share" not in summary and gpu_interference_missing:
+        extra_tags["gpu_interference_missing"] = gpu_interference_missing
+    rank_medians_s, local_medians_s = _stragglers(per_rank, summary, extra_tags)
+    tags = run_tags(spec, env, device, backend, par, per_rank, outcome, summary, gpu_uuids, extra_tags)
     first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
     sink.set_tags(tags)
     sink.log_steps(metrics.step_records(histories, first_logged, total_steps))
@@ -322,7 +331,74 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
             # Each rank's own median step time (the summary's step times are the slowest rank's).
             "rank_step_time_ms_p50": [1e3 * m for m in rank_medians_s],
             # Each rank's own work per step without gradient communication (names the straggler).
-            "rank_local_step_time_ms_p50": [1e3 * m for m in local_medians_s] if by_local else None}
+            "rank_local_step_time_ms_p50": [1e3 * m for m in local_medians_s] if local_medians_s else None}
+
+
+def reduce_summary(spec: RunSpec, env: DistEnv, per_rank, outcome, lr: float,
+                   mean_loss: list[float]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The job's figures from every rank's (throughput, step times, memory, interference, cost)."""
+    from jobs import metrics
+    from jobs.data import samples_unit
+
+    train = spec.train
+    _, per_sample = samples_unit(spec.model)
+    summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
+                                tokens_per_sample=per_sample, repeats=train.repeats)
+    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
+                   restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
+    foreign = metrics.foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
+    if foreign is not None:
+        summary["foreign_cpu_share"] = foreign
+    gpu = [r["interference"]["gpu"] for r in per_rank if r["interference"]["gpu"]]
+    if gpu:
+        summary["foreign_gpu_share"] = max(g["foreign_gpu_share"] for g in gpu)
+        summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
+    for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
+                             ("tokens", summary.get("throughput_tokens_per_s"))):
+        cost = metrics.cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
+                                   cost_per_device_hour=spec.cost_per_device_hour,
+                                   cost_per_node_hour=spec.cost_per_node_hour) if throughput else None
+        if cost is not None:
+            summary[f"cost_per_1m_{unit}"] = cost
+    return summary, {}
+
+
+def _stragglers(per_rank, summary: dict[str, Any], tags: dict[str, str]) -> tuple[list[float], list[float]]:
+    """Each rank's median step time, and its own work's (empty where not measured); the spread into
+    ``summary`` and the slowest / straggling rank into ``tags``."""
+    from jobs import metrics
+
+    rank_medians_s = [metrics.percentile(r["step_time_s"], 50) for r in per_rank]
+    # Synchronous steps take every rank as long as the slowest, so stragglers are named from each
+    # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
+    by_local = all(r["local_step_time_s"] for r in per_rank)
+    local_medians_s = [metrics.percentile(r["local_step_time_s"], 50) for r in per_rank] if by_local else []
+    spread, straggler_tags = metrics.stragglers(local_medians_s if by_local else rank_medians_s,
+                                                [r["hostname"] for r in per_rank])
+    summary.update(spread)
+    tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
+    return rank_medians_s, local_medians_s
+
+
+def run_tags(spec: RunSpec, env: DistEnv, device, backend: str, par, per_rank, outcome, summary: dict[str, Any],
+             gpu_uuids, extra_tags: dict[str, str]) -> dict[str, str]:
+    """Where and how the job ran: hosts, versions, backend, precision mode, MFU, GPUs, resume."""
+    import torch
+
+    tags = {"hostnames": ",".join(sorted({r["hostname"] for r in per_rank})), "torch_version": str(torch.__version__),
+            "backend": backend, "process_group_backend": backend_for(device.type), "precision_mode": par.plan.mode,
+            "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
+            "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
+            "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device), **extra_tags}
+    tags.update(_mfu(spec, device, par, summary, [r.get("matmul_peak") for r in per_rank]))
+    if gpu_uuids:
+        tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in gpu_uuids)[:TAG_MAX_CHARS]
+    if summary.get("fp16_skipped_steps"):
+        # A skipped step costs no optimizer update: inside the window it makes the window look cheap.
+        tags["fp16_skipped_in_window"] = "true"
+    if outcome.resumed_from_step is not None:
+        tags["resumed_from_step"] = str(outcome.resumed_from_step)
+    return tags
 
 
 def _gpu_figures(device, per_rank, summary: dict[str, Any], tags: dict[str, str], nvml_missing: str | None,
@@ -350,7 +426,7 @@ def _gpu_figures(device, per_rank, summary: dict[str, Any], tags: dict[str, str]
     # Which physical GPU each system/node<N>/gpu<I>_ name stands for.
     tags["system_metrics_devices"] = ",".join(
         f"node{s['node_id']}/gpu{s['device_index']}={r['hostname']}" for s, r in zip(series, per_rank, strict=True)
-        if s)[:5000]
+        if s)[:TAG_MAX_CHARS]
     return metrics.system_records(series)
 
 
@@ -410,7 +486,7 @@ def _provenance(torch, device) -> dict[str, str]:
         tags["device_count"] = str(torch.cuda.device_count())
     env = {k: v for k, v in sorted(os.environ.items())
            if k.startswith(("NCCL_", "TORCH_", "OMP_", "CUDA_VISIBLE_DEVICES", "GLOO_", "MKL_"))}
-    tags["env"] = json.dumps(env)[:5000]
+    tags["env"] = json.dumps(env)[:TAG_MAX_CHARS]
     return tags
 
 
