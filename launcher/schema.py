@@ -123,7 +123,7 @@ class Config(TrainSpec):
         self.precision.validate()
         self.model.validate()
         self.data.validate()
-        c, s = self.cluster, self.strategy
+        c = self.cluster
         _positive("cluster.tasks_per_node", c.tasks_per_node, "use one task per rank, e.g. cluster.tasks_per_node=1.")
         _non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
         _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
@@ -138,6 +138,13 @@ class Config(TrainSpec):
                 f"set cluster.tasks_per_node={c.gpus_per_node}.",
             )
         self._validate_precision_mode()
+        self._validate_devices()
+        self._validate_data()
+        self._validate_cluster_settings()
+
+    def _validate_devices(self) -> None:
+        """Settings that need nodes of a kind: several nodes, or GPUs (the device follows gpus_per_node)."""
+        c, s = self.cluster, self.strategy
         on_cpu = c.gpus_per_node == 0
         if s.name is Strategy.fsdp and s.sharding is Sharding.hybrid:
             if self.nodes < 2:
@@ -167,7 +174,10 @@ class Config(TrainSpec):
                 "drop it (sync_batchnorm=false: each rank normalises over its own batch) or run on GPU nodes "
                 "(cluster.gpus_per_node>0).",
             )
-        self._validate_data()
+
+    def _validate_cluster_settings(self) -> None:
+        """What reaches sbatch or MLflow: plain values, ranges, an image for a container runtime."""
+        c = self.cluster
         check_cluster(c)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
         for key in ("cost_per_device_hour", "cost_per_node_hour", "gpu_mem_gib"):
