@@ -23,6 +23,8 @@ from launcher.state import CellState, CellStatus, SweepState
 
 # Above this share of its cores' time used by other processes, a cell's numbers are not its own.
 FOREIGN_SHARE_LIMIT = 0.10
+# Shorter measured windows are not judged by the share of their cores others used (see foreign_use).
+MIN_WINDOW_S = 1.0
 # Overlaps shorter than this are start/stop jitter of back-to-back jobs, not shared measurement.
 MIN_OVERLAP_S = 1.0
 
@@ -55,7 +57,14 @@ def overlaps(allocations: list[Allocation], names: dict[int, str]) -> dict[int, 
 
 
 def foreign_use(summary: dict) -> str | None:
-    """The worker's own measurement of other processes on its cores or GPUs, when above the limit."""
+    """The worker's own measurement of other processes on its cores or GPUs, when above the limit.
+
+    Windows shorter than MIN_WINDOW_S are not judged: /proc counts in 10 ms ticks, and a process
+    starting or a scheduler blip is a large share of a 0.2 s window (such cells are too short to
+    compare anyway)."""
+    steps, step_ms = summary.get("measured_steps"), summary.get("step_time_ms_p50")
+    if isinstance(steps, (int, float)) and isinstance(step_ms, (int, float)) and steps * step_ms / 1e3 < MIN_WINDOW_S:
+        return None
     parts = []
     for key, what in (("foreign_cpu_share", "its cores"), ("foreign_gpu_share", "its GPUs")):
         share = summary.get(key)

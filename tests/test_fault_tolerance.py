@@ -93,8 +93,11 @@ def test_killed_rank_fails_the_job_fast_and_is_named(tmp_path):
     cell = state.cells[0]
     assert cell.status == "failed"
     assert cell.error.startswith(f"rank 1 on {beat['host']} died"), cell.error
+    # A rank gone without a word while its heartbeat said running: SIGKILL, mostly the OOM killer.
+    assert cell.failure_class == "oom"
     run = MlflowClient(tracking_uri=state.tracking_uri).get_run(cell.run_id)
     assert run.info.status == "FAILED" and "rank 1" in run.data.tags["error"]
+    assert run.data.tags["failure_class"] == "oom"
     time.sleep(1)
     for pid in pids:  # no stray rank left behind
         with pytest.raises(ProcessLookupError):

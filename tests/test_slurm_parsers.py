@@ -136,3 +136,13 @@ def test_the_sweep_document_round_trips(tmp_path):
     again = SweepState.load(tmp_path)
     assert again == state and again.cells[0].status is CellStatus.failed
     assert again.cells[0].cluster.setup == ["module load x"] and not list(tmp_path.glob("*.pkl"))
+
+
+def test_foreign_use_is_judged_only_over_a_long_enough_window():
+    from launcher.interference import foreign_use
+
+    busy = {"foreign_cpu_share": 0.4, "measured_steps": 100, "step_time_ms_p50": 50.0}  # a 5 s window
+    assert foreign_use(busy) == "other processes used 40% of its cores during the measured window"
+    assert foreign_use({**busy, "step_time_ms_p50": 5.0}) is None  # 0.5 s: start-up blips, 10 ms ticks
+    assert foreign_use({**busy, "foreign_cpu_share": 0.05}) is None
+    assert "its GPUs" in foreign_use({**busy, "foreign_gpu_share": 0.3})
