@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from launcher.failures import CLASSES, FIXES, classify, describe, first_failure
 
@@ -154,3 +155,38 @@ def test_real_runtime_error_through_the_launcher(tmp_path, fast_overrides, capsy
     capsys.readouterr()
     assert status.main([str(tmp_path / "sweep")]) == 1
     assert "runtime_error: an error during training" in capsys.readouterr().out
+
+
+class HangsAfterWarmup(torch.nn.Module):
+    """A tiny token model whose forward hangs on rank 1 from its 6th call on (a deadlocked rank)."""
+
+    def __init__(self, vocab_size: int = 64, hang_rank: int = 1, after_calls: int = 5):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, 8)
+        self.head = torch.nn.Linear(8, vocab_size)
+        self.hang_rank, self.after_calls, self.calls = hang_rank, after_calls, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if torch.distributed.get_rank() == self.hang_rank and self.calls > self.after_calls:
+            time.sleep(3600)
+        return self.head(self.embed(x))
+
+
+@pytest.mark.slow
+def test_real_hang_through_the_launcher_is_a_hang(tmp_path, fast_overrides):
+    """Rank 1 stops making progress: its stall watchdog ends it after collective_timeout_s, the job
+    fails fast instead of hanging, and the class is hang (with its fix)."""
+    from launcher.__main__ import main
+    from launcher.state import SweepState
+
+    overrides = [o for o in fast_overrides if not o.startswith(("model", "steps="))]
+    t0 = time.monotonic()
+    code = main(["-m", *overrides, "model=custom", f"model._target_={__name__}.HangsAfterWarmup", "model.input=tokens",
+                 "model.seq_len=8", "model.vocab_size=64", "+model.params.vocab_size=64", "steps=40",
+                 "collective_timeout_s=6", "cluster.tasks_per_node=2", "tracking=off", f"output_root={tmp_path}",
+                 f"sweep_dir={tmp_path / 'sweep'}"])
+    assert code == 1 and time.monotonic() - t0 < 120
+    cell = SweepState.load(tmp_path / "sweep").cells[0]
+    assert cell.status == "failed" and "rank 1" in cell.error and "no progress" in cell.error, cell.error
+    assert cell.failure_class == "hang"
