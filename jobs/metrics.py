@@ -169,15 +169,20 @@ def peak_memory(device) -> dict[str, float]:
     return out
 
 
-def current_rss_bytes() -> int:
+def _proc_status_bytes(field: str) -> int | None:
+    """A ``VmRSS:``/``VmHWM:`` line of /proc/self/status in bytes; None where it cannot be read."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
+
+
+def current_rss_bytes() -> int:
+    return _proc_status_bytes("VmRSS:") or 0
 
 
 def setup_memory(device, rss_before_bytes: int) -> dict[str, float]:
@@ -192,13 +197,9 @@ def setup_memory(device, rss_before_bytes: int) -> dict[str, float]:
 
 
 def _vm_hwm_bytes() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    found = _proc_status_bytes("VmHWM:")
+    if found is not None:
+        return found
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

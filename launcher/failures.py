@@ -18,13 +18,7 @@ def first_failure(cell_dir: Path) -> str | None:
     communication error); then a rank that died without a word (its heartbeat says it was running:
     SIGKILL, the OOM killer, a segfault); then communication errors, which are consequences.
     """
-    beats = {}
-    for path in (cell_dir / "ranks").glob("rank*.json"):
-        try:
-            rec = json.loads(path.read_text())
-            beats[rec["rank"]] = rec
-        except (OSError, ValueError, KeyError):
-            continue
+    beats = _heartbeats(cell_dir)
     stalled = sorted((cell_dir / "ranks").glob("stalled-rank*.txt"), key=lambda p: p.stat().st_mtime)
     if stalled:
         return stalled[0].read_text().splitlines()[0]

@@ -6,14 +6,12 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import sys
-from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
+from jobs.codec import to_plain
 from launcher import fit, report, status, submit, sync, tracking
 from launcher.plan import Cell, SweepError, cell_state, run_spec
 from launcher.safety import mask
@@ -165,15 +163,7 @@ def write_resolved_config(path: Path, cell: Cell) -> None:
     # The text OmegaConf.to_yaml(OmegaConf.structured(config)) gives, at a 20th of the cost: that
     # took ~20 ms per cell, before sbatch (a 16-cell sweep: 0.3 s of its ~0.8 s to submission).
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    text = yaml.dump(_plain(asdict(cell.config)), Dumper=dumper, sort_keys=False, default_flow_style=False,
+    text = yaml.dump(to_plain(cell.config), Dumper=dumper, sort_keys=False, default_flow_style=False,
                      allow_unicode=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# {cell.name}\n# overrides: {' '.join(cell.overrides)}\n" + mask("", text))
-
-
-def _plain(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _plain(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_plain(v) for v in tree]
-    return tree.value if isinstance(tree, enum.Enum) else tree
