@@ -83,6 +83,31 @@ class Shim:
                                    "BENCH_REAL_SBATCH": self.real, "BENCH_SBATCH_LOG": str(log)})
 
 
+def run_plugin_until_accepted(cmd: list[str], log_path: Path, env: dict[str, str], deadline_s: float,
+                              stop_wait_s: float) -> float:
+    """Start hydra-submitit-launcher's sweep; return the wall time at its start. It submits one job
+    array, then waits for its jobs, which are held: it is stopped once sbatch has answered (the shim's
+    log has a line) and nothing else is pending from it."""
+    sbatch_log = Path(env["BENCH_SBATCH_LOG"])
+    with log_path.open("w") as out:
+        start = time.time()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        try:
+            deadline = time.monotonic() + deadline_s
+            while not read_log(sbatch_log) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(1.0)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=stop_wait_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    return start
+
+
 def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     why = unavailable()
     figure = f"4. {CELLS}-cell Slurm sweep: command start -> last cell accepted by sbatch"
@@ -128,25 +153,8 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         cmd = [PYTHON, str(REPO / "bench" / "hsl_app" / "app.py"), "-m", *GRID,
                f"hydra.sweep.dir={work / f'plugin-{i}'}", f"hydra.launcher.partition={partition}",
                "+hydra.launcher.additional_parameters.hold=true"]
-        with (work / f"plugin-{i}.log").open("w") as out:
-            start = time.time()
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=shim.env(sbatch_log, settings.threads),
-                                    cwd=REPO)
-            try:
-                # It submits one job array, then waits for its jobs, which are held: stop it once
-                # sbatch has answered and nothing else is pending from it.
-                deadline = time.monotonic() + 120
-                while not read_log(sbatch_log) and proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                time.sleep(1.0)
-            finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+        start = run_plugin_until_accepted(cmd, work / f"plugin-{i}.log", shim.env(sbatch_log, settings.threads),
+                                          deadline_s=120, stop_wait_s=10)
         calls = read_log(sbatch_log)
         submitted.extend(c[3] for c in calls)
         scancel([c[3] for c in calls])

@@ -20,28 +20,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import PYTHON, REPO, Row, Settings, ratio_of_medians
-from bench.slurm_submit import Shim, default_partition, read_log, scancel, unavailable
+from bench.slurm_submit import Shim, default_partition, read_log, run_plugin_until_accepted, scancel, unavailable
+from launcher.slurm import max_array_size
 
 GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"]
 CELLS = 1000
 TARGET_RETURN_S = 15.0
 TARGET_STATUS_S = 2.0
-
-
-def _max_array_size() -> int | None:
-    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "MaxArraySize" and value.strip().isdigit():
-            return int(value.strip())
-    return None
 
 
 def _ours(work: Path, shim: Shim, partition: str, name: str, tracking: list[str], threads: int,
@@ -78,22 +69,8 @@ def _plugin(work: Path, shim: Shim, partition: str, threads: int, submitted: lis
     sbatch_log.unlink(missing_ok=True)
     cmd = [PYTHON, str(REPO / "bench" / "hsl_app" / "app.py"), "-m", *GRID, f"hydra.sweep.dir={work / 'plugin'}",
            f"hydra.launcher.partition={partition}", "+hydra.launcher.additional_parameters.hold=true"]
-    with (work / "plugin.log").open("w") as out:
-        start = time.time()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=shim.env(sbatch_log, threads), cwd=REPO)
-        try:
-            deadline = time.monotonic() + 600
-            while not read_log(sbatch_log) and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(1.0)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    start = run_plugin_until_accepted(cmd, work / "plugin.log", shim.env(sbatch_log, threads), deadline_s=600,
+                                      stop_wait_s=20)
     calls = read_log(sbatch_log)
     submitted.extend(c[3] for c in calls)
     if not calls or any(c[2] for c in calls):
@@ -111,7 +88,7 @@ def _status_s(sweep: Path, threads: int) -> tuple[float, str]:
 def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     figure = f"6a. {CELLS}-cell Slurm sweep, tracking=off: command start -> return (every cell accepted)"
     why = unavailable()
-    size = None if why else _max_array_size()
+    size = None if why else max_array_size()
     if not why and (size or 0) < CELLS:
         why = f"the cluster's MaxArraySize is {size}; the plugin submits one {CELLS}-task array"
     if why:
