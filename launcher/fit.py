@@ -26,6 +26,7 @@ project model under ddp, fsdp, zero2, fsdp_noshard and hsdp, and agrees to the b
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from jobs.spec import Layout, ModelSpec, Optimizer, Sharding, Strategy, StrategySpec
@@ -41,10 +42,19 @@ class StateBytes:
     grads: int
     optimizer: int
     param_count: int  # the whole model's
+    # An estimate (activation_bytes): what autograd keeps for backward at the end of the forward;
+    # None where the model's forward cannot run on the meta device.
+    activations: int | None = None
 
     @property
     def total(self) -> int:
+        """Model state: what the worker measures as model_state_bytes."""
         return self.params + self.grads + self.optimizer
+
+    @property
+    def peak(self) -> int:
+        """Model state plus the activation estimate: what must fit in the GPU's memory."""
+        return self.total + (self.activations or 0)
 
 
 def parameter_shapes(model: ModelSpec) -> list[tuple[tuple[int, ...], int]]:
@@ -56,6 +66,101 @@ def parameter_shapes(model: ModelSpec) -> list[tuple[tuple[int, ...], int]]:
     with torch.device("meta"):
         module = build_model(model)
     return [(tuple(p.shape), p.element_size()) for p in module.parameters()]
+
+
+def activation_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int | None:
+    """An estimate of the bytes autograd keeps for backward after one forward (and loss) of
+    ``batch_size`` samples: the largest moment of a step for activations.
+
+    Counted on a meta-device forward (no memory, no compute): every tensor the saved-tensor hook
+    sees, once per storage, parameters and their views excluded. With a low ``precision`` the
+    module runs in that dtype throughout, so reductions that autocast keeps in fp32 are counted at
+    the low width (an underestimate there). With activation checkpointing a unit keeps only its
+    input, and one unit at a time recomputes its own: the estimate is what is saved outside the
+    units, plus every unit's input, plus the largest unit's own saved tensors. Temporary buffers
+    (FSDP's all-gathered parameters, allocator fragmentation) come on top. None when the forward
+    cannot run on the meta device (a model that reads a tensor's values, or asks its process group).
+    """
+    try:
+        return _saved_bytes(model, batch_size, low_dtype, checkpointing)
+    except Exception:  # any user model: the estimate is optional, the launch is not refused for it
+        return None
+
+
+def _saved_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int:
+    import torch
+
+    from jobs.loop import loss_fn
+    from jobs.models import build_model, shard_units
+    from jobs.spec import InputKind
+
+    with torch.device("meta"):
+        module = build_model(model)
+        if low_dtype:
+            module.to(getattr(torch, low_dtype))
+        if model.input is InputKind.tokens:
+            x = torch.zeros(batch_size, model.seq_len, dtype=torch.long)
+            y = torch.zeros(batch_size, model.seq_len, dtype=torch.long)
+        else:
+            x = torch.zeros(batch_size, 3, model.image_size, model.image_size,
+                            dtype=getattr(torch, low_dtype) if low_dtype else torch.float32)
+            y = torch.zeros(batch_size, dtype=torch.long)
+    param_ids = {id(p) for p in module.parameters()}
+    kept: dict[int, torch.Tensor] = {}  # by storage; kept alive so that no id is reused
+    per_unit: dict[int, int] = {}
+    unit_inputs = 0
+    running: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if id(base) not in param_ids and id(base) not in kept:
+            kept[id(base)] = base
+            if running:
+                per_unit[running[-1]] = per_unit.get(running[-1], 0) + base.numel() * base.element_size()
+        return t
+
+    def enter(unit, args) -> None:
+        nonlocal unit_inputs
+        running.append(id(unit))
+        unit_inputs += sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+
+    def leave(*_) -> None:  # returns None: a forward hook's value would replace the unit's output
+        running.pop()
+
+    units = shard_units(module) if checkpointing else []
+    handles = [h for u in units for h in (u.register_forward_pre_hook(enter), u.register_forward_hook(leave))]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _fused_attention_mode():
+        loss_fn(module(x), y)
+    for h in handles:
+        h.remove()
+    saved = sum(t.numel() * t.element_size() for t in kept.values())
+    if not units:
+        return saved
+    inside = sum(per_unit.values())
+    return saved - inside + unit_inputs + max(per_unit.values(), default=0)
+
+
+def _fused_attention_mode():
+    """On the meta device scaled_dot_product_attention takes its math path, which saves the T x T
+    attention matrix; the fused kernels the ranks run (flash / memory-efficient on GPU, flash on
+    CPU) save only q, k, v, the output and the log-sum-exp. This mode routes it to the fused op,
+    whose meta kernel saves what they save."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class FusedAttention(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func is F.scaled_dot_product_attention and not kwargs.get("enable_gqa") and len(args) == 3:
+                q, k, v = args
+                out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, kwargs.get("dropout_p", 0.0), kwargs.get("is_causal", False),
+                    attn_mask=kwargs.get("attn_mask"), scale=kwargs.get("scale"))
+                return out[0]
+            return func(*args, **kwargs)
+
+    return FusedAttention()
 
 
 def shard_count(strategy: StrategySpec, layout: Layout) -> int:
@@ -86,6 +191,32 @@ def predict(shapes: list[tuple[tuple[int, ...], int]], strategy: StrategySpec, l
         optim = 4 * elements  # momentum buffer
     return StateBytes(params=params, grads=params, optimizer=optim,
                       param_count=sum(math.prod(shape) for shape, _ in shapes))
+
+
+# Memory per GPU (GiB) as nvidia-smi / rocm-smi report its total, by the names that Slurm gres types
+# and device names use; first match wins. Names that do not say the size (a100, v100) are not guessed.
+GPU_MEM_GIB: tuple[tuple[str, float], ...] = (
+    (r"h200", 140.4),
+    (r"h100.?nvl", 93.6),
+    (r"h100", 79.6),
+    (r"a100.*80", 80.0),
+    (r"a100.*40", 40.0),
+    (r"l40s?(?![0-9])", 45.0),
+    (r"a40(?![0-9])", 45.0),
+    (r"a10g?(?![0-9])", 22.5),
+    (r"(?<![a-z0-9])l4(?![0-9])", 22.5),
+    (r"(?<![a-z0-9])t4(?![0-9])", 15.0),
+    (r"v100.*32", 32.0),
+    (r"v100.*16", 16.0),
+    (r"mi300x", 192.0),
+)
+
+
+def gpu_mem_gib_of(name: str) -> float | None:
+    """The memory of a GPU model named ``name`` (a gres type such as ``h100`` or a device name such as
+    ``NVIDIA A100-SXM4-80GB``), or None when the name does not say it."""
+    lowered = name.lower()
+    return next((gib for pattern, gib in GPU_MEM_GIB if re.search(pattern, lowered)), None)
 
 
 def human(n_bytes: float) -> str:

@@ -3,20 +3,21 @@
 Composition (plan.compose) already refused unknown keys, non-finite numbers and contradictory
 settings without importing torch. Here come the checks that must import or ask something: each
 model builds (on the meta device) and is an nn.Module, the GPUs a local cell asks for exist, the
-Slurm partitions hold the cells, the tracking store answers, and each cell's model state fits in
-the GPU memory it was given. A refused grid creates nothing.
+Slurm partitions hold the cells, a local memory limit can be imposed, the tracking store answers,
+and each cell's model state fits in the GPU memory it was given. A refused grid creates nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
 from jobs.codec import to_plain
-from jobs.spec import ConfigError
-from launcher import fit
+from jobs.spec import ConfigError, ModelSpec
+from launcher import fit, fitcache, memlimit
 from launcher.plan import Cell, SweepError
 from launcher.schema import ClusterKind, Config
 from launcher.tracking import check_reachable, default_uri
@@ -27,45 +28,80 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     errors: list[str] = []
     predicted = _models(cells, errors)
     _local_gpus(cells, errors)
-    _fits(cells, predicted, errors)
+    _local_memory(cells, errors)
     if errors:
         raise SweepError("\n".join(dict.fromkeys(errors)))
     if cells[0].config.cluster.name is ClusterKind.slurm:
         from launcher.slurm import check_partitions
 
-        check_partitions(cells)
+        check_partitions(cells)  # also resolves cluster.gpu_mem_gib from the partition's GPU type
+    _fits(cells, predicted, errors)
+    if errors:
+        raise SweepError("\n".join(dict.fromkeys(errors)))
     _tracking(cells[0].config)
     return predicted
 
 
 def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
-    """Each distinct model is built once, on the meta device."""
-    from jobs.models import check_buildable
-
-    shapes: dict[str, list | None] = {}
+    """Each distinct model and batch shape is analysed once (or read from launcher/fitcache.py):
+    built on the meta device, its parameter shapes, and one meta forward for the activations."""
+    analyses: dict[str, tuple[list, int | None] | None] = {}
     predicted = {}
     for cell in cells:
-        model = cell.config.model
-        key = json.dumps(to_plain(model), sort_keys=True, default=str)
-        if key not in shapes:
-            try:
-                check_buildable(model)
-                shapes[key] = fit.parameter_shapes(model)
-            except ConfigError as exc:
-                errors.append(f"[{cell.name}] {exc}")
-                shapes[key] = None
-        found = shapes[key]
+        cfg = cell.config
+        model = to_plain(cfg.model)
+        shape = {"batch_size": cfg.batch_size, "low_dtype": LOW_DTYPE.get(cfg.precision.name.value),
+                 "checkpointing": cfg.activation_checkpointing}
+        key = json.dumps([model, shape], sort_keys=True, default=str)
+        if key not in analyses:
+            analyses[key] = _analyse(cfg.model, model, shape, cell.name, errors)
+        found = analyses[key]
         if found is not None:
-            predicted[cell.index] = fit.predict(found, cell.config.strategy, cell.layout, cell.config.optimizer)
+            state = fit.predict(found[0], cfg.strategy, cell.layout, cfg.optimizer)
+            predicted[cell.index] = dataclasses.replace(state, activations=found[1])
     return predicted
 
 
-def visible_gpus() -> int:
-    """GPUs on this machine, from nvidia-smi (no CUDA initialisation in the launcher)."""
+LOW_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
+             errors: list[str]) -> tuple[list, int | None] | None:
+    """(parameter shapes, activation bytes or None), or None after recording why it cannot build."""
+    cache_key = fitcache.key(plain, shape)
+    hit = fitcache.read(cache_key)
+    if hit is not None:
+        return [(tuple(dims), size) for dims, size in hit["shapes"]], hit["activations"]
+    from jobs.models import check_buildable
+
+    try:
+        check_buildable(model)
+        shapes = fit.parameter_shapes(model)
+    except ConfigError as exc:
+        errors.append(f"[{cell_name}] {exc}")
+        return None
+    activations = fit.activation_bytes(model, **shape)
+    fitcache.write(cache_key, {"shapes": shapes, "activations": activations})
+    return shapes, activations
+
+
+def visible_gpus() -> list[tuple[str, float]]:
+    """(name, memory GiB) of each GPU on this machine, from nvidia-smi (no CUDA initialisation here)."""
     if not shutil.which("nvidia-smi"):
-        return 0
-    proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    return sum(1 for line in proc.stdout.splitlines() if line.startswith("GPU "))
+        return []
+    proc = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=30)
+    return parse_gpu_query(proc.stdout) if proc.returncode == 0 else []
+
+
+def parse_gpu_query(text: str) -> list[tuple[str, float]]:
+    """``NVIDIA H100 80GB HBM3, 81559`` lines (memory in MiB) -> [(name, GiB)]."""
+    gpus = []
+    for line in text.splitlines():
+        name, _, mib = line.rpartition(",")
+        if name.strip() and mib.strip().isdigit():
+            gpus.append((name.strip(), int(mib) / 1024))
+    return gpus
 
 
 def _local_gpus(cells: list[Cell], errors: list[str]) -> None:
@@ -74,16 +110,32 @@ def _local_gpus(cells: list[Cell], errors: list[str]) -> None:
     if not wanted:
         return
     found = visible_gpus()
-    if found < wanted:
+    if len(found) < wanted:
         errors.append(f"cluster.gpus_per_node: the local cluster runs one rank per GPU and a cell needs {wanted} "
-                      f"GPU(s) on this machine; nvidia-smi finds {found}. Fix: lower cluster.gpus_per_node "
+                      f"GPU(s) on this machine; nvidia-smi finds {len(found)}. Fix: lower cluster.gpus_per_node "
                       f"(and cluster.tasks_per_node) or nodes, use cluster=slurm, or cluster.gpus_per_node=0 for CPU "
                       f"ranks.")
+        return
+    for cell in cells:  # fit is checked against the smallest GPU the cell may get
+        if cell.config.cluster.name is ClusterKind.local and cell.layout.gpus_per_node \
+                and cell.config.cluster.gpu_mem_gib is None:
+            cell.config.cluster.gpu_mem_gib = round(min(gib for _, gib in found), 1)
+
+
+def _local_memory(cells: list[Cell], errors: list[str]) -> None:
+    """cluster.mem_gb on the local cluster is a memory cgroup per cell: refused where none can be made."""
+    if not any(c.config.cluster.name is ClusterKind.local and c.config.cluster.mem_gb for c in cells):
+        return
+    problem = memlimit.problem()
+    if problem:
+        errors.append(f"cluster.mem_gb: on cluster=local it is a memory cgroup around each cell, and {problem}. "
+                      f"Fix: drop cluster.mem_gb (no host memory limit), run where memory cgroups can be created "
+                      f"(root, or a delegated cgroup), or use cluster=slurm.")
 
 
 def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[str]) -> None:
-    """A cell whose parameters, gradients and optimizer state alone exceed cluster.gpu_mem_gib is refused
-    (activations come on top), unless allow_oom=true."""
+    """A GPU cell whose parameters, gradients, optimizer state and activation estimate exceed its GPU
+    memory (cluster.gpu_mem_gib, or else what its GPU type holds) is refused, unless allow_oom=true."""
     for cell in cells:
         limit_gib = cell.config.cluster.gpu_mem_gib
         state = predicted.get(cell.index)
@@ -91,12 +143,18 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
             continue
         if cell.config.strategy.cpu_offload:
             continue  # parameters and optimizer state live in host memory
-        if state.total > limit_gib * fit.GIB:
-            errors.append(f"[{cell.name}] predicted model state {fit.human(state.total)} per rank (params "
+        if state.peak > limit_gib * fit.GIB:
+            errors.append(f"[{cell.name}] predicted {fit.human(state.peak)} per rank (params "
                           f"{fit.human(state.params)}, grads {fit.human(state.grads)}, optimizer "
-                          f"{fit.human(state.optimizer)}) exceeds cluster.gpu_mem_gib={limit_gib:g}, before "
-                          f"activations. Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), "
-                          f"a smaller model, or allow_oom=true to run it anyway.")
+                          f"{fit.human(state.optimizer)}, activations {_about(state.activations)}) exceeds "
+                          f"the {limit_gib:g} GiB of each GPU (cluster.gpu_mem_gib, or the memory of its GPU type). "
+                          f"Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller "
+                          f"batch_size, activation_checkpointing=true, precision=bf16, a smaller model, or "
+                          f"allow_oom=true to run it anyway.")
+
+
+def _about(activations: int | None) -> str:
+    return f"about {fit.human(activations)}" if activations is not None else "unknown: not counted"
 
 
 def _tracking(cfg: Config) -> None:

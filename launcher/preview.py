@@ -18,14 +18,21 @@ def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_si
 def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:
     lines = [f"{len(cells)} cell(s):", "",
              "| # | cell | nodes x ranks | GPUs/node | CPUs/rank | time min | model params | params/rank | "
-             "grads/rank | optimizer/rank | state/rank |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "grads/rank | optimizer/rank | state/rank | activations/rank (est.) | GPU mem |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in cells:
         c, lay, state = cell.config.cluster, cell.layout, predicted.get(cell.index)
         figures = ([f"{state.param_count:,}", fit.human(state.params), fit.human(state.grads),
-                    fit.human(state.optimizer), fit.human(state.total)] if state else ["-"] * 5)
+                    fit.human(state.optimizer), fit.human(state.total),
+                    fit.human(state.activations) if state.activations is not None else "-"]
+                   if state else ["-"] * 6)
+        gpu_mem = f"{c.gpu_mem_gib:g} GiB" if c.gpu_mem_gib and lay.gpus_per_node else "-"
         lines.append(f"| {cell.index} | {cell.name} | {lay.nodes} x {lay.tasks_per_node} | {lay.gpus_per_node} | "
-                     f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + " |")
+                     f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + f" | {gpu_mem} |")
+    unchecked = [cell.name for cell in cells if cell.layout.gpus_per_node and not cell.config.cluster.gpu_mem_gib]
+    if unchecked:
+        lines += ["", f"fit not checked for {len(unchecked)} GPU cell(s): their GPU memory is unknown. Set "
+                      "cluster.gpu_mem_gib, or cluster.gpu_type to a known GPU model (e.g. h100)."]
     return lines
 
 

@@ -67,6 +67,8 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
         row.update(result.get("summary", {}))
         if cell.predicted_state_bytes is not None:
             row["predicted_model_state_bytes"] = cell.predicted_state_bytes
+        if cell.predicted_activation_bytes is not None:
+            row["predicted_activation_bytes"] = cell.predicted_activation_bytes
         if cell.interference:  # launcher/interference.py: the cell measured something else too
             row["interference"] = cell.interference
         rows.append(row)

@@ -30,7 +30,7 @@ def _plain(setting: str, value: Any, fix: str) -> None:
 
 
 def check_cluster(cluster) -> None:
-    for key in ("partition", "account", "qos", "constraint", "exclude"):
+    for key in ("partition", "account", "qos", "constraint", "exclude", "gpu_type"):
         _plain(f"cluster.{key}", getattr(cluster, key), f"give the plain Slurm {key} name.")
     for key, value in cluster.additional_parameters.items():
         if not re.fullmatch(r"[a-z][a-z0-9_]*", str(key)):

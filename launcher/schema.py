@@ -17,6 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from jobs.codec import to_plain
 from jobs.spec import (
     BatchNormUnits,
     CheckpointSpec,
@@ -64,21 +65,23 @@ class ClusterConfig:
     tasks_per_node: int = 1  # one rank per task
     gpus_per_node: int = 0  # 0 = CPU ranks on gloo
     cpus_per_task: int | None = None  # None: this machine's cores / ranks per node (local)
-    # Slurm only (submitit's parameter names where they exist).
+    timeout_min: int = 60
+    # Host memory per node: sbatch --mem on Slurm, a memory cgroup of mem_gb x nodes locally.
+    mem_gb: float | None = None
+    signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)
+    setup: list[str] = field(default_factory=list)  # shell lines before the ranks start: modules, venv
+    python: str | None = None  # interpreter of the ranks; default: this one
+    # Whole nodes per cell: a benchmark that shares a node measures its neighbours too (local cells
+    # never share: they run one after another).
+    exclusive: bool = True
+    # Slurm only (submitit's parameter names where they exist); refused on cluster=local.
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    timeout_min: int = 60
-    mem_gb: float | None = None
     constraint: str | None = None
     exclude: str | None = None
-    # Whole nodes per cell: a benchmark that shares a node measures its neighbours too.
-    exclusive: bool = True
-    signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     srun_args: list[str] = field(default_factory=list)
-    setup: list[str] = field(default_factory=list)  # shell lines before srun: modules, venv
-    python: str | None = None  # interpreter on the nodes; default: this one
     container: ContainerConfig = field(default_factory=ContainerConfig)
     array_parallelism: int = 64
     # Prices, for cost_per_1m_samples / cost_per_1m_tokens: per device-hour (GPU, or CPU rank) or per
@@ -86,7 +89,10 @@ class ClusterConfig:
     cost_per_device_hour: float | None = None
     cost_per_node_hour: float | None = None
     # GPU memory per GPU: a cell whose predicted model state exceeds it is refused before submission.
+    # None: known from gpu_type, the partition's GPU type (sinfo's gres) or the local GPUs (nvidia-smi).
     gpu_mem_gib: float | None = None
+    # The GPU model to ask Slurm for, as its gres type (e.g. h100): sbatch --gpus-per-node=<type>:<n>.
+    gpu_type: str | None = None
     # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
     max_array_size: int | None = None
 
@@ -179,6 +185,8 @@ class Config(TrainSpec):
         """What reaches sbatch or MLflow: plain values, ranges, an image for a container runtime."""
         c = self.cluster
         check_cluster(c)
+        if c.name is ClusterKind.local:
+            _refuse_slurm_only(c)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
         for key in ("cost_per_device_hour", "cost_per_node_hour", "gpu_mem_gib"):
             if getattr(c, key) is not None:
@@ -235,6 +243,20 @@ class Config(TrainSpec):
                     "give a directory <path>/<class>/<image> with at least one class, and set model.num_classes "
                     f"to at least its number of classes ({len(classes)}).",
                 )
+
+
+SLURM_ONLY = ("partition", "account", "qos", "constraint", "exclude", "additional_parameters", "srun_args",
+              "container", "array_parallelism", "max_array_size", "gpu_type")
+
+
+def _refuse_slurm_only(c: ClusterConfig) -> None:
+    """A Slurm setting on the local cluster would be silently dropped: refuse it instead."""
+    default = ClusterConfig()
+    for key in SLURM_ONLY:
+        if getattr(c, key) != getattr(default, key):
+            raise ConfigError(f"cluster.{key}", to_plain(getattr(c, key)),
+                              "only Slurm reads it, and this cell runs on cluster=local (processes on this machine).",
+                              f"drop cluster.{key}, or use cluster=slurm.")
 
 
 # ---- the schema's keys: strict overrides, open dicts, finite numbers -------------------------

@@ -6,12 +6,14 @@ Submission itself goes through submitit only (launcher/submit.py).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from datetime import datetime
 from pathlib import Path
 
 from jobs.dist import expand_nodelist
+from launcher import fit
 from launcher.plan import Cell, SweepError
 
 __all__ = ["cancel", "check_partitions", "job_states", "max_array_size", "partitions"]
@@ -28,7 +30,7 @@ def configured() -> bool:
 
 
 def partitions() -> dict[str, dict]:
-    """{partition: {"nodes": int, "max_nodes": int|None, "default": bool}} from sinfo."""
+    """{partition: {"nodes", "max_nodes", "default", "cpus", "mem_mb", "gpu_types"}} from sinfo."""
     if not shutil.which("sinfo"):
         raise SweepError("cluster=slurm: sinfo is not on PATH, so this machine cannot reach a Slurm cluster. "
                          "Fix: run from a login node (or export SLURM_CONF for the local test cluster), or use cluster=local.")
@@ -37,26 +39,12 @@ def partitions() -> dict[str, dict]:
                          f"{', '.join(CONF_PATHS)} exists), and asking Slurm anyway would look its controller up in "
                          "DNS. Fix: export SLURM_CONF=/path/to/slurm.conf (the local test cluster prints it), or run "
                          "from a login node of the cluster.")
-    proc = subprocess.run(["sinfo", "--noheader", "--format=%P|%D|%l|%c|%m"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["sinfo", "--noheader", "--format=%P|%D|%l|%c|%m|%G"], capture_output=True, text=True,
+                          timeout=30)
     if proc.returncode != 0:
         raise SweepError(f"cluster=slurm: sinfo failed ({proc.stderr.strip()}). Fix: check that Slurm answers "
                          f"(sinfo) before submitting.")
-    out: dict[str, dict] = {}
-    for line in proc.stdout.split("\n"):
-        if not line.strip():
-            continue
-        name, nodes, _limit, cpus, mem_mb = line.split("|")
-        default = name.endswith("*")
-        name = name.rstrip("*")
-        entry = out.setdefault(name, {"nodes": 0, "default": default, "cpus": None, "mem_mb": None})
-        entry["nodes"] += int(nodes)
-        node_cpus = int(cpus.rstrip("+")) if cpus.rstrip("+").isdigit() else None
-        node_mem = int(mem_mb.rstrip("+")) if mem_mb.rstrip("+").isdigit() else None
-        # The smallest node of the partition decides what every node can give.
-        if node_cpus:
-            entry["cpus"] = min(entry["cpus"] or node_cpus, node_cpus)
-        if node_mem:
-            entry["mem_mb"] = min(entry["mem_mb"] or node_mem, node_mem)
+    out = parse_sinfo(proc.stdout)
     proc = subprocess.run(["scontrol", "show", "partition", "--oneliner"], capture_output=True, text=True, timeout=30)
     for line in proc.stdout.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
@@ -64,6 +52,30 @@ def partitions() -> dict[str, dict]:
         if name in out:
             max_nodes = fields.get("MaxNodes", "UNLIMITED")
             out[name]["max_nodes"] = None if max_nodes == "UNLIMITED" else int(max_nodes)
+    return out
+
+
+def parse_sinfo(text: str) -> dict[str, dict]:
+    """Partitions from ``sinfo --format=%P|%D|%l|%c|%m|%G`` (one line per partition and node kind)."""
+    out: dict[str, dict] = {}
+    for line in text.split("\n"):
+        if not line.strip():
+            continue
+        name, nodes, _limit, cpus, mem_mb, gres = line.split("|")
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        entry = out.setdefault(name, {"nodes": 0, "default": default, "cpus": None, "mem_mb": None,
+                                      "gpu_types": set()})
+        entry["nodes"] += int(nodes)
+        # gres such as "gpu:h100:8(S:0-1),nvme:1": the GPU models this kind of node holds.
+        entry["gpu_types"] |= set(re.findall(r"(?:^|,)gpu:([A-Za-z][\w.-]*):\d", gres))
+        node_cpus = int(cpus.rstrip("+")) if cpus.rstrip("+").isdigit() else None
+        node_mem = int(mem_mb.rstrip("+")) if mem_mb.rstrip("+").isdigit() else None
+        # The smallest node of the partition decides what every node can give.
+        if node_cpus:
+            entry["cpus"] = min(entry["cpus"] or node_cpus, node_cpus)
+        if node_mem:
+            entry["mem_mb"] = min(entry["mem_mb"] or node_mem, node_mem)
     return out
 
 
@@ -89,8 +101,24 @@ def check_partitions(cells: list[Cell]) -> None:
             # ... and its share of the node's memory (pinned host buffers, offloaded optimizer state).
             share = cell.layout.tasks_per_node / cell.layout.gpus_per_node
             c.mem_gb = int(parts[name]["mem_mb"] * share) / 1024  # whole MiB: never above the node
+        if cell.layout.gpus_per_node:
+            _gpu_memory(cell, name, parts[name]["gpu_types"], errors)
     if errors:
         raise SweepError("\n".join(errors))
+
+
+def _gpu_memory(cell: Cell, partition: str, gpu_types: set[str], errors: list[str]) -> None:
+    """The cell's GPU type must be one the partition has; its memory (or that of the partition's only
+    GPU type) becomes cluster.gpu_mem_gib when none was given, so fit is checked against it."""
+    c = cell.config.cluster
+    if c.gpu_type and gpu_types and c.gpu_type not in gpu_types:
+        errors.append(f"[{cell.name}] cluster.gpu_type={c.gpu_type}: partition {partition} has GPU type(s) "
+                      f"{', '.join(sorted(gpu_types))} (sinfo's gres). Fix: use one of them, or another partition.")
+        return
+    types = {c.gpu_type} if c.gpu_type else gpu_types
+    known = {fit.gpu_mem_gib_of(t) for t in types}
+    if c.gpu_mem_gib is None and len(known) == 1 and None not in known:
+        c.gpu_mem_gib = known.pop()
 
 
 def _run(args: list[str]) -> str:

@@ -94,6 +94,7 @@ class CellState:
     failure_class: str | None = None
     interference: str | None = None  # what else its measurement saw (launcher/interference.py)
     predicted_state_bytes: int | None = None  # per rank, before launch (launcher/fit.py)
+    predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/fit.activation_bytes)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from jobs.codec import to_plain
 from jobs.spec import Layout
+from launcher import memlimit
 from launcher.schema import ClusterConfig, ContainerRuntime
 from launcher.state import CellState, CellStatus, SweepState
 
@@ -34,7 +35,8 @@ def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> d
         additional_parameters={"requeue": True, **cluster.additional_parameters},
     )
     if layout.gpus_per_node:
-        params["gpus_per_node"] = layout.gpus_per_node
+        params["gpus_per_node"] = (f"{cluster.gpu_type}:{layout.gpus_per_node}" if cluster.gpu_type
+                                   else layout.gpus_per_node)
     for key in ("partition", "account", "qos", "constraint", "exclude"):
         if getattr(cluster, key):
             params[key] = getattr(cluster, key)
@@ -120,10 +122,11 @@ def max_array_size_for(cells: Sequence[CellState]) -> int | None:
 def _run_local(state: SweepState, cells: Sequence[CellState],
                after_local_cell: Callable[[CellState], None] | None) -> None:
     from jobs.worker import Worker
-    from launcher.failures import classify, first_failure
 
     for cell in cells:
-        executor = local_executor(state.path / "submitit", cell.cluster, cell.layout)
+        # The cell's own memory limit (cluster.mem_gb per emulated node), as sbatch --mem would set.
+        cgroup = memlimit.create(cell.cluster.mem_gb * cell.layout.nodes) if cell.cluster.mem_gb else None
+        executor = local_executor(state.path / "submitit", cell.cluster, cell.layout, cgroup)
         job = executor.submit(Worker(), state.load_spec(cell))
         cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.running, None, None
         cell.submitted_at = time.time()
@@ -135,12 +138,28 @@ def _run_local(state: SweepState, cells: Sequence[CellState],
             job.results()
             cell.status = CellStatus.done
         except Exception as exc:  # a failed cell is recorded; the sweep goes on
-            cell.status = CellStatus.failed
-            cell.error = first_failure(state.cell_dir(cell)) or _last_line(exc)
-            cell.failure_class = classify(state.cell_dir(cell), None, f"{cell.error}\n{exc}")
+            _record_local_failure(state, cell, exc, cgroup)
+        finally:
+            if cgroup is not None:
+                memlimit.remove(cgroup)
         state.save()
         if after_local_cell is not None:
             after_local_cell(cell)
+
+
+def _record_local_failure(state: SweepState, cell: CellState, exc: Exception, cgroup: Path | None) -> None:
+    """The first failure and its class; the cell's memory cgroup is what sacct is on Slurm: an OOM kill
+    it counted is decisive, whatever the other ranks then reported."""
+    from launcher.failures import classify, first_failure
+
+    cell_dir = state.cell_dir(cell)
+    cell.status = CellStatus.failed
+    cell.error = first_failure(cell_dir) or _last_line(exc)
+    kills = memlimit.oom_kills(cgroup) if cgroup is not None else 0
+    if kills:
+        cell.error = (f"out of memory: the kernel's OOM killer ended {kills} process(es) at the cell's memory limit "
+                      f"(cluster.mem_gb={cell.cluster.mem_gb:g} per node); {cell.error}")
+    cell.failure_class = classify(cell_dir, "OUT_OF_MEMORY" if kills else None, f"{cell.error}\n{exc}")
 
 
 def _follow(job, cell_dir: Path, steps: int, poll_s: float = 1.0, plain_every_s: float = 30.0) -> None:
@@ -172,14 +191,18 @@ def _last_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout):
+def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout, cgroup: Path | None = None):
+    """submitit's LocalExecutor with the cell's settings: the time limit and its warning, the setup
+    lines and interpreter, and the memory cgroup the job joins before its ranks start."""
     import submitit
 
-    executor = submitit.LocalExecutor(folder=str(folder))
+    executor = submitit.LocalExecutor(folder=str(folder), python=python_command(cluster))
     # The local executor has one "node": all ranks of the emulated nodes are its tasks, and each
     # rank gets one of this machine's GPUs when the cell asks for GPUs.
+    setup = [*([memlimit.join_line(cgroup)] if cgroup is not None else []), *cluster.setup]
     executor.update_parameters(tasks_per_node=layout.world_size, timeout_min=cluster.timeout_min, nodes=1,
-                               gpus_per_node=layout.gpus_per_node * layout.nodes)
+                               gpus_per_node=layout.gpus_per_node * layout.nodes,
+                               signal_delay_s=cluster.signal_delay_s, setup=setup)
     return executor
 
 

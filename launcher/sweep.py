@@ -57,6 +57,7 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
         state_bytes = (predicted or {}).get(cs.index)
         if state_bytes is not None:
             cs.predicted_state_bytes = state_bytes.total
+            cs.predicted_activation_bytes = state_bytes.activations
     # Local cells log no MLflow from their ranks: the launcher waits for each cell anyway and logs
     # its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import on rank 0).
     # Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.

@@ -160,8 +160,9 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
                     "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name, **code}
             if cell.job_id and state.cluster == "slurm":
                 tags["slurm_job_id"] = cell.job_id
-            metrics = ({"predicted_model_state_bytes": float(cell.predicted_state_bytes)}
-                       if cell.predicted_state_bytes is not None else {})
+            metrics = {name: float(value) for name, value in (
+                ("predicted_model_state_bytes", cell.predicted_state_bytes),
+                ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}
             cell.run_id = tracker.child(state.parent_run_id, cell.name, tracking.flatten(_resolved(state, cell)), tags,
                                         metrics)
             # The cell's rank 0 reads it from here when it logs, at the end of its job.

@@ -1,0 +1,104 @@
+"""A cache of the meta-device analysis (parameter shapes, activation estimate) between launches.
+
+Building a model on the meta device needs torch, whose import alone takes longer than composing
+and submitting a whole grid on a login node. The figures depend only on the model's settings,
+the batch shape, the precision and the code that builds the model, so a launch that asks the same
+again (a nightly sweep, a resubmitted grid, --plan then the run) reads them from here and never
+imports torch. The key holds the settings and the versions of that code: this project's model
+and loss sources (by content), torch, transformers and any config file the model reads. A model
+given as a dotted path (``_target_``) may be any user's code, whose changes the key cannot see
+without importing it: it is never cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import jobs
+
+# The sources that decide a project model's parameters and what its forward and loss save.
+_SOURCES = ("models", "spec.py", "loop.py")
+
+
+def directory() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ddp-fsdp-bench" / "fit"
+
+
+def key(model: dict[str, Any], shape: dict[str, Any]) -> str | None:
+    """The cache key of one analysis, or None when it must not be cached (a user's dotted path)."""
+    if _has_target(model):
+        return None
+    files = [model.get("config_path"), model.get("pretrained_path")]
+    parts = {"model": model, "shape": shape, "code": _code_digest(), "versions": _versions(),
+             "files": {f: _file_digest(f) for f in files if f}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def read(cache_key: str | None) -> dict | None:
+    if cache_key is None:
+        return None
+    try:
+        return json.loads((directory() / f"{cache_key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write(cache_key: str | None, value: dict) -> None:
+    """Best effort: an unwritable cache only costs the next launch the analysis."""
+    if cache_key is None:
+        return
+    path = directory() / f"{cache_key}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(value))
+        tmp.replace(path)  # atomic: a concurrent launch reads the old file or the new one
+    except OSError:
+        pass
+
+
+def _has_target(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any((k in ("_target_", "target") and v) or _has_target(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_target(v) for v in value)
+    return False
+
+
+def _code_digest() -> str:
+    root = Path(jobs.__file__).parent
+    digest = hashlib.sha256()
+    for name in _SOURCES:
+        path = root / name
+        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(source.name.encode())
+            digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for package in ("torch", "torchvision", "transformers"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def _file_digest(path: str) -> str | None:
+    target = Path(path)
+    files = sorted(p for p in target.rglob("*") if p.is_file() and p.suffix == ".json") if target.is_dir() else [target]
+    digest = hashlib.sha256()
+    try:
+        for f in files:
+            digest.update(f.read_bytes())
+    except OSError:
+        return None
+    return digest.hexdigest()
