@@ -31,6 +31,12 @@ CORPUS = [
     (["cluster.timeout_min=0"], "cluster.timeout_min=0", "time limit in minutes"),
     (["cluster.signal_delay_s=-5"], "cluster.signal_delay_s=-5", "seconds of warning"),
     (["cluster.mem_gb=-1"], "cluster.mem_gb=-1.0", "memory per node"),
+    # Slurm settings on the local cluster would be dropped: refused
+    (["cluster.partition=gpu"], "cluster.partition='gpu'", "use cluster=slurm"),
+    (["cluster.gpu_type=h100"], "cluster.gpu_type='h100'", "use cluster=slurm"),
+    (["cluster.srun_args=['--mpi=pmix']"], "cluster.srun_args", "use cluster=slurm"),
+    (["cluster.container.runtime=apptainer", "cluster.container.image=x.sif"], "cluster.container",
+     "use cluster=slurm"),
     (["collective_timeout_s=0"], "collective_timeout_s=0", "collective_timeout_s=300"),
     # unknown names
     (["strategy=nope"], "strategy/nope", "pick one of ddp"),

@@ -190,3 +190,45 @@ def test_real_hang_through_the_launcher_is_a_hang(tmp_path, fast_overrides):
     cell = SweepState.load(tmp_path / "sweep").cells[0]
     assert cell.status == "failed" and "rank 1" in cell.error and "no progress" in cell.error, cell.error
     assert cell.failure_class == "hang"
+
+
+class AllocatesAfterWarmup(torch.nn.Module):
+    """A tiny token model whose forward, on rank 0 from its 4th call on, touches ``gib`` GiB of host
+    memory (a batch or a model that does not fit the node)."""
+
+    def __init__(self, vocab_size: int = 64, gib: float = 4.0, after_calls: int = 3):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, 8)
+        self.head = torch.nn.Linear(8, vocab_size)
+        self.gib, self.after_calls, self.calls, self.held = gib, after_calls, 0, []
+
+    def forward(self, x):
+        self.calls += 1
+        if torch.distributed.get_rank() == 0 and self.calls > self.after_calls:
+            self.held.append(torch.ones(int(self.gib * 2**30 // 4)))  # touched, so really resident
+        return self.head(self.embed(x))
+
+
+@pytest.mark.slow
+def test_real_host_oom_under_a_memory_limit_through_the_launcher(tmp_path, fast_overrides):
+    """cluster.mem_gb on the local cluster is a real memory cgroup around the cell: rank 0 outgrows it,
+    the kernel's OOM killer ends it, the job fails fast, and the cgroup's own count makes the class oom."""
+    from launcher import memlimit
+    from launcher.__main__ import main
+    from launcher.state import SweepState
+
+    if memlimit.problem():
+        pytest.skip(f"no memory cgroup can be created here: {memlimit.problem()}")
+    overrides = [o for o in fast_overrides if not o.startswith(("model", "steps="))]
+    t0 = time.monotonic()
+    code = main(["-m", *overrides, "model=custom", f"model._target_={__name__}.AllocatesAfterWarmup",
+                 "model.input=tokens", "model.seq_len=8", "model.vocab_size=64", "+model.params.vocab_size=64",
+                 "steps=40", "cluster.mem_gb=1.5", "cluster.tasks_per_node=2", "tracking=off",
+                 f"output_root={tmp_path}", f"sweep_dir={tmp_path / 'sweep'}"])
+    assert code == 1 and time.monotonic() - t0 < 120
+    cell = SweepState.load(tmp_path / "sweep").cells[0]
+    assert cell.status == "failed" and cell.failure_class == "oom", (cell.error, cell.failure_class)
+    assert "OOM killer ended" in cell.error and "cluster.mem_gb=1.5" in cell.error and "rank 0" in cell.error, cell.error
+    # The cell's cgroup is gone with its processes.
+    parent = memlimit.own_cgroup()
+    assert parent is not None and not list(parent[0].glob(f"{memlimit.PREFIX}*"))

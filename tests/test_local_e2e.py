@@ -56,12 +56,22 @@ def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, caps
     assert Path(state.sweep_dir, "report.md").exists()
 
 
-def test_emulated_nodes_get_node_ranks(tmp_path, fast_overrides):
+def test_emulated_nodes_get_node_ranks_and_the_cells_setup_and_memory_limit(tmp_path, fast_overrides):
+    """Two emulated nodes; the cell's setup line runs before its ranks, and a memory limit that the
+    cell fits in (where this machine allows memory cgroups) lets it finish and is removed after."""
+    from launcher import memlimit
+
+    marker = tmp_path / "setup-ran"
+    limit = [] if memlimit.problem() else ["cluster.mem_gb=4"]
     code, state = run_sweep(tmp_path, "nodes=2", "cluster.tasks_per_node=1", "strategy=hsdp", "tracking=off",
-                            *fast_overrides)
-    assert code == 0
+                            f"cluster.setup=[touch {marker}]", *limit, *fast_overrides)
+    assert code == 0 and marker.exists()
     result = json.loads((state.cell_dir(state.cells[0]) / "result.json").read_text())
     assert result["summary"]["nodes"] == 2 and result["summary"]["world_size"] == 2
+    if limit:
+        assert state.cells[0].cluster.mem_gb == 4
+        parent = memlimit.own_cgroup()
+        assert parent is not None and not list(parent[0].glob(f"{memlimit.PREFIX}*"))
 
 
 def test_failing_cell_is_recorded_and_marked_failed(tmp_path, fast_overrides):

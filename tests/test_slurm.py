@@ -210,3 +210,35 @@ def test_cells_sharing_a_node_are_flagged_and_exclusive_cells_are_not(tmp_path):
     assert spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0], spans
     assert [c.interference for c in alone.cells] == [None, None]
     assert "co-located" not in (alone.path / "report.md").read_text()
+
+
+def test_busy_master_port_through_the_launcher_is_port_in_use(tmp_path, capsys):
+    """A real listener holds the port the next job will derive from its id (jobs.dist.port_for_job):
+    the head rank refuses it within seconds instead of a rendezvous that never completes, and the
+    cell's class is port_in_use, with its fix, in sweep.json and in status."""
+    import socket
+
+    from jobs.dist import port_for_job
+
+    probe = subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"],
+                           capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    subprocess.run(["scancel", probe], check=True)
+    listeners = []
+    for job_id in range(int(probe) + 1, int(probe) + 4):  # the next ids, in case another job comes first
+        sock = socket.socket()
+        sock.bind(("", port_for_job(str(job_id))))
+        sock.listen()
+        listeners.append(sock)
+    try:
+        state = submit(tmp_path, "steps=4", "warmup_steps=1", "tracking=off")
+        assert status.wait(state, timeout_s=180)
+    finally:
+        for sock in listeners:
+            sock.close()
+    cell = state.cells[0]
+    assert int(cell.job_id) - int(probe) in (1, 2, 3)
+    assert cell.status == "failed" and cell.failure_class == "port_in_use", (cell.error, cell.failure_class)
+    assert "already in use" in cell.error, cell.error
+    capsys.readouterr()
+    assert status.main([str(tmp_path / "sweep")]) == 1
+    assert "port_in_use: MASTER_PORT was taken" in capsys.readouterr().out

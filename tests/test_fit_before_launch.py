@@ -1,0 +1,112 @@
+"""Fit before launch, beyond model state (tests/test_fit.py): the activation estimate against the
+tensors a real CPU forward saves, the GPU memory a cell is checked against (named GPU types,
+literal nvidia-smi and sinfo output), and a refused cell through the real --plan."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from jobs.loop import loss_fn
+from jobs.models import build_model
+from jobs.spec import InputKind, ModelSpec
+from launcher import fit
+from launcher.__main__ import main
+from launcher.preflight import parse_gpu_query
+from launcher.slurm import parse_sinfo
+
+
+def real_saved_bytes(spec: ModelSpec, batch_size: int) -> int:
+    """What a real CPU forward and loss keep for backward: each storage once, parameters excluded
+    (counted by storage address, which the meta estimate cannot use)."""
+    torch.manual_seed(0)
+    module = build_model(spec)
+    if spec.input is InputKind.tokens:
+        x = torch.randint(0, spec.vocab_size, (batch_size, spec.seq_len))
+        y = torch.randint(0, spec.vocab_size, (batch_size, spec.seq_len))
+    else:
+        x = torch.randn(batch_size, 3, spec.image_size, spec.image_size)
+        y = torch.randint(0, spec.num_classes, (batch_size,))
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(module(x), y)
+    assert torch.isfinite(loss)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("spec, batch_size", [
+    (ModelSpec(name="gpt_tiny", seq_len=64, vocab_size=512), 4),
+    (ModelSpec(name="mlp", input=InputKind.image, image_size=16, num_classes=10), 8),
+    (ModelSpec(name="cnn", input=InputKind.image, image_size=32, num_classes=10), 4),
+    (ModelSpec(name="resnet18", input=InputKind.image, image_size=64, num_classes=10), 2),
+])
+def test_activation_estimate_on_meta_matches_a_real_forward(spec, batch_size):
+    estimate = fit.activation_bytes(spec, batch_size, None, checkpointing=False)
+    measured = real_saved_bytes(spec, batch_size)
+    assert measured > 0 and abs(estimate - measured) / measured < 0.05, (estimate, measured)
+
+
+def test_activation_estimate_scales_with_batch_and_shrinks_with_checkpointing_and_low_precision():
+    spec = ModelSpec(name="gpt_tiny", seq_len=64, vocab_size=512)
+    one, four = (fit.activation_bytes(spec, b, None, False) for b in (1, 4))
+    assert four == pytest.approx(4 * one, rel=0.02)
+    checkpointed = fit.activation_bytes(spec, 4, None, True)
+    assert checkpointed < 0.7 * four  # only block inputs and one block's own tensors stay
+    assert fit.activation_bytes(spec, 4, "bfloat16", False) < 0.7 * four
+
+
+@pytest.mark.parametrize("name, gib", [
+    ("h100", 79.6), ("NVIDIA H100 80GB HBM3", 79.6), ("NVIDIA H100 NVL", 93.6), ("h200", 140.4),
+    ("NVIDIA A100-SXM4-80GB", 80.0), ("a100_40g", 40.0), ("a100", None), ("v100", None), ("Tesla V100-SXM2-32GB", 32.0),
+    ("NVIDIA L4", 22.5), ("NVIDIA L40S", 45.0), ("NVIDIA A10G", 22.5), ("Tesla T4", 15.0), ("rtx8000", None),
+])
+def test_gpu_memory_of_named_gpu_models(name, gib):
+    assert fit.gpu_mem_gib_of(name) == gib
+
+
+def test_nvidia_smi_memory_query_is_parsed():
+    text = "NVIDIA H100 80GB HBM3, 81559\nNVIDIA H100 80GB HBM3, 81559\n"  # --query-gpu=name,memory.total
+    assert parse_gpu_query(text) == [("NVIDIA H100 80GB HBM3", 81559 / 1024)] * 2
+    assert parse_gpu_query("") == []
+
+
+def test_sinfo_gres_gives_each_partitions_gpu_types():
+    text = ("gpu*|16|2-00:00:00|96|1024000|gpu:h100:8(S:0-1)\n"
+            "gpu*|4|2-00:00:00|64|512000|gpu:a100_80g:4(S:0),nvme:1\n"
+            "cpu|32|1-00:00:00|128|256000|(null)\n"
+            "debug|2|30:00|8|16000|gpu:2\n")
+    parts = parse_sinfo(text)
+    assert parts["gpu"]["gpu_types"] == {"h100", "a100_80g"} and parts["gpu"]["nodes"] == 20
+    assert parts["gpu"]["cpus"] == 64 and parts["gpu"]["mem_mb"] == 512000 and parts["gpu"]["default"]
+    assert parts["cpu"]["gpu_types"] == set() and parts["debug"]["gpu_types"] == set()
+
+
+@pytest.mark.skipif(not os.environ.get("SLURM_CONF") or not shutil.which("sinfo"),
+                    reason="needs the Slurm test cluster (scripts/test starts it)")
+def test_a_cell_too_big_for_its_gpu_type_is_refused_before_submission(tmp_path, capsys):
+    """gpt2-xl at batch 8 on A10Gs (22.5 GiB): DDP's model state alone (25 GiB) does not fit; FSDP over
+    8 ranks holds 3 GiB of state but about 39 GiB of activations; with activation checkpointing it
+    fits. Refused with the figures and the fixes; allow_oom=true passes; nothing is created."""
+    args = ["--plan", "-m", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
+            "cluster.gpu_type=a10g", "model=gpt2-xl", "batch_size=8", f"output_root={tmp_path / 'out'}"]
+    assert main([*args, "strategy=ddp,fsdp"]) == 2
+    err = capsys.readouterr().err
+    assert "[strategy=ddp] predicted" in err and "[strategy=fsdp] predicted" in err and "22.5 GiB" in err
+    fsdp = next(line for line in err.splitlines() if line.startswith("[strategy=fsdp]"))
+    assert "activations about 39" in fsdp and "activation_checkpointing=true" in fsdp and "allow_oom=true" in fsdp
+    assert main([*args, "strategy=fsdp", "activation_checkpointing=true"]) == 0
+    out = capsys.readouterr().out
+    assert "--gpus-per-node=a10g:8" in out and "22.5 GiB" in out
+    assert main([*args, "strategy=ddp", "allow_oom=true"]) == 0
+    assert not (tmp_path / "out").exists()
