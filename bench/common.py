@@ -161,6 +161,9 @@ class Proc:
     start_unix_s: float
     end_unix_s: float
     log: Path
+    # Share of all CPU time the hypervisor gave to other guests while the run ran (/proc/stat
+    # "steal"): a slow run with a high share was slowed from outside this VM.
+    steal_share: float = 0.0
 
     @property
     def wall_s(self) -> float:
@@ -172,13 +175,16 @@ def run_logged(cmd: Sequence[str], log: Path, env: dict[str, str], timeout_s: fl
     """Run ``cmd`` to completion, output to ``log``; the start time is taken right before the spawn."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
+        steal_before = _steal_jiffies()
         start = time.time()
         proc = subprocess.run(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=timeout_s)
         end = time.time()
+        steal_after = _steal_jiffies()
     if check and proc.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; last lines of {log}:\n{tail}")
-    return Proc(proc.returncode, start, end, log)
+    steal_share = (steal_after[0] - steal_before[0]) / max(1, steal_after[1] - steal_before[1])
+    return Proc(proc.returncode, start, end, log, steal_share)
 
 
 def read_result(path: Path, proc: Proc) -> str:
@@ -199,6 +205,15 @@ def _cpu_jiffies() -> tuple[int, int]:
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
+
+
+def _steal_jiffies() -> tuple[int, int]:
+    """(steal, total) jiffies over all CPUs since boot; (0, 0) where /proc/stat has no steal."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return (fields[7] if len(fields) > 7 else 0), sum(fields)
+    except (OSError, ValueError, IndexError):
+        return 0, 0
 
 
 def busy_cores(interval_s: float = 0.5) -> float:

@@ -67,6 +67,8 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     comm_probe: list[float] = []
     busy: list[float] = []
     breakdown: dict[str, list[float]] = {}
+    cpu_per_run: dict[str, dict[str, list[float]]] = {}
+    steal: dict[str, list[float]] = {}  # per run, in run order: evidence for the spread between runs
 
     for strategy in ("ddp", "fsdp"):
         ours: list[float] = []
@@ -85,6 +87,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
             bare.append(result["median_step_throughput_samples_per_s"])
             bare_window.append(result["throughput_samples_per_s"])
             bare_cpu.append(result["samples_per_cpu_s"])
+            steal.setdefault(f"{strategy}_bare", []).append(proc.steal_share)
 
         def run_ours(i: int, strategy=strategy, ours=ours, ours_window=ours_window, ours_cpu=ours_cpu,
                      reported=reported) -> None:
@@ -99,6 +102,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
             ours.append(sum(per_step / r["median_cycle_s"] for r in ranks))
             ours_window.append(sum(r["samples_in_window"] / r["window_s"] for r in ranks))
             ours_cpu.append(sum(r["samples_in_window"] / r["cpu_window_s"] for r in ranks))
+            steal.setdefault(f"{strategy}_ours", []).append(proc.steal_share)
             head = next(r for r in ranks if r["rank"] == 0)
             reported.append(head["reported_throughput_samples_per_s"])
             # Everything rank 0 does for metrics after its last step, two things aside, each reported on
@@ -128,7 +132,9 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
                 busy.append(wait_for_quiet(settings.quiet_wait_s, log))
                 fn(i)
                 value = (ours if name == "ours" else bare)[-1]
-                log(f"    {name} #{i + 1}: {value:.1f} samples/s")
+                cpu_value = (ours_cpu if name == "ours" else bare_cpu)[-1]
+                log(f"    {name} #{i + 1}: {value:.1f} samples/s, {cpu_value:.1f} samples/CPU-s, "
+                    f"steal {steal[f'{strategy}_{name}'][-1]:.1%}")
         # The figure: the median of the per-pair ratios (run i of each side, one ABBA block), with
         # a 95% t interval on the log ratios (bench.common.pair_ratio_ci); the verdict is taken
         # from the interval, so a spread wider than the target's band reads "inconclusive".
@@ -149,6 +155,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
                    "process taking the core does not move)", unit="samples/CPU-s", ours=ours_cpu, reference=bare_cpu,
             target="(info)", passed=None, ratio=cpu_ratio))
         details[f"{strategy}_reported_throughput_samples_per_s"] = reported
+        cpu_per_run[strategy] = {"ours": ours_cpu, "bare": bare_cpu}
         details[f"{strategy}_pair_ratios"] = [o / b for o, b in zip(ours, bare, strict=True)]
         details[f"{strategy}_window_throughput_samples_per_s"] = {"ours": ours_window, "bare": bare_window,
                                                                  "ratio_of_medians": ratio_of_medians(ours_window,
@@ -169,6 +176,8 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
                    "turns it off)", unit="s", ours=comm_probe, reference=[], target="(info)", passed=None))
     details["telemetry_breakdown_s"] = {k: statistics.median(v) for k, v in breakdown.items()}
     details["busy_cores_at_start"] = busy
+    details["steal_share_per_run"] = steal
+    details["samples_per_cpu_s_per_run"] = cpu_per_run
     return rows, details
 
 
