@@ -21,7 +21,8 @@ from typing import Any
 
 import jobs
 
-# The sources that decide a project model's parameters and what its forward and loss save.
+# The sources that decide a project model's parameters and what its forward and loss save, and the
+# analysis itself (launcher/fit.py).
 _SOURCES = ("models", "spec.py", "loop.py")
 
 
@@ -73,9 +74,9 @@ def _has_target(value: Any) -> bool:
 
 def _code_digest() -> str:
     root = Path(jobs.__file__).parent
+    paths = [root / name for name in _SOURCES] + [Path(__file__).with_name("fit.py")]
     digest = hashlib.sha256()
-    for name in _SOURCES:
-        path = root / name
+    for path in paths:
         for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             digest.update(source.name.encode())
             digest.update(source.read_bytes())

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,4 +112,28 @@ def test_a_cell_too_big_for_its_gpu_type_is_refused_before_submission(tmp_path, 
     out = capsys.readouterr().out
     assert "--gpus-per-node=a10g:8" in out and "22.5 GiB" in out
     assert main([*args, "strategy=ddp", "allow_oom=true"]) == 0
+    assert not (tmp_path / "out").exists()
+
+
+def _plan_imports_torch(cache: Path, *overrides: str) -> bool:
+    """Run --plan in a fresh interpreter with ``cache`` as XDG_CACHE_HOME; did it import torch?"""
+    code = ("import sys; from launcher.__main__ import main; "
+            f"assert main(['--plan', '-m', *{list(overrides)!r}]) == 0; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "XDG_CACHE_HOME": str(cache)}, check=True).stdout
+    return out.strip().splitlines()[-1] == "True"
+
+
+def test_the_fit_analysis_is_cached_between_launches_except_for_user_code(tmp_path):
+    """A grid checked before is checked again without importing torch; another batch size is a new
+    analysis; a dotted-path model (a user's code, whose changes the key cannot see) never is cached."""
+    cache = tmp_path / "cache"
+    grid = ("strategy=ddp,fsdp", "batch_size=4", f"output_root={tmp_path / 'out'}")
+    assert _plan_imports_torch(cache, *grid)
+    assert list((cache / "ddp-fsdp-bench" / "fit").glob("*.json"))
+    assert not _plan_imports_torch(cache, *grid)
+    assert _plan_imports_torch(cache, "strategy=ddp,fsdp", "batch_size=2", f"output_root={tmp_path / 'out'}")
+    user = ("model=custom", "model._target_=torch.nn.Linear", "model.input=image", "model.image_size=4",
+            "+model.params.in_features=4", "+model.params.out_features=2", f"output_root={tmp_path / 'out'}")
+    assert _plan_imports_torch(cache, *user) and _plan_imports_torch(cache, *user)
     assert not (tmp_path / "out").exists()
