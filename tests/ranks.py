@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import signal
 import socket
 import subprocess
@@ -44,17 +45,31 @@ class RanksTimeout(RanksFailed):
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free now (all held open together, so none repeats)."""
-    socks = []
+    """``count`` distinct ports, free now, below the kernel's ephemeral range.
+
+    The ports are used minutes later (one per spec, in turn). A port from the ephemeral range (what
+    binding port 0 gives) can meanwhile become the local end of any outgoing connection (gloo's
+    pairs, MLflow's client), and a store then fails with EADDRINUSE while its peer rank connects to
+    the wrong listener and hangs. Below that range only an explicit bind takes a port.
+    """
     try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+        ephemeral_start = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_start = 32768
+    # Above jobs.dist's Slurm-derived ports (10000-29999), which other tests hold on purpose.
+    candidates = list(range(30000, ephemeral_start))
+    random.shuffle(candidates)
+    ports = []
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"fewer than {count} free ports between 30000 and {ephemeral_start}")
 
 
 def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
