@@ -48,7 +48,8 @@ CLASSES = (OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED, PORT_IN_USE, NODE_FAILURE, 
 # What to do about each class (shown by status and in the report's "Cells without results").
 FIXES: dict[str, str] = {
     OOM: "out of memory: lower batch_size, use strategy=fsdp (shards parameters, gradients and optimizer state), "
-         "precision=bf16 or activation_checkpointing=true; on Slurm raise cluster.mem_gb for host memory.",
+         "precision=bf16 or activation_checkpointing=true; for host memory raise cluster.mem_gb (Slurm's --mem, or "
+         "the local cell's memory cgroup).",
     COLLECTIVE_TIMEOUT: "a collective timed out: a peer died or fell behind first (see the other ranks' errors); "
                         "check the interconnect (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME), raise collective_timeout_s "
                         "if the first steps are legitimately slow, then --resubmit-failed.",

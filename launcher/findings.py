@@ -317,7 +317,8 @@ def scaling(units: list[dict[str, Any]]) -> list[str]:
 
 def recommendations(units: list[dict[str, Any]], margin: float = MARGIN) -> list[str]:
     """Per model and world size: the fastest configuration, and the one with the least peak memory
-    (model state where no peak was measured) among those within ``margin`` of the fastest."""
+    (model state where no peak was measured) among those within ``margin`` of the fastest or not
+    measurably slower than it (a configuration inside the noise of the fastest is as good a pick)."""
     by_size: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for u in units:
         if estimate(u) is not None and not _interference(u):
@@ -339,7 +340,8 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN) -> list
         if unknown:
             text += "; no noise estimate to tell it from " + ", ".join(_md(_name(u)) for u in unknown)
         text += "."
-        near = [u for u in members if _est(u).mean >= (1 - margin) * ef.mean]
+        near = [u for u in members if _est(u).mean >= (1 - margin) * ef.mean or u in same]
+        within = f"within {margin:.0%} of it or not measurably slower" if same else f"within {margin:.0%} of it"
 
         def memory(u: dict[str, Any]) -> float:
             return peak_memory_gib(u) or num(u.get("model_state_bytes")) or math.inf
@@ -348,13 +350,13 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN) -> list
         if len(near) == 1:
             text += f" No other configuration comes within {margin:.0%} of it."
         elif lean is fastest or memory(lean) >= memory(fastest) * (1 - PEAK_TOLERANCE):
-            text += f" Of the {len(near) - 1} other(s) within {margin:.0%} of it, none uses measurably less memory."
+            text += f" Of the {len(near) - 1} other(s) {within}, none uses measurably less memory."
         else:
             el = _est(lean)
             pm_l, pm_f = peak_memory_gib(lean), peak_memory_gib(fastest)
             mem = (f"peak {pm_l:.2f} GiB against {pm_f:.2f} GiB" if pm_l is not None and pm_f is not None
                    else "less model state per rank")
-            text += (f" Most memory-efficient within {margin:.0%} of it: **{_md(_name(lean))}** ({mem}, "
+            text += (f" Most memory-efficient {within}: **{_md(_name(lean))}** ({mem}, "
                      f"{el.mean / ef.mean:.0%} of the fastest's throughput).")
         lines.append(text)
     return lines

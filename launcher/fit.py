@@ -72,14 +72,14 @@ def activation_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, c
     """An estimate of the bytes autograd keeps for backward after one forward (and loss) of
     ``batch_size`` samples: the largest moment of a step for activations.
 
-    Counted on a meta-device forward (no memory, no compute): every tensor the saved-tensor hook
-    sees, once per storage, parameters and their views excluded. With a low ``precision`` the
-    module runs in that dtype throughout, so reductions that autocast keeps in fp32 are counted at
-    the low width (an underestimate there). With activation checkpointing a unit keeps only its
+    Counted on a forward of fake tensors (meta storage: no memory, no compute): every tensor the
+    saved-tensor hook sees, once per storage, parameters and their views excluded. A low
+    ``low_dtype`` runs the forward under autocast, as the worker's default precision mode does
+    (CPU autocast's op lists; CUDA's differ in detail). With activation checkpointing a unit keeps only its
     input, and one unit at a time recomputes its own: the estimate is what is saved outside the
     units, plus every unit's input, plus the largest unit's own saved tensors. Temporary buffers
     (FSDP's all-gathered parameters, allocator fragmentation) come on top. None when the forward
-    cannot run on the meta device (a model that reads a tensor's values, or asks its process group).
+    cannot run on fake tensors (a model that reads a tensor's values, or asks its process group).
     """
     try:
         return _saved_bytes(model, batch_size, low_dtype, checkpointing)
@@ -89,21 +89,25 @@ def activation_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, c
 
 def _saved_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int:
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from jobs.loop import loss_fn
     from jobs.models import build_model, shard_units
     from jobs.spec import InputKind
 
+    # Fake tensors: meta storage (no memory, no compute) that still say "cpu", so kernels are chosen
+    # as on a real device (fused attention, autocast's op lists), and libraries that skip
+    # data-dependent checks while tracing (transformers' is_tracing) skip them here too.
     with torch.device("meta"):
         module = build_model(model)
-        if low_dtype:
-            module.to(getattr(torch, low_dtype))
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        _to_fake_cpu(module)
         if model.input is InputKind.tokens:
             x = torch.zeros(batch_size, model.seq_len, dtype=torch.long)
             y = torch.zeros(batch_size, model.seq_len, dtype=torch.long)
         else:
-            x = torch.zeros(batch_size, 3, model.image_size, model.image_size,
-                            dtype=getattr(torch, low_dtype) if low_dtype else torch.float32)
+            x = torch.zeros(batch_size, 3, model.image_size, model.image_size)
             y = torch.zeros(batch_size, dtype=torch.long)
     param_ids = {id(p) for p in module.parameters()}
     kept: dict[int, torch.Tensor] = {}  # by storage; kept alive so that no id is reused
@@ -129,7 +133,8 @@ def _saved_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, check
 
     units = shard_units(module) if checkpointing else []
     handles = [h for u in units for h in (u.register_forward_pre_hook(enter), u.register_forward_hook(leave))]
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _fused_attention_mode():
+    autocast = torch.autocast("cpu", dtype=getattr(torch, low_dtype or "bfloat16"), enabled=low_dtype is not None)
+    with fake, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss_fn(module(x), y)
     for h in handles:
         h.remove()
@@ -140,27 +145,21 @@ def _saved_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, check
     return saved - inside + unit_inputs + max(per_unit.values(), default=0)
 
 
-def _fused_attention_mode():
-    """On the meta device scaled_dot_product_attention takes its math path, which saves the T x T
-    attention matrix; the fused kernels the ranks run (flash / memory-efficient on GPU, flash on
-    CPU) save only q, k, v, the output and the log-sum-exp. This mode routes it to the fused op,
-    whose meta kernel saves what they save."""
+def _to_fake_cpu(module) -> None:
+    """Replace a meta module's parameters and buffers with fake CPU tensors of the same shapes (inside a
+    FakeTensorMode); a parameter shared by several modules (tied weights) stays shared."""
     import torch
-    import torch.nn.functional as F
-    from torch.overrides import TorchFunctionMode
 
-    class FusedAttention(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = dict(kwargs or {})
-            if func is F.scaled_dot_product_attention and not kwargs.get("enable_gqa") and len(args) == 3:
-                q, k, v = args
-                out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    q, k, v, kwargs.get("dropout_p", 0.0), kwargs.get("is_causal", False),
-                    attn_mask=kwargs.get("attn_mask"), scale=kwargs.get("scale"))
-                return out[0]
-            return func(*args, **kwargs)
-
-    return FusedAttention()
+    new: dict[int, torch.Tensor] = {}
+    for m in module.modules():
+        for table, as_param in ((m._parameters, True), (m._buffers, False)):
+            for name, t in list(table.items()):
+                if t is None:
+                    continue
+                if id(t) not in new:
+                    empty = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+                    new[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if as_param else empty
+                table[name] = new[id(t)]
 
 
 def shard_count(strategy: StrategySpec, layout: Layout) -> int:

@@ -53,6 +53,9 @@ def real_saved_bytes(spec: ModelSpec, batch_size: int) -> int:
     (ModelSpec(name="mlp", input=InputKind.image, image_size=16, num_classes=10), 8),
     (ModelSpec(name="cnn", input=InputKind.image, image_size=32, num_classes=10), 4),
     (ModelSpec(name="resnet18", input=InputKind.image, image_size=64, num_classes=10), 2),
+    # a transformers model, whose forward skips its data-dependent checks on fake tensors
+    (ModelSpec(name="hf", arch="gpt2", seq_len=64, vocab_size=1000,
+               config={"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 64}), 4),
 ])
 def test_activation_estimate_on_meta_matches_a_real_forward(spec, batch_size):
     estimate = fit.activation_bytes(spec, batch_size, None, checkpointing=False)
@@ -66,7 +69,8 @@ def test_activation_estimate_scales_with_batch_and_shrinks_with_checkpointing_an
     assert four == pytest.approx(4 * one, rel=0.02)
     checkpointed = fit.activation_bytes(spec, 4, None, True)
     assert checkpointed < 0.7 * four  # only block inputs and one block's own tensors stay
-    assert fit.activation_bytes(spec, 4, "bfloat16", False) < 0.7 * four
+    # Under autocast the matmul inputs are saved as bf16 copies; norms and the loss stay fp32.
+    assert fit.activation_bytes(spec, 4, "bfloat16", False) < 0.9 * four
 
 
 @pytest.mark.parametrize("name, gib", [
