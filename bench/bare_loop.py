@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -101,6 +102,7 @@ def main() -> None:
     measured = args.steps - args.warmup_steps
     starts = []
     cpu0 = time.process_time()
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     for i in range(args.warmup_steps, args.steps):
         starts.append(time.perf_counter())
@@ -110,6 +112,7 @@ def main() -> None:
     # CPU time of the whole process (gloo's threads included) over the window: unlike wall time,
     # another process taking the core does not move it.
     cpu_window_s = time.process_time() - cpu0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     window_s = t1 - t0
     # Step cycle times, start to start: their median is the steady-state step time, which a step
     # that another process pre-empted does not move (this machine may be shared).
@@ -119,7 +122,7 @@ def main() -> None:
     rates = [None] * world
     dist.all_gather_object(rates, (args.batch_size * measured / window_s,
                                    args.batch_size / statistics.median(cycles),
-                                   args.batch_size * measured / cpu_window_s))
+                                   args.batch_size * measured / cpu_window_s, faults / measured))
     if rank == 0:
         result = {
             "impl": "bare", "strategy": args.strategy, "world_size": world, "backend": backend,
@@ -127,6 +130,7 @@ def main() -> None:
             "window_s": window_s, "throughput_samples_per_s": sum(r[0] for r in rates),
             "median_step_throughput_samples_per_s": sum(r[1] for r in rates),
             "samples_per_cpu_s": sum(r[2] for r in rates),
+            "minor_faults_per_step": sum(r[3] for r in rates) / world,
             "loss_last": float(loss), "script_start_unix_s": SCRIPT_START_UNIX_S,
             "first_step_unix_s": first_step_unix_s, "torch_version": torch.__version__,
         }

@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import os
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -52,6 +53,7 @@ def _timed(name: str, fn):
 def on_window(event: str) -> None:
     """The worker's timing hook: wall and CPU time of the measured window."""
     TIMES_S[f"_window_{event}"], TIMES_S[f"_cpu_{event}"] = time.perf_counter(), time.process_time()
+    TIMES_S[f"_faults_{event}"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def install_timers(warmup_steps: int, total_steps: int) -> None:
@@ -87,6 +89,8 @@ def install_timers(warmup_steps: int, total_steps: int) -> None:
         TIMES_S["window_s"] = end - TIMES_S.pop("_window_start")
         # CPU time of the whole process over the window, as bare_loop.py measures it.
         TIMES_S["cpu_window_s"] = TIMES_S.pop("_cpu_end") - TIMES_S.pop("_cpu_start")
+        # Page faults over the window (memory the allocator returned to the OS and touches again).
+        TIMES_S["minor_faults_window"] = TIMES_S.pop("_faults_end") - TIMES_S.pop("_faults_start")
         # Step cycle times, start to start, over the measured steps (as bare_loop.py computes them).
         starts = STEP_STARTS[warmup_steps:total_steps]
         TIMES_S["median_cycle_s"] = statistics.median(b - a for a, b in zip(starts, starts[1:] + [end], strict=True))
