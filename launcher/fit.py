@@ -43,7 +43,7 @@ class StateBytes:
     optimizer: int
     param_count: int  # the whole model's
     # An estimate (activation_bytes): what autograd keeps for backward at the end of the forward;
-    # None where the model's forward cannot run on the meta device.
+    # None where the model's forward cannot run on fake tensors.
     activations: int | None = None
 
     @property
@@ -59,12 +59,26 @@ class StateBytes:
 
 def parameter_shapes(model: ModelSpec) -> list[tuple[tuple[int, ...], int]]:
     """(shape, bytes per element) of every parameter, from a meta-device build of the model."""
+    return _shapes(_meta_build(model))
+
+
+def analyse(model: ModelSpec, batch_size: int, low_dtype: str | None,
+            checkpointing: bool) -> tuple[list[tuple[tuple[int, ...], int]], int | None]:
+    """(parameter shapes, activation bytes or None) from one meta-device build of the model."""
+    module = _meta_build(model)
+    return _shapes(module), _activations(module, model, batch_size, low_dtype, checkpointing)
+
+
+def _meta_build(model: ModelSpec):
     import torch
 
     from jobs.models import build_model
 
     with torch.device("meta"):
-        module = build_model(model)
+        return build_model(model)
+
+
+def _shapes(module) -> list[tuple[tuple[int, ...], int]]:
     return [(tuple(p.shape), p.element_size()) for p in module.parameters()]
 
 
@@ -81,25 +95,28 @@ def activation_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, c
     (FSDP's all-gathered parameters, allocator fragmentation) come on top. None when the forward
     cannot run on fake tensors (a model that reads a tensor's values, or asks its process group).
     """
+    return _activations(_meta_build(model), model, batch_size, low_dtype, checkpointing)
+
+
+def _activations(module, model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int | None:
     try:
-        return _saved_bytes(model, batch_size, low_dtype, checkpointing)
+        return _saved_bytes(module, model, batch_size, low_dtype, checkpointing)
     except Exception:  # any user model: the estimate is optional, the launch is not refused for it
         return None
 
 
-def _saved_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int:
+def _saved_bytes(module, model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int:
+    """Counted on ``module``, a meta build of ``model`` (its tensors are swapped for fake ones)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from jobs.loop import loss_fn
-    from jobs.models import build_model, shard_units
+    from jobs.models import shard_units
     from jobs.spec import InputKind
 
     # Fake tensors: meta storage (no memory, no compute) that still say "cpu", so kernels are chosen
     # as on a real device (fused attention, autocast's op lists), and libraries that skip
     # data-dependent checks while tracing (transformers' is_tracing) skip them here too.
-    with torch.device("meta"):
-        module = build_model(model)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
         _to_fake_cpu(module)

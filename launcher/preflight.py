@@ -76,11 +76,10 @@ def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
 
     try:
         check_buildable(model)
-        shapes = fit.parameter_shapes(model)
     except ConfigError as exc:
         errors.append(f"[{cell_name}] {exc}")
         return None
-    activations = fit.activation_bytes(model, **shape)
+    shapes, activations = fit.analyse(model, **shape)
     fitcache.write(cache_key, {"shapes": shapes, "activations": activations})
     return shapes, activations
 
