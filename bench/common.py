@@ -200,9 +200,15 @@ def read_result(path: Path, proc: Proc) -> str:
     return path.read_text()
 
 
+def _cpu_fields() -> list[int]:
+    """/proc/stat's first line: jiffies over all CPUs since boot (user nice system idle iowait irq
+    softirq steal ...)."""
+    return [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+
+
 def _cpu_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies over all CPUs since boot, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    """(busy, total) jiffies over all CPUs since boot."""
+    fields = _cpu_fields()
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
 
@@ -210,7 +216,7 @@ def _cpu_jiffies() -> tuple[int, int]:
 def _steal_jiffies() -> tuple[int, int]:
     """(steal, total) jiffies over all CPUs since boot; (0, 0) where /proc/stat has no steal."""
     try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        fields = _cpu_fields()
         return (fields[7] if len(fields) > 7 else 0), sum(fields)
     except (OSError, ValueError, IndexError):
         return 0, 0

@@ -205,7 +205,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
             ours=ours_return_s, reference=[], target="returns without waiting for jobs",
             passed=bool(ours_return_s), note="the plugin blocks until every job ends"),
         Row(figure="4d. our first launch of a model not analysed before (empty fit cache: torch imported, the "
-                   "model built and run on the meta device before the first sbatch)", unit="s", ours=cold_s,
+                   "model built on the meta device and run on fake tensors before the first sbatch)", unit="s", ours=cold_s,
             reference=[], target="(info)", passed=None, note="the untimed warm-up run"),
     ]
     details = {"partition": partition, "ours_return_s_median": statistics.median(ours_return_s),
