@@ -165,7 +165,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     timing harnesses use it)."""
     import torch
 
-    from jobs import metrics
+    from jobs import health, metrics
     from jobs.interference import Interference
 
     refuse_unsupported(spec, device)
@@ -175,6 +175,9 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     interference = Interference(device)
     outcome = run_schedule(spec, env, device, built, sync, sink, heartbeat, control_group,
                            window_hook(interference, on_window))
+    # A run that trained on NaN, or not at all, is not a measurement: fail before any probe.
+    history = outcome.history
+    health.check(history.losses(), history.measured, history.skipped(), env.rank, control_group)
     # Peak memory of the measured window, read before the probe's profiler can add to it.
     window_memory = metrics.peak_memory(device)
     mine = after_window(spec, env, device, built, sync, heartbeat, outcome, interference, window_memory)

@@ -43,7 +43,10 @@ def first_failure(cell_dir: Path) -> str | None:
 
 OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED = "oom", "collective_timeout", "hang", "preempted"
 PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR = "port_in_use", "node_failure", "config_error", "runtime_error"
-CLASSES = (OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED, PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR)
+# Runs that finished their steps but trained on something else (jobs/health.py): never results.
+DIVERGED, LOSS_FROZEN, STEPS_SKIPPED = "diverged", "loss_frozen", "steps_skipped"
+CLASSES = (OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED, PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR,
+           DIVERGED, LOSS_FROZEN, STEPS_SKIPPED)
 
 # What to do about each class (shown by status and in the report's "Cells without results").
 FIXES: dict[str, str] = {
@@ -65,6 +68,13 @@ FIXES: dict[str, str] = {
                   "the sweep again; resubmitting unchanged fails the same way.",
     RUNTIME_ERROR: "an error during training: read error-rank<R>.txt (traceback) in the cell directory; "
                    "resubmit once the cause is fixed.",
+    DIVERGED: "the loss was NaN or infinite, so the run timed NaN arithmetic, not the configuration: check the "
+              "model's initialisation (a _target_ model's weights must all be set by its constructor), lower lr, "
+              "prefer precision=bf16 to fp16; resubmitting unchanged diverges again.",
+    LOSS_FROZEN: "the loss did not change over the measured window, so nothing was trained: check that the model's "
+                 "parameters require gradients, that lr is not 0 and that the output depends on the input.",
+    STEPS_SKIPPED: "fp16 loss scaling skipped most of the window's steps (inf/NaN gradients), so the window timed "
+                   "steps without updates: use precision=bf16, lower lr, or raise warmup_steps so the scale settles.",
 }
 
 _OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|OUT_OF_MEMORY|oom[-_ ]kill|Cannot allocate memory|"
@@ -82,6 +92,8 @@ _CONFIG_TEXT = re.compile(r"ConfigError|does not take params|unknown model name|
 # Exception types that, raised before the first step, mean the settings cannot be built.
 _CONFIG_TYPES = re.compile(r"failed: (ValueError|TypeError|KeyError|AttributeError|NotImplementedError|"
                            r"AssertionError)\b")
+# jobs.health.BrokenRun's text names its class: "BrokenRun: diverged: the loss is nan at step 3 ...".
+_BROKEN_TEXT = re.compile(r"BrokenRun: (diverged|loss_frozen|steps_skipped):")
 _VANISHED_TEXT = re.compile(r"neither the queue nor accounting|NODE_FAIL|node failure|No route to host|"
                             r"Connection (reset|closed|refused)|Broken pipe", re.IGNORECASE)
 
@@ -130,6 +142,9 @@ def classify(cell_dir: Path, slurm_state: str | None = None, error: str | None =
     errors = sorted(cell_dir.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
     lines = _first_lines(errors)
     texts = [*lines, *( [error] if error else [])]
+    broken = next((m.group(1) for t in texts if (m := _BROKEN_TEXT.search(t))), None)
+    if broken:
+        return broken
     if any(_PORT_TEXT.search(t) for t in texts):
         return PORT_IN_USE
     if any(_OOM_TEXT.search(t) for t in texts):
