@@ -17,7 +17,7 @@ from collections.abc import Callable
 from bench.common import PYTHON, REPO, Row, Settings, bench_env, ratio_of_medians
 
 HEAVY = ("torch", "mlflow", "submitit", "numpy", "pandas", "sqlalchemy", "matplotlib")
-GRID = ["strategy=ddp,fsdp", "precision=fp32,bf16", "nodes=1,2", "seed=0,1"]
+GRID = ["strategy=ddp,fsdp", "precision=fp32,bf16", "nodes=1,2", "seed=0,1", "runs=1"]
 
 COMPOSE = f"""
 import json, sys, time

@@ -27,7 +27,7 @@ from pathlib import Path
 from bench.common import PYTHON, REPO, Row, Settings, bench_env, ratio_of_medians, wait_for_quiet
 
 TARGET = 0.6
-GRID = ["strategy=ddp,fsdp", "precision=fp32,bf16", "nodes=1,2", "seed=0,1"]
+GRID = ["strategy=ddp,fsdp", "precision=fp32,bf16", "nodes=1,2", "seed=0,1", "runs=1"]
 CELLS = 16
 RESOURCE_SHAPES = 2  # nodes=1 and nodes=2; everything else runs on the same allocation shape
 

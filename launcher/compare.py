@@ -12,28 +12,31 @@ that has the same cell name (the swept values, e.g. ``strategy=fsdp nodes=2``) o
 is matched by name, and the output says so (the fixed settings differ). The rest are listed as
 only in A or only in B.
 
-Verdicts, B against A (B is the newer run):
-* throughput: Welch's 95% interval of the difference (launcher/findings.py): ``improvement`` or
-  ``regression`` when it excludes zero, else ``no change``; without a noise estimate on either
-  side (one window, one run) the threshold is the only band, and the verdict says so;
-* step time p50: the throughput's relative 95% intervals of both sides, combined, are the band
-  (step time is the inverse of throughput, up to the data time); lower is better;
-* peak memory and model state: measured once; differences below 3% and 1% are ``no change``;
-  lower is better;
-* a configuration with a result in A and none in B is a ``regression``.
-A regression whose relative change exceeds ``threshold`` makes the command exit with 1.
+Verdicts, B against A (B is the newer run), each from the spread between independent runs
+(``runs``) on both sides, or the cluster's noise floor where a side ran once (launcher/stats.py):
+* ``improvement`` or ``regression`` only when the 95% interval of the change excludes zero AND the
+  change is at least the threshold (5% by default; 3% for peak memory);
+* ``no change`` when the whole interval lies within the threshold;
+* ``inconclusive`` otherwise, with the runs per side that would decide it (benchstat's "~");
+  without any noise estimate (one run, no floor) every metric is inconclusive;
+* throughput (higher is better), step time p50 and peak memory (lower is better) each get their own
+  interval from their own spread; model state is counted exactly: differences below 1% are
+  ``no change``;
+* a configuration with a result in A and none in B (failed, diverged, cancelled) is a ``regression``.
+A regression makes the command exit with 1; an inconclusive row does not.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.findings import PEAK_TOLERANCE, STATE_TOLERANCE, difference, estimate
-from launcher.rows import grouped, num, peak_memory_gib, settings
+from launcher.findings import STATE_TOLERANCE
+from launcher.rows import grouped, num, settings
+from launcher.stats import HIGHER, INCONCLUSIVE, LOWER, MIN_EFFECT, SAME, Diff, Floor, difference, estimate
 
 IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
+UNDECIDED = "inconclusive"
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Delta:
     change: float | None  # (b - a) / a
     verdict: str
     note: str = ""
+    runs_needed: int | None = None  # inconclusive: runs per side that would decide it
 
 
 @dataclass
@@ -63,9 +67,11 @@ class Comparison:
     threshold: float
 
     def regressions(self) -> list[tuple[Match, Delta]]:
-        """Regressions larger than the threshold (a lost result always counts)."""
-        return [(m, d) for m in self.matches for d in m.deltas
-                if d.verdict == REGRESSION and (d.change is None or abs(d.change) > self.threshold)]
+        """Regressions beyond the noise and the threshold (a lost result always counts)."""
+        return [(m, d) for m in self.matches for d in m.deltas if d.verdict == REGRESSION]
+
+    def inconclusive(self) -> list[tuple[Match, Delta]]:
+        return [(m, d) for m in self.matches for d in m.deltas if d.verdict == UNDECIDED]
 
 
 def _key(row: dict[str, Any]) -> str:
@@ -73,10 +79,11 @@ def _key(row: dict[str, Any]) -> str:
 
 
 def _name(row: dict[str, Any]) -> str:
-    return " ".join(w for w in str(row.get("cell", "")).split() if not w.startswith("seed=")).split(" (")[0]
+    return " ".join(w for w in str(row.get("cell", "")).split() if not w.startswith(("seed=", "run="))).split(" (")[0]
 
 
-def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshold: float = 0.05) -> Comparison:
+def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshold: float = 0.05,
+            floor: Floor | None = None) -> Comparison:
     units_a, units_b = grouped(rows_a), grouped(rows_b)
     left_b = {id(u): u for u in units_b}
     by_key: dict[str, list[dict[str, Any]]] = {}
@@ -99,7 +106,7 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshol
         else:
             only_a.append(a)
     for m in matches:
-        m.deltas = deltas(m.a, m.b, threshold)
+        m.deltas = deltas(m.a, m.b, threshold, floor)
     return Comparison(matches, only_a, list(left_b.values()), threshold)
 
 
@@ -107,13 +114,9 @@ def _change(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or not a else (b - a) / a
 
 
-def _rel_half_width(row: dict[str, Any]) -> float | None:
-    e = estimate(row)
-    return None if e is None or e.half_width is None or not e.mean else e.half_width / e.mean
-
-
-def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float) -> list[Delta]:
-    ea, eb = estimate(a), estimate(b)
+def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor | None = None) -> list[Delta]:
+    """B against A for every metric both measured, each judged by its own between-run noise."""
+    ea, eb = estimate(a, "throughput", floor), estimate(b, "throughput", floor)
     if ea is None or eb is None:
         if ea is not None:
             why = b.get("failure_class") or b.get("status")
@@ -121,37 +124,41 @@ def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float) -> list[Delta
         why = a.get("failure_class") or a.get("status")
         verdict = IMPROVEMENT if eb is not None else NO_CHANGE
         return [Delta("samples/s", None, eb.mean if eb else None, None, verdict, f"no result in A ({why})")]
-    out = []
-    d = difference(eb, ea)
-    change: float = (d.ratio or 1.0) - 1
-    if d.verdict == "unknown":
-        verdict = NO_CHANGE if abs(change) <= threshold else (IMPROVEMENT if change > 0 else REGRESSION)
-        out.append(Delta("samples/s", ea.mean, eb.mean, change, verdict, "no noise estimate: threshold only"))
-    else:
-        verdict = {"higher": IMPROVEMENT, "lower": REGRESSION}.get(d.verdict, NO_CHANGE)
-        interval = f"95% CI {d.low - 1:+.1%}..{d.high - 1:+.1%}" if d.low is not None and d.high is not None else ""
-        out.append(Delta("samples/s", ea.mean, eb.mean, change, verdict, interval))
-    # Step time: lower is better; its band is the throughputs' relative intervals, combined.
-    sa, sb = num(a.get("step_time_ms_p50")), num(b.get("step_time_ms_p50"))
-    step_change = _change(sa, sb)
-    if step_change is not None:
-        change = step_change
-        ha, hb = _rel_half_width(a), _rel_half_width(b)
-        if ha is not None and hb is not None:
-            band = math.sqrt(ha**2 + hb**2)
-            note = f"band ±{band:.1%}"
-        else:
-            band, note = threshold, "no noise estimate: threshold only"
-        verdict = NO_CHANGE if abs(change) <= band else (REGRESSION if change > 0 else IMPROVEMENT)
-        out.append(Delta("step p50 ms", sa, sb, change, verdict, note))
-    for metric, va, vb, tol in (("peak mem GiB", peak_memory_gib(a), peak_memory_gib(b), PEAK_TOLERANCE),
-                                ("model state MiB", _mib(a), _mib(b), STATE_TOLERANCE)):
-        mem_change = _change(num(va), num(vb))
-        if mem_change is None:
-            continue
-        verdict = NO_CHANGE if abs(mem_change) <= tol else (REGRESSION if mem_change > 0 else IMPROVEMENT)
-        out.append(Delta(metric, num(va), num(vb), mem_change, verdict, f"band ±{tol:.0%}"))
+    out = [_delta("samples/s", difference(eb, ea, threshold), ea.mean, eb.mean, higher_is_better=True,
+                  noise=_noise(ea.source, eb.source, ea.n, eb.n))]
+    for metric, label, effect in (("step_time", "step p50 ms", threshold),
+                                  ("peak_memory", "peak mem GiB", MIN_EFFECT["peak_memory"])):
+        sa, sb = estimate(a, metric, floor), estimate(b, metric, floor)
+        if sa is not None and sb is not None:
+            out.append(_delta(label, difference(sb, sa, effect), sa.mean, sb.mean, higher_is_better=False,
+                              noise=_noise(sa.source, sb.source, sa.n, sb.n)))
+    ma, mb = _mib(a), _mib(b)
+    state_change = _change(ma, mb)
+    if state_change is not None:
+        verdict = NO_CHANGE if abs(state_change) <= STATE_TOLERANCE else (REGRESSION if state_change > 0
+                                                                           else IMPROVEMENT)
+        out.append(Delta("model state MiB", ma, mb, state_change, verdict,
+                         f"counted exactly; band ±{STATE_TOLERANCE:.0%}"))
     return out
+
+
+def _noise(source_a: str, source_b: str, n_a: int, n_b: int) -> str:
+    if "none" in (source_a, source_b):
+        return "no noise estimate (1 run, no noise floor)"
+    if "floor" in (source_a, source_b):
+        return f"{n_a} + {n_b} runs with the noise floor"
+    return f"{n_a} + {n_b} runs"
+
+
+def _delta(label: str, d: Diff, a: float, b: float, *, higher_is_better: bool, noise: str) -> Delta:
+    """One metric's delta: the Diff's verdict in the words of a comparison over time."""
+    better, worse = (HIGHER, LOWER) if higher_is_better else (LOWER, HIGHER)
+    verdict = {better: IMPROVEMENT, worse: REGRESSION, SAME: NO_CHANGE, INCONCLUSIVE: UNDECIDED}[d.verdict]
+    interval = f"95% CI {d.low - 1:+.1%}..{d.high - 1:+.1%}, " if d.low is not None and d.high is not None else ""
+    note = f"{interval}{noise}"
+    if verdict == UNDECIDED:
+        note = d.why_inconclusive() if d.low is None else f"{note}; {d.why_inconclusive()}"
+    return Delta(label, a, b, d.ratio - 1, verdict, note, d.runs_needed)
 
 
 def _mib(row: dict[str, Any]) -> float | None:
@@ -181,9 +188,22 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
     if result.only_b:
         lines += ["", "Only in B: " + ", ".join(_md(_name(r)) for r in result.only_b)]
     bad = result.regressions()
-    lines += ["", f"{len(bad)} regression(s) beyond the threshold of {result.threshold:.0%}"
+    lines += ["", f"{len(bad)} regression(s) beyond the noise and the threshold of {result.threshold:.0%}"
               + (": " + "; ".join(f"{m.name} {d.metric}" + (f" {d.change:+.1%}" if d.change is not None else
                                                                  f" ({d.note})") for m, d in bad) if bad else ".")]
+    undecided = result.inconclusive()
+    if undecided:
+        noiseless = sum(1 for _, d in undecided if d.note.startswith("no noise estimate"))
+        needed = [d.runs_needed for _, d in undecided if not d.note.startswith("no noise estimate")]
+        parts = []
+        if noiseless:
+            parts.append(f"{noiseless} without a noise estimate (one run per side): set runs=3 or more, or measure "
+                         "a noise floor on this cluster")
+        if needed:
+            parts.append(f"{len(needed)} inside the noise between runs: "
+                         + (f"about {max(n for n in needed if n)} runs per side would decide them"
+                            if all(needed) else "some would need more runs than is practical"))
+        lines.append(f"{len(undecided)} inconclusive: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 
 

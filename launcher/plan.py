@@ -43,6 +43,7 @@ class Cell:
     overrides: list[str]
     config: Config
     layout: Layout
+    run: int = 1  # which independent launch of its grid point (1..config.runs)
 
 
 def search_path(config_dirs: Sequence[str | Path]) -> list[str]:
@@ -173,7 +174,8 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
             except Exception as exc:  # every kind of bad input becomes one readable line
                 errors.append((" ".join(overrides) or "(defaults)", _explain(exc, overrides)))
                 continue
-            values_by_key = dict(o.split("=", 1) for o in overrides if "=" in o)
+            # "+model.params.x=1" sweeps the key "model.params.x": its value is found without the prefix.
+            values_by_key = {k.lstrip("+~"): v for k, v in (o.split("=", 1) for o in overrides if "=" in o)}
             points.append(Point(overrides, {k.lstrip("+~"): values_by_key.get(k, "") for k in swept}, config))
     if errors:
         raise SweepError(_grouped(errors))
@@ -320,20 +322,30 @@ def layout_for(config: Config) -> Layout:
 
 
 def plan(points: list[Point]) -> list[Cell]:
-    """Cells with their resources; duplicate points (same resolved config) are refused."""
-    cells: list[Cell] = []
+    """Cells with their resources: ``runs`` independent launches of every grid point, interleaved
+    (run 1 of every point, then run 2, ...) so that a drift of the machine over the sweep reaches
+    every configuration alike. Duplicate points (same resolved config) are refused."""
     seen: dict[str, str] = {}
-    for i, p in enumerate(points):
+    names = []
+    for p in points:
         name = " ".join(f"{k}={v}" for k, v in p.swept.items()) or "single"
         key = repr(p.config)
         if key in seen:
             raise SweepError(
                 f"[{name}] resolves to the same configuration as [{seen[key]}]: it would run twice. "
-                f"Fix: remove the repeated value from the sweep."
+                f"Fix: remove the repeated value from the sweep, or set runs=N to measure it N times."
             )
         seen[key] = name
-        cells.append(Cell(i, name, f"{i:02d}-{_slug(name.replace('=', '_').replace(' ', '-'))}",
-                          p.overrides, p.config, layout_for(p.config)))
+        names.append(name)
+    cells: list[Cell] = []
+    for run in range(1, max((p.config.runs for p in points), default=1) + 1):
+        for p, name in zip(points, names, strict=True):
+            if run > p.config.runs:
+                continue
+            i = len(cells)
+            full = f"{name} run={run}" if p.config.runs > 1 else name
+            cells.append(Cell(i, full, f"{i:02d}-{_slug(full.replace('=', '_').replace(' ', '-'))}",
+                              p.overrides, p.config, layout_for(p.config), run))
     _check_uniform(cells)
     return cells
 
@@ -357,7 +369,7 @@ def cell_state(cell: Cell) -> CellState:
     cfg = cell.config
     return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
                      strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=model_label(cfg),
-                     cluster=cfg.cluster, layout=cell.layout)
+                     cluster=cfg.cluster, layout=cell.layout, run=cell.run)
 
 
 def model_label(cfg: Config) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import mlflow_entry
-from launcher import compare, findings, interference, plots, sync, tracking
+from launcher import compare, findings, interference, noisefloor, plots, stats, sync, tracking
 from launcher.failures import FIXES
 from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, num, peak_memory_gib, ranked
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
@@ -217,7 +217,7 @@ def _status(row: dict) -> str:
     return str(row.get("status"))
 
 
-def columns(rows: Sequence[dict[str, Any]]) -> list[Column]:
+def columns(rows: Sequence[dict[str, Any]], floor: stats.Floor | None = None) -> list[Column]:
     multi_sweep = len({r.get("sweep") for r in rows}) > 1
     cols = [
         Column("#", lambda r: r.get("_rank"), lambda v: "-" if v is None else str(v)),
@@ -245,8 +245,8 @@ def columns(rows: Sequence[dict[str, Any]]) -> list[Column]:
         Column("comm share", lambda r: r.get("comm_share"), _fixed(".0%")),
         Column("runs", lambda r: r.get("runs"), lambda v: "-" if v is None else str(v), optional=True),
         Column("run spread", lambda r: r.get("run_spread"), _fixed(".1%"), optional=True),
-        Column("CV", lambda r: r, _cv),
-        Column("±95% CI", lambda r: r, findings.ci_text),
+        Column("window CV", lambda r: r, _cv),
+        Column("±95% CI", lambda r: r, lambda r: stats.ci_text(r, floor)),
         Column("status", _status, numeric=False),
     ]
     return [c for c in cols if not c.optional or any(num(c.value(r)) is not None for r in rows)]
@@ -256,11 +256,11 @@ def _md(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str:
     """Markdown ranking table: per world size (fewest ranks first), best throughput first; cells
-    without results last. Cells that differ only in their seed are one row (mean and spread)."""
+    without results last. Runs of one configuration (and seeds) are one row (mean and spread)."""
     rows = grouped(rows)
-    cols = columns(rows)
+    cols = columns(rows, floor)
     lines = ["| " + " | ".join(c.title for c in cols) + " |",
              "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
     for r in ranked(rows):
@@ -296,6 +296,7 @@ def _uniform(rows: Sequence[dict[str, Any]], key: str) -> str:
 
 
 def _how_measured(rows: Sequence[dict[str, Any]]) -> str:
+    runs = "/".join(sorted({str(len(u.get("_members", [u]))) for u in grouped(list(rows))}, key=int)) or "?"
     steps, warm = _uniform(rows, "steps"), _uniform(rows, "warmup_steps")
     measured = _distinct(rows, "measured_steps")
     repeats, batch = _uniform(rows, "repeats"), _uniform(rows, "batch_size")
@@ -316,12 +317,17 @@ def _how_measured(rows: Sequence[dict[str, Any]]) -> str:
         "Rel perf is total throughput over the best cell's of the same model and world size. Scaling eff is per-device throughput "
         "over that of the smallest cell of the same series (same settings except the node count; 100% = linear "
         "scaling). Comm share is the share of step time spent in communication as the worker measured it "
-        f"(`comm_share`; '-' where not measured). CV is the coefficient of variation of throughput over the "
-        f"repeated windows ('-' for a single window); {NOISY_FLAG} marks cells above {NOISY_CV:.0%}, whose place "
-        "in the ranking may be noise. ±95% CI is the half-width of the 95% confidence interval of the mean "
-        "throughput, as a share of it: from the spread over runs where a configuration ran with several seeds "
-        "(runs, run spread), else from the CV over the windows (standard error CV × mean / √windows, Student's "
-        "t with windows − 1 degrees of freedom).",
+        f"(`comm_share`; '-' where not measured). Window CV is the coefficient of variation of throughput over "
+        f"the measured windows of one run ('-' for a single window); {NOISY_FLAG} marks cells above {NOISY_CV:.0%}. "
+        "Windows share their run's processes and neighbours, so they describe a run's steadiness, never the noise "
+        "of a claim.",
+        "",
+        f"**Runs are the unit of noise.** Each configuration ran {runs} time(s) as independent launches "
+        "(separate processes; separate array tasks on Slurm), interleaved over the sweep. Its row shows the mean "
+        "over the runs that have a result (runs, run spread = the coefficient of variation between them). ±95% CI "
+        "is the half-width of the 95% interval of that mean, as a share of it: standard error stdev / √runs, "
+        "Student's t with runs − 1 degrees of freedom; a configuration that ran once uses this cluster's noise "
+        "floor (see Environment) or has none ('-'). Failed, cancelled and diverged runs count in no figure.",
     ])
 
 
@@ -355,19 +361,22 @@ def _failures(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _tables(rows: list[dict[str, Any]]) -> str:
+def _tables(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str:
     """One table per model: samples/s of different models do not compare."""
     models = _distinct(rows, "model")
     if len(models) <= 1:
-        return table(rows)
-    return "\n\n".join(f"### {m}\n\n{table([r for r in rows if str(r.get('model')) == m])}" for m in models)
+        return table(rows, floor)
+    return "\n\n".join(f"### {m}\n\n{table([r for r in rows if str(r.get('model')) == m], floor)}"
+                       for m in models)
 
 
-def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[str, str]) -> Report:
-    """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``."""
+def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[str, str],
+          floor: stats.Floor | None = None) -> Report:
+    """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``; ``floor``: the cluster's
+    noise floor, the noise of configurations that ran once."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = _tables(rows)
+    tables = _tables(rows, floor)
     done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     counts: dict[str, int] = {}
     for r in rows:
@@ -376,7 +385,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     parts = [f"# {title}", "",
              f"{len(rows)} cell(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); model {models}; "
              f"{len({r.get('sweep') for r in rows})} sweep(s).", ""]
-    found = findings.findings(rows)
+    found = findings.findings(rows, floor=floor)
     parts += ["## Findings", "", found, ""]
     parts += ["## Results", "",
               "Cells ranked by total throughput (higher is better) among cells of the same model and world size "
@@ -394,8 +403,9 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
                          f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).")
             parts.append("")
         if noisy:
-            parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between measured "
-                         "windows: rerun with more steps or repeats before trusting close rankings.")
+            parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between the measured "
+                         "windows of one run: a noisy neighbour or an unsteady state; the claims rest on the spread "
+                         "between runs, not on these windows.")
         parts.append("")
     report = Report(out_dir / REPORT_FILE, tables=tables, findings=found,
                     cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
@@ -438,11 +448,23 @@ def write_cells_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 
 
 def write_sweep_report(state: SweepState) -> Report:
+    """The sweep's report; its repeated runs refresh the cluster's noise floor, which in turn is the
+    noise of any configuration here that ran once."""
     rows = collect(state)
     source = {"cluster": state.cluster, "command": " ".join(state.argv), "sweep dir": state.sweep_dir}
     if state.tracking_uri:
         source.update({"MLflow": state.tracking_uri, "parent run": state.parent_run_id or "-"})
-    return write(rows, state.path, f"Benchmark report: {state.name}", source)
+    key = floor_key(state)
+    if all(c.status.terminal for c in state.cells):
+        noisefloor.record(state.path.parent, key, rows, state.name)
+    floor = noisefloor.load(state.path.parent, key)
+    source["noise floor"] = floor.where if floor else "none measured on this cluster yet"
+    return write(rows, state.path, f"Benchmark report: {state.name}", source, floor)
+
+
+def floor_key(state: SweepState) -> str:
+    first = state.cells[0].cluster if state.cells else None
+    return noisefloor.cluster_key(state.cluster, getattr(first, "partition", None), getattr(first, "gpu_type", None))
 
 
 def finalize(state: SweepState) -> str:
@@ -531,18 +553,24 @@ def _tracking_uri(arg: str | None) -> str:
     return arg or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs', 'mlflow.db').resolve()}"
 
 
-def rows_of(source: str, tracking_uri: str | None) -> list[dict[str, Any]]:
-    """The rows of one sweep: a sweep directory, else an MLflow parent run id."""
+def rows_of(source: str, tracking_uri: str | None) -> tuple[list[dict[str, Any]], stats.Floor | None]:
+    """The rows of one sweep (a sweep directory, else an MLflow parent run id) and its cluster's
+    noise floor (sweep directories only)."""
     if Path(source, "sweep.json").exists():
-        return collect(SweepState.load(Path(source)))
+        state = SweepState.load(Path(source))
+        return collect(state), noisefloor.load(state.path.parent, floor_key(state))
     if Path(source).exists():
         raise ReportError(f"{source} holds no sweep.json: pass a sweep directory or a parent run id.")
-    return rows_from_parent_run(_tracking_uri(tracking_uri), source)
+    return rows_from_parent_run(_tracking_uri(tracking_uri), source), None
 
 
 def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None) -> int:
-    result = compare.compare(rows_of(a, tracking_uri), rows_of(b, tracking_uri), threshold)
+    (rows_a, floor_a), (rows_b, floor_b) = rows_of(a, tracking_uri), rows_of(b, tracking_uri)
+    floor = floor_b or floor_a  # the newer sweep's cluster first; both ran on one cluster to be comparable
+    result = compare.compare(rows_a, rows_b, threshold, floor)
     print(compare.render(result, a, b))
+    if floor:
+        print(f"noise floor for single runs: {floor.where}")
     return 1 if result.regressions() else 0
 
 

@@ -17,7 +17,7 @@ MIB = 1024**2
 # Settings that say where and how a sweep was run, not what was measured: two runs that differ
 # only in these (and in the node count) belong to one scaling series.
 WHERE_KEYS = ("output_root", "sweep_dir", "wait", "collective_timeout_s", "cluster.timeout_min",
-              "cluster.signal_delay_s", "cluster.array_parallelism")
+              "cluster.signal_delay_s", "cluster.array_parallelism", "runs")
 # The tracking params of the choices that rows carry as "strategy", "precision" and "model".
 _CHOICE_PARAMS = ("strategy.name", "strategy.label", "precision.name", "model.name")
 
@@ -29,7 +29,10 @@ def num(value: Any) -> float | None:
 
 
 def throughput(row: dict[str, Any]) -> float | None:
-    """Total samples/s of a cell that has a result (a failed cell has none)."""
+    """Total samples/s of a cell that has a result (a failed, cancelled or diverged cell has none).
+    A loss that is not finite makes it no result even where an older version recorded one."""
+    if any(k in row and num(row[k]) is None for k in ("loss_first", "loss_last")):
+        return None
     v = num(row.get("throughput_samples_per_s"))
     return v if v else None
 
@@ -44,7 +47,9 @@ def settings(row: dict[str, Any]) -> dict[str, str]:
         out = dict(w.split("=", 1) for w in str(row.get("cell", "")).split() if "=" in w)
     for param in _CHOICE_PARAMS:
         out.pop(param, None)
-    out = {k: v for k, v in out.items() if k not in WHERE_KEYS and not k.startswith(("tracking.", "hydra."))}
+    # "run": which independent launch of a configuration (hand-made rows carry it in the cell name).
+    out = {k: v for k, v in out.items()
+           if k not in WHERE_KEYS and k != "run" and not k.startswith(("tracking.", "hydra."))}
     for key in ("strategy", "precision", "model"):
         if row.get(key) is not None:
             out[key] = str(row[key])
@@ -89,7 +94,7 @@ def series_labels(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
         first.setdefault(r["series"], r)
     labels = {}
     for key, r in first.items():
-        words = [w for w in str(r["cell"]).split() if not w.startswith(("nodes=", "seed="))]
+        words = [w for w in str(r["cell"]).split() if not w.startswith(("nodes=", "seed=", "run="))]
         labels[key] = " ".join(words) or f"{r.get('strategy')} {r.get('precision')}"
     counts: dict[str, int] = {}
     for label in labels.values():
@@ -124,9 +129,11 @@ def ranked(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def grouped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per configuration: cells that differ only in their seed become one row with the
-    mean of every figure, ``runs`` (how many finished) and ``run_spread`` (the coefficient of
-    variation of throughput over them). A configuration measured once keeps its own row."""
+    """One row per configuration: its independent runs (and cells that differ only in their seed)
+    become one row with the mean of every figure over the runs that have a result, ``runs`` (how
+    many) and ``run_spread`` (the coefficient of variation of throughput between them). A failed,
+    cancelled or diverged run counts in ``runs_planned`` only. A configuration measured once keeps
+    its own row."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(unit_key(r), []).append(r)
@@ -137,9 +144,11 @@ def grouped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         done = [m for m in members if throughput(m)]
         base = dict((done or members)[0])
-        base["cell"] = " ".join(w for w in str(base["cell"]).split() if not w.startswith("seed=")) or base["cell"]
-        seeds = [settings(m).get("seed") for m in members]
-        base["cell"] += f" ({len(members)} seeds)" if all(seeds) else f" ({len(members)} runs)"
+        base["cell"] = " ".join(w for w in str(base["cell"]).split()
+                                if not w.startswith(("seed=", "run="))) or base["cell"]
+        seeds = {settings(m).get("seed") for m in members}
+        base["cell"] += f" ({len(members)} seeds)" if len(seeds) == len(members) and None not in seeds \
+            else f" ({len(members)} runs)"
         base["runs"], base["runs_planned"] = len(done), len(members)
         for key in {k for m in done for k, v in m.items() if num(v) is not None}:
             values = [v for m in done if (v := num(m.get(key))) is not None]

@@ -121,6 +121,9 @@ class Config(TrainSpec):
     collective_timeout_s: float = 300.0
     # Submit cells predicted not to fit in cluster.gpu_mem_gib anyway.
     allow_oom: bool = False
+    # Independent launches of every grid point (separate processes; on Slurm separate array tasks):
+    # the noise every claim is judged against is the spread between them (launcher/findings.py).
+    runs: int = 3
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     def validate(self) -> None:
@@ -134,6 +137,8 @@ class Config(TrainSpec):
         _non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
         _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
         _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
+        _positive("runs", self.runs, "use runs=3 (the default: claims need the spread between independent runs) "
+                  "or runs=1 for a quick look that claims nothing.")
         self.checkpoint.validate()
         if c.cpus_per_task is not None:
             _positive("cluster.cpus_per_task", c.cpus_per_task, "use 1 or more, or drop it to derive it.")

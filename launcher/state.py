@@ -87,6 +87,7 @@ class CellState:
     model: str
     cluster: ClusterConfig  # this cell's own resolved cluster settings
     layout: Layout  # nodes, tasks and cores it runs on
+    run: int = 1  # which independent launch of its grid point (1..runs)
     job_id: str | None = None
     run_id: str | None = None
     status: CellStatus = CellStatus.planned

@@ -14,32 +14,37 @@ from launcher.state import CellState, CellStatus, SweepState
 GRID = [("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)]
 
 
-def make_sweep(root: Path, name: str, results: dict, where: str = "/runs") -> Path:
-    """A sweep directory: one cell per (strategy, nodes) in GRID; ``results`` maps (strategy, nodes) to
-    (samples/s, cv, peak GiB) or to None (the cell failed). The where-settings differ per sweep."""
+def make_sweep(root: Path, name: str, results: dict, where: str = "/runs", runs: int = 3) -> Path:
+    """A sweep directory: ``runs`` independent runs per (strategy, nodes) in GRID; ``results`` maps
+    (strategy, nodes) to (samples/s, relative spread between runs, peak GiB) or to None (every run
+    failed). The where-settings differ per sweep."""
     sweep_dir = root / name
     state = SweepState(name=name, sweep_dir=str(sweep_dir), cluster="local", argv=["-m", "strategy=ddp,fsdp"])
-    for i, (strategy, nodes) in enumerate(GRID):
-        cell_name = f"strategy={strategy} nodes={nodes}"
-        cell = CellState(index=i, name=cell_name, dirname=f"{i:02d}-{strategy}-{nodes}",
-                         overrides=[f"strategy={strategy}", f"nodes={nodes}", "model=gpt_tiny", "batch_size=4",
-                                    f"output_root={where}", f"sweep_dir={where}/{name}"],
-                         strategy=strategy, precision="fp32", model="gpt_tiny", cluster=ClusterConfig(),
-                         layout=Layout(nodes=nodes, tasks_per_node=2), job_id=str(1000 + i))
-        d = state.cell_dir(cell)
-        d.mkdir(parents=True)
-        got = results.get((strategy, nodes))
-        if got is None:
-            cell.status, cell.error, cell.failure_class = CellStatus.failed, "rank 1 on n1 failed: OOM", "oom"
-        else:
-            tp, cv, peak = got
-            cell.status = CellStatus.done
-            summary = {"world_size": 2 * nodes, "throughput_samples_per_s": tp,
-                       "throughput_samples_per_s_per_device": tp / (2 * nodes), "throughput_cv": cv,
-                       "step_time_ms_p50": 1e3 * 4 * 2 * nodes / tp, "peak_rss_gib": peak,
-                       "model_state_bytes": 15e6 / (nodes * 2 if strategy == "fsdp" else 1)}
-            (d / "result.json").write_text(json.dumps({"summary": summary, "tags": {"hostnames": "n1"}}))
-        state.cells.append(cell)
+    spread = {1: [0.0], 3: [-1.0, 0.0, 1.0]}.get(runs) or [(-1) ** i for i in range(runs)]
+    for run in range(1, runs + 1):
+        for strategy, nodes in GRID:
+            i = len(state.cells)
+            cell_name = f"strategy={strategy} nodes={nodes}" + (f" run={run}" if runs > 1 else "")
+            cell = CellState(index=i, name=cell_name, dirname=f"{i:02d}-{strategy}-{nodes}-{run}",
+                             overrides=[f"strategy={strategy}", f"nodes={nodes}", "model=gpt_tiny", "batch_size=4",
+                                        f"output_root={where}", f"sweep_dir={where}/{name}"],
+                             strategy=strategy, precision="fp32", model="gpt_tiny", cluster=ClusterConfig(),
+                             layout=Layout(nodes=nodes, tasks_per_node=2), job_id=str(1000 + i), run=run)
+            d = state.cell_dir(cell)
+            d.mkdir(parents=True)
+            got = results.get((strategy, nodes))
+            if got is None:
+                cell.status, cell.error, cell.failure_class = CellStatus.failed, "rank 1 on n1 failed: OOM", "oom"
+            else:
+                mean_tp, cv, peak = got
+                tp = mean_tp * (1 + cv * spread[run - 1])
+                cell.status = CellStatus.done
+                summary = {"world_size": 2 * nodes, "throughput_samples_per_s": tp,
+                           "throughput_samples_per_s_per_device": tp / (2 * nodes), "throughput_cv": 0.001,
+                           "step_time_ms_p50": 1e3 * 4 * 2 * nodes / tp, "peak_rss_gib": peak * (1 + 0.002 * spread[run - 1]),
+                           "model_state_bytes": 15e6 / (nodes * 2 if strategy == "fsdp" else 1)}
+                (d / "result.json").write_text(json.dumps({"summary": summary, "tags": {"hostnames": "n1"}}))
+            state.cells.append(cell)
     state.save()
     return sweep_dir
 
@@ -48,17 +53,15 @@ BASE = {("ddp", 1): (100.0, 0.01, 0.50), ("ddp", 2): (180.0, 0.01, 0.52),
         ("fsdp", 1): (80.0, 0.01, 0.45), ("fsdp", 2): (150.0, 0.01, 0.46)}
 
 
-def rows(path: Path, repeats: int = 3):
-    out = report.collect(SweepState.load(path))
-    for r in out:
-        r["repeats"] = repeats  # what each cell's spec.json would say
-    return out
+def rows(path: Path):
+    return report.collect(SweepState.load(path))
 
 
 def test_cells_match_by_settings_and_get_noise_aware_verdicts(tmp_path):
     a = make_sweep(tmp_path, "a", BASE, where="/old")
     b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 2): (140.0, 0.01, 0.52),  # a clear regression
-                                   ("fsdp", 1): (81.0, 0.05, 0.45),  # +1% inside the noise
+                                   ("fsdp", 1): (81.0, 0.05, 0.45),  # +1% inside the noise: cannot tell
+                                   ("ddp", 1): (100.5, 0.002, 0.50),  # +0.5%, tightly measured: no change
                                    ("fsdp", 2): (150.0, 0.01, 0.40)},  # less memory
                    where="/new")
     result = compare.compare(rows(a), rows(b), threshold=0.05)
@@ -67,8 +70,10 @@ def test_cells_match_by_settings_and_get_noise_aware_verdicts(tmp_path):
     verdicts = {(m.name, d.metric): d for m in result.matches for d in m.deltas}
     tp = verdicts[("strategy=ddp nodes=2", "samples/s")]
     assert tp.verdict == "regression" and tp.change == pytest.approx(140 / 180 - 1)
+    assert "3 + 3 runs" in tp.note
     assert verdicts[("strategy=ddp nodes=2", "step p50 ms")].verdict == "regression"
-    assert verdicts[("strategy=fsdp nodes=1", "samples/s")].verdict == "no change"
+    undecided = verdicts[("strategy=fsdp nodes=1", "samples/s")]
+    assert undecided.verdict == "inconclusive" and undecided.runs_needed and "runs per side" in undecided.note
     assert verdicts[("strategy=ddp nodes=1", "samples/s")].verdict == "no change"
     assert verdicts[("strategy=fsdp nodes=2", "peak mem GiB")].verdict == "improvement"
     assert verdicts[("strategy=ddp nodes=1", "model state MiB")].verdict == "no change"
@@ -76,18 +81,38 @@ def test_cells_match_by_settings_and_get_noise_aware_verdicts(tmp_path):
         ("strategy=ddp nodes=2", "samples/s"), ("strategy=ddp nodes=2", "step p50 ms")]
     text = compare.render(result, "a", "b")
     assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 140.0 | -22.2% | **regression** | 95% CI" in text
-    assert "2 regression(s) beyond the threshold of 5%" in text
+    assert "2 regression(s) beyond the noise and the threshold of 5%" in text
+    assert "2 inconclusive: 2 inside the noise between runs: about" in text  # fsdp 1 node: throughput and step
 
 
 def test_command_exits_1_on_a_regression_beyond_the_threshold(tmp_path, capsys):
     a = make_sweep(tmp_path, "a", BASE)
     b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 1): (96.0, 0.001, 0.50)})  # -4%, beyond the noise
-    # Without spec.json the report knows no repeats: no noise estimate, the threshold decides.
+    assert report.main(["--compare", str(a), str(b)]) == 0  # below the 5% that counts
+    out = capsys.readouterr().out
+    assert "| strategy=ddp nodes=1 | samples/s | 100.0 | 96.0 | -4.0% | inconclusive | 95% CI" in out
+    assert report.main(["--compare", str(a), str(b), "--threshold", "0.03"]) == 1
+    assert "2 regression(s) beyond the noise and the threshold of 3%: strategy=ddp nodes=1 samples/s -4.0%" in \
+        capsys.readouterr().out
+
+
+def test_single_runs_claim_nothing_unless_the_cluster_has_a_noise_floor(tmp_path, capsys):
+    """One run per side: every verdict is inconclusive (no noise). A sweep with repeated runs on the
+    same cluster records its noise floor; afterwards single runs are judged against it."""
+    a = make_sweep(tmp_path, "a", BASE, runs=1)
+    b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 2): (120.0, 0.0, 0.52)}, runs=1)
     assert report.main(["--compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
-    assert "| strategy=ddp nodes=1 | samples/s | 100.0 | 96.0 | -4.0% | no change | no noise estimate" in out
-    assert report.main(["--compare", str(a), str(b), "--threshold", "0.03"]) == 1
-    assert "2 regression(s) beyond the threshold of 3%: strategy=ddp nodes=1 samples/s -4.0%" in capsys.readouterr().out
+    assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 120.0 | -33.3% | inconclusive | no noise estimate" in out
+    floor_sweep = make_sweep(tmp_path, "floor", {k: (v[0], 0.03, v[2]) for k, v in BASE.items()}, runs=8)
+    report.write_sweep_report(SweepState.load(floor_sweep))
+    kept = json.loads((tmp_path / "noise-floor.json").read_text())
+    (entry,) = kept.values()
+    assert entry["df"] == 4 * 7 and entry["cv"]["throughput"] == pytest.approx(0.03 * (8 / 7) ** 0.5, rel=1e-6)
+    assert report.main(["--compare", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 120.0 | -33.3% | **regression** |" in out
+    assert "1 + 1 runs with the noise floor" in out and "noise floor for single runs: local:" in out
 
 
 def test_failed_and_unmatched_cells(tmp_path):
@@ -99,13 +124,14 @@ def test_failed_and_unmatched_cells(tmp_path):
     assert len(result.regressions()) == 1
     # A grid that only B has; and a cell matched by name when its fixed settings changed.
     rows_b = rows(b)
-    rows_b[0]["settings"] = {**rows_b[0]["settings"], "batch_size": "8"}
-    rows_b.append({**rows_b[1], "cell": "strategy=zero2 nodes=2", "strategy": "zero2",
-                   "settings": {**rows_b[1]["settings"], "strategy": "zero2"}})
+    for r in rows_b[0::4]:  # every run of strategy=ddp nodes=1
+        r["settings"] = {**r["settings"], "batch_size": "8"}
+    rows_b += [{**r, "cell": r["cell"].replace("ddp", "zero2"), "strategy": "zero2",
+                "settings": {**r["settings"], "strategy": "zero2"}} for r in rows_b[1::4]]
     result = compare.compare(rows(a), rows_b)
     by_name = {m.name: m for m in result.matches}
     assert by_name["strategy=ddp nodes=1"].by == "name"
-    assert [r["cell"] for r in result.only_b] == ["strategy=zero2 nodes=2"] and not result.only_a
+    assert [r["cell"] for r in result.only_b] == ["strategy=zero2 nodes=2 (3 runs)"] and not result.only_a
     text = compare.render(result, "a", "b")
     assert "strategy=ddp nodes=1 (matched by name)" in text and "Only in B: strategy=zero2 nodes=2" in text
 
@@ -119,18 +145,19 @@ def test_compare_reads_mlflow_parent_runs(tmp_path, capsys):
     parents = []
     for sweep, tp in (("sweep-a", 100.0), ("sweep-b", 70.0)):
         parent = client.create_run(exp, run_name=sweep, tags={"sweep": sweep}).info.run_id
-        tags = {"mlflow.parentRunId": parent, "cell": "strategy=ddp", "strategy": "ddp", "precision": "fp32",
-                "model": "gpt_tiny", "nodes": "1", "world_size": "2"}
-        run = client.create_run(exp, run_name="strategy=ddp", tags=tags).info.run_id
-        for k, v in {"strategy.name": "ddp", "batch_size": "4", "repeats": "3", "sweep_dir": f"/x/{sweep}"}.items():
-            client.log_param(run, k, v)
-        for k, v in {"throughput_samples_per_s": tp, "throughput_cv": 0.01, "world_size": 2,
-                     "throughput_samples_per_s_per_device": tp / 2}.items():
-            client.log_metric(run, k, v, step=0)
-        client.set_terminated(run, "FINISHED")
+        for k, spread in enumerate((-0.01, 0.0, 0.01), start=1):
+            tags = {"mlflow.parentRunId": parent, "cell": f"strategy=ddp run={k}", "strategy": "ddp",
+                    "precision": "fp32", "model": "gpt_tiny", "nodes": "1", "world_size": "2"}
+            run = client.create_run(exp, run_name=f"strategy=ddp run={k}", tags=tags).info.run_id
+            for key, v in {"strategy.name": "ddp", "batch_size": "4", "repeats": "3", "sweep_dir": f"/x/{sweep}"}.items():
+                client.log_param(run, key, v)
+            for key, value in {"throughput_samples_per_s": tp * (1 + spread), "throughput_cv": 0.01, "world_size": 2,
+                               "throughput_samples_per_s_per_device": tp * (1 + spread) / 2}.items():
+                client.log_metric(run, key, value, step=0)
+            client.set_terminated(run, "FINISHED")
         parents.append(parent)
     assert report.main(["--compare", *parents, "--tracking-uri", uri]) == 1
     out = capsys.readouterr().out
-    assert "| strategy=ddp | samples/s | 100.0 | 70.0 | -30.0% | **regression** |" in out
+    assert "| strategy=ddp | samples/s | 100.0 | 70.0 | -30.0% | **regression** |" in out and "3 + 3 runs" in out
     assert report.main(["--compare", "nope", parents[0], "--tracking-uri", uri]) == 2
     assert "no MLflow run 'nope'" in capsys.readouterr().err

@@ -1,32 +1,50 @@
 """The findings rules on hand-made result sets: a clear win, a difference inside the noise, mixed
-world sizes, a failed cell, interference, seeds, and the statistics underneath."""
+world sizes, a failed cell, interference, independent runs, and the statistics underneath."""
 
 import math
 
 import pytest
 
 from launcher import findings
-from launcher.findings import Estimate, difference, estimate, t95
 from launcher.rows import add_derived, grouped, ranked
+from launcher.stats import INCONCLUSIVE, Estimate, Floor, difference, estimate, runs_needed, t95
 
 
-def row(strategy="ddp", precision="fp32", nodes=1, tp=1000.0, cv=0.01, repeats=3, world=None, peak=10.0,
-        state=1e9, model="gpt2-small", seed=None, **extra):
+def one(strategy="ddp", precision="fp32", nodes=1, tp=1000.0, cv=0.01, repeats=3, world=None, peak=10.0,
+        state=1e9, model="gpt2-small", seed=None, run=None, **extra):
+    """One run's row (``cv``: its window CV, which no claim may use)."""
     world = world or 8 * nodes
     cell = f"strategy={strategy} precision={precision} nodes={nodes}" + (f" seed={seed}" if seed is not None else "")
+    cell += f" run={run}" if run is not None else ""
     r = {"cell": cell, "sweep": "s", "strategy": strategy, "precision": precision, "model": model, "nodes": nodes,
-         "world_size": world, "status": "done", "series": cell.replace(f" nodes={nodes}", ""), "repeats": repeats,
-         "throughput_samples_per_s": tp, "throughput_samples_per_s_per_device": tp / world, "throughput_cv": cv,
-         "peak_mem_allocated_gib": peak, "model_state_bytes": state, "step_time_ms_p50": 1e3 * 8 * world / tp}
+         "world_size": world, "status": "done", "series": f"strategy={strategy} precision={precision}",
+         "repeats": repeats, "throughput_samples_per_s": tp, "throughput_samples_per_s_per_device": tp / world,
+         "throughput_cv": cv, "peak_mem_allocated_gib": peak, "model_state_bytes": state,
+         "step_time_ms_p50": 1e3 * 8 * world / tp}
     r.update(extra)
     return r
 
 
+def row(strategy="ddp", precision="fp32", nodes=1, tp=1000.0, cv=0.01, runs=3, peak=10.0, **kw):
+    """A configuration measured in ``runs`` independent runs whose throughputs (and peaks) spread
+    with the relative standard deviation ``cv`` around ``tp`` (and ``peak``)."""
+    if runs == 1:
+        return [one(strategy, precision, nodes, tp, peak=peak, **kw)]
+    spread = [-1.0, 0.0, 1.0] if runs == 3 else [(-1) ** i * 1.0 for i in range(runs)]
+    scale = math.sqrt((runs - 1) / sum(z * z for z in spread))  # sample stdev exactly cv * tp
+    return [one(strategy, precision, nodes, tp * (1 + cv * z * scale), peak=peak * (1 + 0.001 * z), run=i + 1, **kw)
+            for i, z in enumerate(spread)]
+
+
+def rows_of(*configs):
+    return [r for c in configs for r in c]
+
+
 def failed(strategy="fsdp", precision="fp32", nodes=1):
-    return {"cell": f"strategy={strategy} precision={precision} nodes={nodes}", "sweep": "s", "strategy": strategy,
-            "precision": precision, "model": "gpt2-small", "nodes": nodes, "world_size": 8 * nodes,
-            "status": "failed", "error": "rank 3 on gpu2 failed: OutOfMemoryError: CUDA out of memory",
-            "failure_class": "oom", "series": f"strategy={strategy} precision={precision}"}
+    return [{"cell": f"strategy={strategy} precision={precision} nodes={nodes}", "sweep": "s", "strategy": strategy,
+             "precision": precision, "model": "gpt2-small", "nodes": nodes, "world_size": 8 * nodes,
+             "status": "failed", "error": "rank 3 on gpu2 failed: OutOfMemoryError: CUDA out of memory",
+             "failure_class": "oom", "series": f"strategy={strategy} precision={precision}"}]
 
 
 # ---- statistics ---------------------------------------------------------------------------------
@@ -37,86 +55,114 @@ def test_t_quantiles():
     assert t95(45) == pytest.approx(2.021) and t95(1e6) == pytest.approx(1.96) and math.isinf(t95(0.5))
 
 
-def test_estimate_from_windows_and_from_seeds():
-    e = estimate(row(tp=1000.0, cv=0.02, repeats=3))
-    assert e.source == "windows" and e.df == 2
-    assert e.se == pytest.approx(0.02 * 1000 / math.sqrt(3))
-    assert e.half_width == pytest.approx(4.303 * 0.02 * 1000 / math.sqrt(3))
-    assert estimate(row(repeats=1)).se is None  # one window: no noise estimate
-    assert estimate(failed()) is None
-    seeds = grouped([row(tp=990.0, seed=0), row(tp=1000.0, seed=1), row(tp=1010.0, seed=2)])
-    assert len(seeds) == 1
-    e = estimate(seeds[0])
-    assert e.source == "runs" and e.n == 3 and e.mean == pytest.approx(1000.0) and e.se == pytest.approx(10 / math.sqrt(3))
+def test_estimate_from_independent_runs_never_from_windows():
+    (unit,) = grouped(row(tp=1000.0, cv=0.02))
+    e = estimate(unit)
+    assert e.source == "runs" and e.n == 3 and e.df == 2
+    assert e.mean == pytest.approx(1000.0) and e.se == pytest.approx(0.02 * 1000 / math.sqrt(3))
+    # One run: its windows' CV is not a noise estimate of a claim.
+    single = one(tp=1000.0, cv=0.02, repeats=5)
+    assert estimate(single).se is None and estimate(single).source == "none"
+    # ... but the cluster's noise floor is: one run's standard error is the floor's CV times its value.
+    floor = Floor(cv={"throughput": 0.04}, df=7, where="local:test")
+    e = estimate(single, "throughput", floor)
+    assert e.source == "floor" and e.se == pytest.approx(40.0) and e.df == 7
+    assert estimate(failed()[0]) is None
+    # A failed run of a configuration counts in no figure.
+    (unit,) = grouped([*row(tp=1000.0, cv=0.02), {**one(tp=1.0, run=4), "loss_last": float("nan")}])
+    assert estimate(unit).n == 3 and estimate(unit).mean == pytest.approx(1000.0)
 
 
-def test_welch_difference():
-    a, b = Estimate(1100.0, 5.0, 2, 3, "windows"), Estimate(1000.0, 5.0, 2, 3, "windows")
-    d = difference(a, b)
+def test_verdicts_need_the_interval_and_the_minimum_effect():
+    a, b = Estimate(1100.0, 5.0, 2, 3, "runs"), Estimate(1000.0, 5.0, 2, 3, "runs")
+    d = difference(a, b, 0.05)
     se = math.sqrt(50.0)
     df = se**4 / (5.0**4 / 2 + 5.0**4 / 2)  # Welch-Satterthwaite: 4
     assert df == pytest.approx(4.0)
-    assert d.ratio == pytest.approx(1.1) and d.verdict == "higher"
+    assert d.ratio == pytest.approx(1.1) and d.verdict == "higher" and d.claimed
     assert d.low == pytest.approx(1 + (100 - t95(4) * se) / 1000) and d.high == pytest.approx(1 + (100 + t95(4) * se) / 1000)
-    assert difference(b, a).verdict == "lower"
-    assert difference(Estimate(1010.0, 20.0, 2, 3, "windows"), b).verdict == "same"
-    assert difference(Estimate(1500.0, None, None, 1, "none"), b).verdict == "unknown"
+    assert difference(b, a, 0.05).verdict == "lower"
+    # 3% apart, tightly measured: real but below the minimum effect, and the interval fits in it.
+    assert difference(Estimate(1030.0, 2.0, 2, 3, "runs"), Estimate(1000.0, 2.0, 2, 3, "runs"), 0.05).verdict == "same"
+    # 3% apart, loosely measured: cannot tell, and says how many runs would.
+    loose = difference(Estimate(1030.0, 20.0, 2, 3, "runs"), Estimate(1000.0, 20.0, 2, 3, "runs"), 0.05)
+    assert loose.verdict == INCONCLUSIVE and loose.runs_needed and "runs per side would decide" in loose.why_inconclusive()
+    # No noise at all: inconclusive, never a claim.
+    none = difference(Estimate(1500.0, None, None, 1, "none"), b, 0.05)
+    assert none.verdict == INCONCLUSIVE and "no noise estimate" in none.why_inconclusive()
+
+
+def test_runs_needed_is_the_first_run_count_that_decides():
+    a, b = Estimate(1080.0, 40.0, 2, 3, "runs"), Estimate(1000.0, 40.0, 2, 3, "runs")
+    n = runs_needed(a, b, 0.05)
+    assert n is not None and n > 3
+    rel_sd = math.sqrt(a.sd**2 + b.sd**2) / b.mean
+    assert t95(2 * n - 2) * rel_sd / math.sqrt(n) < 0.08 <= t95(2 * n - 4) * rel_sd / math.sqrt(n - 1)
+    # Simulated with that many runs at the same spread, the difference is claimed.
+    big = [Estimate(m, s * 40.0 * math.sqrt(3) / math.sqrt(n), n - 1, n, "runs") for m, s in ((1080.0, 1), (1000.0, 1))]
+    assert difference(big[0], big[1], 0.05).verdict == "higher"
 
 
 # ---- the rules ----------------------------------------------------------------------------------
 
 def test_clear_win_is_claimed_with_numbers():
-    rows = [row("ddp", tp=4600.0, cv=0.01, peak=13.0, state=1.6e9),
-            row("fsdp", tp=3200.0, cv=0.01, peak=8.5, state=0.2e9)]
+    rows = rows_of(row("ddp", tp=4600.0, cv=0.01, peak=13.0, state=1.6e9),
+                   row("fsdp", tp=3200.0, cv=0.01, peak=8.5, state=0.2e9))
     (c,) = findings.comparisons(grouped(rows), "strategy")
     assert (c.a_label, c.b_label) == ("fsdp", "ddp")  # ddp is the baseline
     assert c.claimed and c.throughput.verdict == "lower"
     assert c.throughput.ratio == pytest.approx(3200 / 4600)
-    assert c.peak_ratio == pytest.approx(8.5 / 13.0) and c.state_ratio == pytest.approx(0.125)
+    assert c.peak_ratio == pytest.approx(8.5 / 13.0) and c.peak.verdict == "lower" and c.state_ratio == pytest.approx(0.125)
+    assert c.noise == "3 + 3 runs"
     md = findings.findings(rows)
-    assert "**fsdp** is 30.4% slower than **ddp** (0.70×, 95% CI" in md
+    assert "**fsdp** is 30.4% slower than **ddp** (0.70×, 95% CI" in md and "; 3 + 3 runs)" in md
     assert "35% less peak memory" in md and "0.12× the model state per rank" in md
     assert "| 8 | precision=fp32 | fsdp vs ddp | 0.70× (" in md
     # Recommendation: DDP is fastest; FSDP is not within 5% of it, so nothing leaner qualifies.
     rec = md.split("### Recommendation")[1]
-    assert "fastest **strategy=ddp precision=fp32** at 4,600.0 samples/s (±" in rec
+    assert "fastest **strategy=ddp precision=fp32 (3 runs)** at 4,600.0 samples/s (±" in rec
     assert "No other configuration comes within 5% of it." in rec
 
 
 def test_difference_inside_the_noise_is_not_claimed():
-    rows = [row("ddp", tp=1000.0, cv=0.05), row("fsdp", tp=1020.0, cv=0.05, peak=6.0)]
+    rows = rows_of(row("ddp", tp=1000.0, cv=0.05), row("fsdp", tp=1020.0, cv=0.05, peak=6.0))
     (c,) = findings.comparisons(grouped(rows), "strategy")
-    assert c.throughput.verdict == "same" and not c.claimed
+    assert c.throughput.verdict == INCONCLUSIVE and not c.claimed
     assert c.throughput.low < 1 < c.throughput.high
     md = findings.findings(rows)
-    assert "no measurable difference" in md and "No measurable throughput difference." in md
+    assert "inconclusive: about" in md and "No throughput difference is claimed." in md
     assert "faster" not in md.split("### Precisions")[0].split("### Strategies")[1].split("|")[0]
     # FSDP is within 5% of the fastest and uses 40% less peak memory: the lean pick.
     rec = md.split("### Recommendation")[1]
-    assert "fastest **strategy=fsdp precision=fp32**" in rec and "not measurably faster than strategy=ddp" in rec
+    assert "fastest **strategy=fsdp precision=fp32 (3 runs)**" in rec and "inconclusive against strategy=ddp" in rec
     assert "Most memory-efficient within 5% of it: **strategy=ddp precision=fp32**" not in rec
-    assert "Of the 1 other(s) within 5% of it or not measurably slower, none uses measurably less memory." in rec
-    rows[0]["peak_mem_allocated_gib"], rows[1]["peak_mem_allocated_gib"] = 6.0, 10.0
+    assert "Of the 1 other(s) within 5% of it, none uses measurably less memory." in rec
+    rows = rows_of(row("ddp", tp=1000.0, cv=0.05, peak=6.0), row("fsdp", tp=1020.0, cv=0.05, peak=10.0))
     rec = findings.findings(rows).split("### Recommendation")[1]
-    assert ("Most memory-efficient within 5% of it or not measurably slower: **strategy=ddp precision=fp32** "
+    assert ("Most memory-efficient within 5% of it: **strategy=ddp precision=fp32 (3 runs)** "
             "(peak 6.00 GiB against 10.00") in rec
-    # 8% slower in the mean but inside the noise: still a candidate for the lean pick.
-    rows = [row("ddp", tp=1000.0, cv=0.10, peak=10.0), row("fsdp", tp=920.0, cv=0.10, peak=6.0)]
+    # Within 1% and tightly measured: provably the same speed, so the lean pick may come from it.
+    rows = rows_of(row("ddp", tp=1000.0, cv=0.002, peak=10.0), row("fsdp", tp=995.0, cv=0.002, peak=6.0))
     rec = findings.findings(rows).split("### Recommendation")[1]
     assert "not measurably faster than strategy=fsdp" in rec
-    assert "Most memory-efficient within 5% of it or not measurably slower: **strategy=fsdp precision=fp32**" in rec
+    assert "Most memory-efficient within 5% of it or not measurably slower: **strategy=fsdp precision=fp32 (3 runs)**" in rec
 
 
-def test_one_window_claims_nothing():
-    rows = [row("ddp", tp=1000.0, repeats=1), row("fsdp", tp=1500.0, repeats=1)]
+def test_one_run_claims_nothing_without_a_noise_floor():
+    rows = rows_of(row("ddp", tp=1000.0, runs=1), row("fsdp", tp=1500.0, runs=1))
     md = findings.findings(rows)
-    assert "not claimed: no noise estimate" in md and "2 configuration(s) have no noise estimate" in md
+    assert "inconclusive: no noise estimate" in md and "2 configuration(s) ran once" in md
     assert "slower" not in md and "faster" not in md.replace("not measurably faster", "")
+    # With the cluster's measured noise floor, a 50% difference is claimed, and says what it rests on.
+    floor = Floor(cv={"throughput": 0.03, "peak_memory": 0.01}, df=7, where="local:test")
+    md = findings.findings(rows, floor=floor)
+    assert "**fsdp** is 50.0% faster than **ddp**" in md and "noise floor (local:test)" in md
 
 
 def test_only_the_same_world_size_is_compared():
     # A 2-node DDP cell is faster in total than every 1-node cell: it must not beat them.
-    rows = [row("ddp", nodes=1, tp=1000.0), row("fsdp", nodes=1, tp=800.0), row("ddp", nodes=2, tp=1800.0)]
+    rows = rows_of(row("ddp", nodes=1, tp=1000.0, runs=1), row("fsdp", nodes=1, tp=800.0, runs=1),
+                   row("ddp", nodes=2, tp=1800.0, runs=1))
     comps = findings.comparisons(grouped(rows), "strategy")
     assert [(c.world_size, c.a_label, c.b_label) for c in comps] == [(8, "fsdp", "ddp")]
     add_derived(rows)
@@ -128,12 +174,14 @@ def test_only_the_same_world_size_is_compared():
     assert "**8 rank(s)**: fastest **strategy=ddp precision=fp32**" in rec
     assert "**16 rank(s)**: fastest **strategy=ddp precision=fp32**" in rec
     # Scaling efficiency per series: 1800 / 16 per device against 1000 / 8.
-    assert "- strategy=ddp precision=fp32: against 8 rank(s), 16 ranks 90% (±" in md
+    assert "- strategy=ddp precision=fp32: against 8 rank(s), 16 ranks 90% (no noise estimate)" in md
+    runs = rows_of(row("ddp", nodes=1, tp=1000.0), row("ddp", nodes=2, tp=1800.0))
+    assert "16 ranks 90% (±" in findings.findings(runs) and "3 + 3 runs" in findings.findings(runs)
 
 
 def test_precision_axis_and_other_settings_equal():
-    rows = [row("ddp", "fp32", tp=1000.0), row("ddp", "bf16", tp=1600.0, peak=7.0),
-            row("fsdp", "fp32", tp=700.0), row("fsdp", "bf16", tp=1100.0)]
+    rows = rows_of(row("ddp", "fp32", tp=1000.0), row("ddp", "bf16", tp=1600.0, peak=7.0),
+                   row("fsdp", "fp32", tp=700.0), row("fsdp", "bf16", tp=1100.0))
     strat = findings.comparisons(grouped(rows), "strategy")
     prec = findings.comparisons(grouped(rows), "precision")
     assert sorted((c.context, c.a_label, c.b_label) for c in strat) == [
@@ -145,29 +193,29 @@ def test_precision_axis_and_other_settings_equal():
 
 
 def test_failed_cell_is_left_out_and_named():
-    rows = [row("ddp", tp=1000.0), failed("fsdp")]
+    rows = rows_of(row("ddp", tp=1000.0), failed("fsdp"))
     (c,) = findings.comparisons(grouped(rows), "strategy")
     assert not c.claimed and c.throughput is None and "fsdp has no result (failed)" in c.caveat
     md = findings.findings(rows)
-    assert "Left out (no result): strategy=fsdp precision=fp32 nodes=1 (failed)." in md
+    assert "Left out (no result): strategy=fsdp precision=fp32 nodes=1 (failed, oom)." in md
     assert "not claimed: fsdp has no result (failed)" in md
-    assert "fastest **strategy=ddp precision=fp32**" in md
+    assert "fastest **strategy=ddp precision=fp32 (3 runs)**" in md
 
 
 def test_interference_is_qualified_and_never_recommended():
-    rows = [row("ddp", tp=1000.0), row("fsdp", tp=1500.0, interference="another job on gpu1 (pid 4242, 30 GiB)")]
+    rows = rows_of(row("ddp", tp=1000.0), row("fsdp", tp=1500.0, interference="another job on gpu1 (pid 4242, 30 GiB)"))
     (c,) = findings.comparisons(grouped(rows), "strategy")
     assert not c.claimed and "interference" in c.caveat
     md = findings.findings(rows)
-    assert "⚠ Interference: strategy=fsdp precision=fp32 nodes=1: another job on gpu1 (pid 4242, 30 GiB)" in md
+    assert "⚠ Interference: strategy=fsdp precision=fp32 nodes=1 (3 runs): another job on gpu1 (pid 4242, 30 GiB)" in md
     assert "not claimed: fsdp flagged interference" in md
-    assert "fastest **strategy=ddp precision=fp32**" in md  # the faster but disturbed cell is not picked
+    assert "fastest **strategy=ddp precision=fp32 (3 runs)**" in md  # the faster but disturbed cell is not picked
     assert "**fsdp** is" not in md
 
 
 def test_seeds_give_the_noise_and_one_unit():
-    rows = [row("ddp", tp=t, seed=s, repeats=1) for s, t in enumerate((1000.0, 1010.0, 990.0))]
-    rows += [row("fsdp", tp=t, seed=s, repeats=1) for s, t in enumerate((700.0, 705.0, 695.0))]
+    rows = [one("ddp", tp=t, seed=s, repeats=1) for s, t in enumerate((1000.0, 1010.0, 990.0))]
+    rows += [one("fsdp", tp=t, seed=s, repeats=1) for s, t in enumerate((700.0, 705.0, 695.0))]
     units = grouped(rows)
     assert len(units) == 2 and {u["runs"] for u in units} == {3}
     (c,) = findings.comparisons(units, "strategy")
@@ -175,8 +223,8 @@ def test_seeds_give_the_noise_and_one_unit():
 
 
 def test_a_straggler_is_named_in_the_findings():
-    slow = row("ddp", tp=1000.0)
+    slow = one("ddp", tp=1000.0)
     slow.update(straggler_rank="1 on node2", step_time_rank_spread=1.94)
-    md = findings.findings([slow, row("fsdp", tp=900.0)])
+    md = findings.findings([slow, one("fsdp", tp=900.0)])
     assert "### Stragglers" in md and "rank 1 on node2 is a straggler: 1.94x the median rank's step time" in md
-    assert "No rank lagged" in findings.findings([row("ddp", tp=1000.0), row("fsdp", tp=900.0)])
+    assert "No rank lagged" in findings.findings([one("ddp", tp=1000.0), one("fsdp", tp=900.0)])

@@ -20,7 +20,7 @@ from launcher.state import CellStatus, SweepState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-FAST = ["model=gpt_tiny", "model.seq_len=32", "model.vocab_size=256", "batch_size=4", "cluster=slurm",
+FAST = ["model=gpt_tiny", "model.seq_len=32", "model.vocab_size=256", "batch_size=4", "cluster=slurm", "runs=1",
         "cluster.timeout_min=10"]
 
 

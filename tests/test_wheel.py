@@ -104,7 +104,7 @@ def test_installed_wheel_runs_a_sweep_from_another_directory(venv, tmp_path):
     help_text = _run([cli, "--help"], cwd=work, env=env).stdout
     assert "strategy" in help_text and "fsdp" in help_text and "gpt_tiny" in help_text
 
-    _run([cli, "model=mlp", "steps=3", "warmup_steps=1", "repeats=1", "tracking=off"], cwd=work, env=env, timeout=180)
+    _run([cli, "model=mlp", "steps=3", "warmup_steps=1", "repeats=1", "runs=1", "tracking=off"], cwd=work, env=env, timeout=180)
     sweeps = [p.parent for p in (work / "outputs").glob("*/sweep.json")]
     assert len(sweeps) == 1, sorted(p.name for p in (work / "outputs").iterdir())
     (result,) = sweeps[0].glob("cells/*/result.json")
