@@ -69,7 +69,8 @@ def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=[*chosen, *extra], return_hydra_config=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params) or {}
+    # An experiment may fix settings without a grid of its own (noise_floor): no sweeper params.
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.params is not None else {}
     assert isinstance(params, dict)  # a mapping in Hydra's schema
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     return [f"{key!s}={value}" for key, value in params.items() if str(key) not in given]
