@@ -44,13 +44,30 @@ def test_defaults_and_overrides_are_typed():
 
 
 def test_grid_expansion_and_resources_per_point():
-    points, swept = expand(["strategy=ddp,fsdp", "nodes=1,2", "cluster.tasks_per_node=2"], multirun=True)
+    points, swept = expand(["strategy=ddp,fsdp", "nodes=1,2", "cluster.tasks_per_node=2", "runs=1"], multirun=True)
     cells = plan(compose(points, swept))
     assert [c.name for c in cells] == ["strategy=ddp nodes=1", "strategy=ddp nodes=2",
                                        "strategy=fsdp nodes=1", "strategy=fsdp nodes=2"]
     assert [c.layout.world_size for c in cells] == [2, 4, 2, 4]
     # two resource shapes -> two job arrays on Slurm
     assert len(submit.groups([cell_state(c) for c in cells], None)) == 2
+
+
+def test_runs_are_independent_launches_interleaved_over_the_sweep():
+    """runs=3 (the default): every grid point three times, run 1 of every point first, so a drift of
+    the machine reaches every configuration alike; on Slurm the runs of one resource shape are
+    separate tasks of one array (their own placement), each with its own directory."""
+    points, swept = expand(["strategy=ddp,fsdp", "cluster=slurm"], multirun=True)
+    cells = plan(compose(points, swept))
+    assert [c.name for c in cells] == [f"strategy={s} run={r}" for r in (1, 2, 3) for s in ("ddp", "fsdp")]
+    assert [c.run for c in cells] == [1, 1, 2, 2, 3, 3] and len({c.dirname for c in cells}) == 6
+    assert cells[0].config == cells[2].config == cells[4].config  # the same configuration, launched 3 times
+    (group,) = submit.groups([cell_state(c) for c in cells], None)
+    assert len(group) == 6 and [cell_state(c).run for c in cells] == [1, 1, 2, 2, 3, 3]
+    with pytest.raises(SweepError, match="runs"):
+        plan(compose(*expand(["strategy=ddp,ddp"], multirun=True)))
+    with pytest.raises(SweepError, match="runs=3"):
+        compose(*expand(["runs=0"], multirun=False))
 
 
 # Bad input: the corpus lives in tests/test_bad_input.py.
@@ -99,7 +116,7 @@ def test_value_overrides_set_directly_give_hydras_own_config(overrides, monkeypa
 
 def test_a_thousand_point_grid_composes_each_point_as_asked():
     # (bench/thousand.py times it: about a second for 1000 points)
-    cells = plan(compose(*expand(["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"], multirun=True)))
+    cells = plan(compose(*expand(["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2", "runs=1"], multirun=True)))
     assert len(cells) == 1000 and len({c.config.seed for c in cells}) == 250
     assert {(c.config.strategy.label, c.layout.nodes) for c in cells} == {("ddp", 1), ("ddp", 2), ("fsdp", 1),
                                                                            ("fsdp", 2)}
@@ -109,10 +126,10 @@ def test_plan_prints_cells_resources_and_predicted_state_and_creates_nothing(tmp
     out_root = tmp_path / "out"
     assert main(["--plan", "-m", "+experiment=resnet50_ddp_vs_fsdp_cpu", f"output_root={out_root}"]) == 0
     out = capsys.readouterr().out
-    assert "4 cell(s)" in out and "23,712,932" in out  # ResNet-50 with 100 classes, from a meta-device build
+    assert "12 cell(s)" in out and "23,712,932" in out  # 4 points x 3 runs; ResNet-50 with 100 classes, meta build
     rows = {line.split("|")[2].strip(): line for line in out.splitlines() if line.startswith("| ") and "strategy=" in line}
-    assert "90.46 MiB" in rows["strategy=ddp precision=fp32"]  # every parameter on every rank
-    assert "45.23 MiB" in rows["strategy=fsdp precision=fp32"]  # half of them on each of 2 ranks
+    assert "90.46 MiB" in rows["strategy=ddp precision=fp32 run=1"]  # every parameter on every rank
+    assert "45.23 MiB" in rows["strategy=fsdp precision=fp32 run=3"]  # half of them on each of 2 ranks
     assert "one after another" in out
     assert not out_root.exists()
 
@@ -120,7 +137,7 @@ def test_plan_prints_cells_resources_and_predicted_state_and_creates_nothing(tmp
 def test_named_experiments_compose_with_their_grids():
     for name, cells in (("resnet50_ddp_vs_fsdp_cpu", 4), ("gpt2_strategies_cpu", 6), ("scaling_cpu", 4),
                         ("resnet50_ddp_vs_fsdp", 4), ("gpt2_strategies", 6), ("scaling", 8)):
-        planned = plan(compose(*expand([f"+experiment={name}"], multirun=True)))
+        planned = plan(compose(*expand([f"+experiment={name}", "runs=1"], multirun=True)))
         assert len(planned) == cells, name
     # a command-line value of the experiment's grid key wins
     planned = plan(compose(*expand(["+experiment=scaling_cpu", "nodes=2"], multirun=True)))
@@ -135,6 +152,6 @@ def test_a_site_config_dir_adds_its_own_cluster_and_experiment(tmp_path):
         "# @package _global_\ndefaults:\n  - override /cluster: mysite\nsteps: 22\n"
         "hydra:\n  sweeper:\n    params:\n      seed: 1,2,3\n")
     extra = search_path([tmp_path])
-    planned = plan(compose(*expand(["+experiment=nightly"], True, extra), extra=extra))
+    planned = plan(compose(*expand(["+experiment=nightly", "runs=1"], True, extra), extra=extra))
     assert [c.config.seed for c in planned] == [1, 2, 3]
     assert {(c.config.cluster.timeout_min, c.layout.tasks_per_node, c.config.steps) for c in planned} == {(9, 2, 22)}
