@@ -65,13 +65,22 @@ def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], sta
     client.set_terminated(run_id, status)
 
 
+# MLflow 3's UI opens an experiment on the page its kind asks for: without this tag, on the GenAI
+# overview (traces, latency); with it, on the runs table, which is where sweeps are compared.
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+EXPERIMENT_TAGS = {EXPERIMENT_KIND_TAG: TRAINING_KIND}
+
+
 class SweepTracker:
     def __init__(self, uri: str, experiment: str) -> None:
         self.uri = uri
         self.client = mlflow_entry.client(uri)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(
-            experiment, artifact_location=artifact_location(uri))
+            experiment, artifact_location=artifact_location(uri), tags=EXPERIMENT_TAGS)
+        if found and found.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+            # An experiment made by an older version (or by hand): mark it too, once.
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
 
     def parent(self, name: str, tags: dict[str, str]) -> str:
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags})

@@ -118,6 +118,8 @@ def test_parent_run_holds_the_report_and_is_finished(sweep):
     assert parent.info.artifact_uri.startswith((root / "mlartifacts").as_uri())
     local = client.download_artifacts(sweep.parent_run_id, "report.md", str(root / "download"))
     assert Path(local).read_text() == (sweep.path / "report.md").read_text()
+    # A training experiment: MLflow's UI opens it on its runs, not on the GenAI overview.
+    assert client.get_experiment(parent.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 @pytest.mark.slow
