@@ -349,7 +349,8 @@ def _est(row: dict[str, Any], floor: Floor | None = None) -> Estimate:
 
 
 def _name(row: dict[str, Any]) -> str:
-    words = [w for w in str(row.get("cell", "")).split() if not w.startswith("nodes=")]
+    # The configuration's words, without the node count and the grouped row's "(3 runs)".
+    words = [w for w in str(row.get("cell", "")).split(" (")[0].split() if not w.startswith("nodes=")]
     return " ".join(words) or f"{row.get('strategy')} {row.get('precision')}"
 
 

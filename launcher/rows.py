@@ -94,7 +94,7 @@ def series_labels(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
         first.setdefault(r["series"], r)
     labels = {}
     for key, r in first.items():
-        words = [w for w in str(r["cell"]).split() if not w.startswith(("nodes=", "seed=", "run="))]
+        words = [w for w in str(r["cell"]).split(" (")[0].split() if not w.startswith(("nodes=", "seed=", "run="))]
         labels[key] = " ".join(words) or f"{r.get('strategy')} {r.get('precision')}"
     counts: dict[str, int] = {}
     for label in labels.values():

@@ -120,7 +120,7 @@ def test_clear_win_is_claimed_with_numbers():
     assert "| 8 | precision=fp32 | fsdp vs ddp | 0.70× (" in md
     # Recommendation: DDP is fastest; FSDP is not within 5% of it, so nothing leaner qualifies.
     rec = md.split("### Recommendation")[1]
-    assert "fastest **strategy=ddp precision=fp32 (3 runs)** at 4,600.0 samples/s (±" in rec
+    assert "fastest **strategy=ddp precision=fp32** at 4,600.0 samples/s (±" in rec
     assert "No other configuration comes within 5% of it." in rec
 
 
@@ -134,18 +134,18 @@ def test_difference_inside_the_noise_is_not_claimed():
     assert "faster" not in md.split("### Precisions")[0].split("### Strategies")[1].split("|")[0]
     # FSDP is within 5% of the fastest and uses 40% less peak memory: the lean pick.
     rec = md.split("### Recommendation")[1]
-    assert "fastest **strategy=fsdp precision=fp32 (3 runs)**" in rec and "inconclusive against strategy=ddp" in rec
+    assert "fastest **strategy=fsdp precision=fp32**" in rec and "inconclusive against strategy=ddp" in rec
     assert "Most memory-efficient within 5% of it: **strategy=ddp precision=fp32**" not in rec
     assert "Of the 1 other(s) within 5% of it, none uses measurably less memory." in rec
     rows = rows_of(row("ddp", tp=1000.0, cv=0.05, peak=6.0), row("fsdp", tp=1020.0, cv=0.05, peak=10.0))
     rec = findings.findings(rows).split("### Recommendation")[1]
-    assert ("Most memory-efficient within 5% of it: **strategy=ddp precision=fp32 (3 runs)** "
+    assert ("Most memory-efficient within 5% of it: **strategy=ddp precision=fp32** "
             "(peak 6.00 GiB against 10.00") in rec
     # Within 1% and tightly measured: provably the same speed, so the lean pick may come from it.
     rows = rows_of(row("ddp", tp=1000.0, cv=0.002, peak=10.0), row("fsdp", tp=995.0, cv=0.002, peak=6.0))
     rec = findings.findings(rows).split("### Recommendation")[1]
     assert "not measurably faster than strategy=fsdp" in rec
-    assert "Most memory-efficient within 5% of it or not measurably slower: **strategy=fsdp precision=fp32 (3 runs)**" in rec
+    assert "Most memory-efficient within 5% of it or not measurably slower: **strategy=fsdp precision=fp32**" in rec
 
 
 def test_one_run_claims_nothing_without_a_noise_floor():
@@ -199,7 +199,7 @@ def test_failed_cell_is_left_out_and_named():
     md = findings.findings(rows)
     assert "Left out (no result): strategy=fsdp precision=fp32 nodes=1 (failed, oom)." in md
     assert "not claimed: fsdp has no result (failed)" in md
-    assert "fastest **strategy=ddp precision=fp32 (3 runs)**" in md
+    assert "fastest **strategy=ddp precision=fp32**" in md
 
 
 def test_interference_is_qualified_and_never_recommended():
@@ -209,7 +209,7 @@ def test_interference_is_qualified_and_never_recommended():
     md = findings.findings(rows)
     assert "⚠ Interference: strategy=fsdp precision=fp32 nodes=1 (3 runs): another job on gpu1 (pid 4242, 30 GiB)" in md
     assert "not claimed: fsdp flagged interference" in md
-    assert "fastest **strategy=ddp precision=fp32 (3 runs)**" in md  # the faster but disturbed cell is not picked
+    assert "fastest **strategy=ddp precision=fp32**" in md  # the faster but disturbed cell is not picked
     assert "**fsdp** is" not in md
 
 
