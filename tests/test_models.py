@@ -316,3 +316,16 @@ def test_unknown_name_lists_the_valid_choices() -> None:
     assert set(REGISTRY) >= {"mlp", "cnn", "gpt_tiny", "gpt2-small", "gpt2-medium", "gpt2-large",
                              "gpt2-xl", "bert-base", "bert-tiny", "resnet18", "resnet34", "resnet50",
                              "resnet101", "resnet152"}
+
+
+def test_a_meta_build_stays_on_meta_where_get_default_device_ignores_device_blocks(monkeypatch) -> None:
+    """torch 2.6 and 2.7's get_default_device() says "cpu" inside `with torch.device("meta")`
+    (pytorch#131328, fixed in 2.8): the build must still stay on meta (FSDP's sharded build) and
+    follow the block's device otherwise (DDP's eager build)."""
+    monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("cpu"))  # torch 2.6's answer here
+    spec = ModelSpec(name="gpt_tiny", seq_len=16, vocab_size=64)
+    with torch.device("meta"):
+        model = build_model(spec)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    eager = build_model(spec)
+    assert {p.device.type for p in eager.parameters()} == {"cpu"} and all(p.isfinite().all() for p in eager.parameters())

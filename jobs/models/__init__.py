@@ -85,7 +85,9 @@ def _materialize(factory: Callable[[], nn.Module]) -> nn.Module:
     so a meta build + to_empty + init_weights reproduces them exactly; it also initialises every
     parameter once instead of twice.
     """
-    device = torch.get_default_device()
+    # The device a `with torch.device(...)` block asks for. Not torch.get_default_device(): before
+    # torch 2.8 it ignores such blocks (pytorch#131328) and says "cpu" inside `torch.device("meta")`.
+    device = torch.empty(()).device
     with torch.device("meta"):
         model = factory()
     if device.type != "meta":
