@@ -249,12 +249,26 @@ def resolve_host(hostname: str) -> str:
         return ""
 
 
+def bound_device(device, torch_version: str) -> dict:
+    """``init_process_group``'s ``device_id`` for a CUDA rank, on torch 2.9 and later only.
+
+    A bound device makes DeviceMesh carve its sub-groups with ``split_group``, which before torch
+    2.9 knows only a plain "nccl" parent and asserts on our "cpu:gloo,cuda:nccl" group ("Unknown
+    c10d backend type CUDA:NCCL", pytorch#159200) for every 2-D mesh (hybrid and no-shard FSDP).
+    Unbound, the mesh falls back to ``new_group``, which inherits both backends (the gloo half still
+    carries CPU tensors), and NCCL connects at the first collective instead of eagerly."""
+    if device is None or getattr(device, "type", "") != "cuda":
+        return {}
+    major, minor = (int(part) for part in re.findall(r"\d+", torch_version)[:2])
+    return {"device_id": device} if (major, minor) >= (2, 9) else {}
+
+
 @contextlib.contextmanager
 def process_group(env: DistEnv, backend: str, timeout_s: float, device=None) -> Iterator[object]:
     """Open the default process group and destroy it on every exit path.
 
     ``device``: this rank's CUDA device (after ``set_device``); passed as ``device_id`` so the
-    NCCL communicator binds to it eagerly (torch >= 2.3). Yields a second group, on gloo (CPU
+    NCCL communicator binds to it eagerly, where the torch allows it (:func:`bound_device`). Yields a second group, on gloo (CPU
     tensors), for control messages (stop requests): kept out of the training collectives' queue,
     where even one small all-reduce a second is a point at which every rank waits for the slowest
     (jobs/preempt.py).
@@ -270,7 +284,9 @@ def process_group(env: DistEnv, backend: str, timeout_s: float, device=None) -> 
         problem = gloo_interface_problem(resolve_host(env.hostname), env.num_nodes, os.environ)
         if problem:
             print(f"warning: {problem}", file=sys.stderr, flush=True)
-    extra = {"device_id": device} if device is not None and getattr(device, "type", "") == "cuda" else {}
+    import torch
+
+    extra = bound_device(device, torch.__version__)
     dist.init_process_group(
         backend=backend, init_method="env://", rank=env.rank, world_size=env.world_size,
         timeout=timedelta(seconds=timeout_s), **extra,

@@ -109,3 +109,16 @@ def test_port_check_waits_for_a_listener_that_goes_away():
     port = other_job.getsockname()[1]
     threading.Timer(0.5, other_job.close).start()  # the previous run's head rank exiting
     check_port_free(port, wait_s=10.0)
+
+
+def test_the_cuda_device_is_bound_to_the_process_group_only_where_device_mesh_can_split_it():
+    """Before torch 2.9 a bound device makes every 2-D mesh assert on the "cpu:gloo,cuda:nccl"
+    group (pytorch#159200): bind from 2.9 on, never on CPU ranks."""
+    import torch
+
+    from jobs.dist import bound_device
+
+    cuda = torch.device("cuda", 3)
+    assert bound_device(cuda, "2.6.0+cu124") == {} and bound_device(cuda, "2.8.0") == {}
+    assert bound_device(cuda, "2.9.1") == {"device_id": cuda} and bound_device(cuda, "2.13.0+cpu") == {"device_id": cuda}
+    assert bound_device(torch.device("cpu"), "2.13.0") == {} and bound_device(None, "2.13.0") == {}
