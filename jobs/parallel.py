@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from jobs.shards import local_slices
 from jobs.spec import BatchNormUnits, Precision, PrecisionMode, PrecisionSpec, Sharding, Strategy, StrategySpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -200,14 +201,6 @@ def apply_fsdp(
             unit.set_modules_to_forward_prefetch(list(sharded[i + 1 : i + 1 + prefetch]))
             unit.set_modules_to_backward_prefetch(list(reversed(sharded[max(0, i - prefetch) : i])))
     return model
-
-
-def local_slices(global_shape, mesh, placements) -> tuple:
-    """The index of this rank's shard in the full tensor (FSDP2: Shard(0), Replicate on HSDP)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(global_shape, mesh, placements)
-    return tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
 
 
 @contextlib.contextmanager

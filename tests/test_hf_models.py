@@ -318,3 +318,36 @@ def test_tiny_hf_models_learn_on_two_ranks(hf_runs, arch, strategy, precision):
 def test_hf_fp32_losses_match_between_ddp_and_fsdp(hf_runs, arch):
     ddp = ok(hf_runs[f"{arch}-ddp-fp32"])["losses"]
     assert ok(hf_runs[f"{arch}-fsdp-fp32"])["losses"] == pytest.approx(ddp, rel=1e-4)
+
+
+def test_pretrained_weights_load_into_fsdp_shards_without_distribute_tensor(tmp_path, monkeypatch):
+    """Each rank copies its own shard of the saved weights into the FSDP-sharded parameters, with no
+    call to distribute_tensor (its src_data_rank=None is newer than torch 2.6): built on meta,
+    sharded, materialised and initialised, the model gives the saved model's logits."""
+    import torch.distributed as tdist
+    import torch.distributed.tensor as dtensor
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    build_model(hf_spec("gpt2")).model.save_pretrained(tmp_path / "weights")
+    spec = ModelSpec(**{**hf_model("gpt2"), "input": InputKind.tokens, "arch": None, "config": {},
+                        "pretrained_path": str(tmp_path / "weights")})
+
+    def refuse(*args, **kwargs):
+        raise TypeError("distribute_tensor() got an unexpected keyword argument 'src_data_rank'")  # torch 2.6
+
+    monkeypatch.setattr(dtensor, "distribute_tensor", refuse)
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        with torch.device("meta"):
+            model = build_model(spec)
+        for unit in shard_units(model):
+            fully_shard(unit)
+        fully_shard(model)
+        model.to_empty(device="cpu")
+        init_weights(model)  # loads the directory's weights into the shards
+        reference = AutoModelForCausalLM.from_pretrained(tmp_path / "weights").eval()
+        assert torch.allclose(model.eval()(tokens()), reference(tokens()).logits, atol=1e-5)
+    finally:
+        tdist.destroy_process_group()

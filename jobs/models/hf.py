@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import torch
 from torch import nn
 
+from jobs.shards import local_slices
 from jobs.spec import HF_INSTALL, HF_POSITION_KEYS, LMHead, ModelSpec
 
 if TYPE_CHECKING:
@@ -250,16 +251,14 @@ def load_local_weights(model: nn.Module, path: str) -> None:
             missing.append(name)
             continue
         src = src.to(dtype=tensor.dtype)
-        try:
-            from torch.distributed.tensor import DTensor, distribute_tensor
-        except ImportError:  # pragma: no cover - torch without distributed
-            pass
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):
+            # Every rank read the whole file: each copies its own shard, with no communication
+            # (distribute_tensor's src_data_rank=None, which would do the same, is newer than torch 2.6).
+            tensor.to_local().copy_(src[local_slices(tensor.shape, tensor.device_mesh, tensor.placements)])
         else:
-            if isinstance(tensor, DTensor):
-                # Every rank read the whole file: each takes its own shard, no communication.
-                src = distribute_tensor(src.to(tensor.device), tensor.device_mesh, tensor.placements,
-                                        src_data_rank=None)
-        tensor.copy_(src)
+            tensor.copy_(src)
     # Non-persistent buffers (position ids, rotary tables) are not saved: initialise_weights set them.
     persistent = set(model.state_dict().keys())
     missing = [m for m in missing if m in persistent]
