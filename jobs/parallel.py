@@ -3,10 +3,13 @@
 Nothing here reads a config object or the environment: the worker decides the arguments.
 
 Build order (M1 of the GPU review): DDP models are built directly on their device. FSDP models
-are built on the meta device, sharded, and only then materialised (``to_empty`` on the device,
-or on the CPU under offload) and initialised, so no rank ever holds the unsharded model.
-:func:`exact_sharded_init` makes that initialisation draw exactly the numbers an eager build
-draws, so DDP and FSDP start from the same weights for the same seed.
+are built on the meta device, sharded, and only then materialised (:func:`materialize`: sharded
+parameters on the device, or on the CPU under offload; buffers always on the device) and
+initialised, so no rank ever holds the unsharded model. :func:`exact_sharded_init` makes that
+initialisation draw exactly the numbers an eager build draws, from the device's generator, so DDP,
+FSDP and offload start from the same weights for the same seed. A user's ``_target_`` model is the
+exception: its constructor is its initialisation, which nothing can replay, so it is built eagerly
+on the host and sharded as built (jobs.models.build_for).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from jobs.shards import local_slices
+from jobs.shards import shard_of
 from jobs.spec import BatchNormUnits, Precision, PrecisionMode, PrecisionSpec, Sharding, Strategy, StrategySpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -204,12 +207,15 @@ def apply_fsdp(
 
 
 @contextlib.contextmanager
-def exact_sharded_init() -> Iterator[None]:
+def exact_sharded_init(draw_device: torch.device | None = None) -> Iterator[None]:
     """Random in-place inits of DTensor parameters draw the FULL tensor, then keep the local shard.
 
     The draws are then exactly an eager build's (same generator, same sequence), so FSDP starts
     from DDP's weights under the same seed; peak extra memory is one full parameter at a time,
     never the whole model. Deterministic ops (zero_, fill_, mul_ ...) run shard-wise as usual.
+    ``draw_device``: where the full tensor is drawn (default: where the shard lives). Offload keeps
+    its shards on the CPU but draws on the compute device, from the generator DDP's eager build
+    draws from (R6 of the GPU review); the shard is then copied to the host.
     """
     from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -222,9 +228,9 @@ def exact_sharded_init() -> Iterator[None]:
             target = args[0] if args else None
             if func in random_ops and isinstance(target, DTensor):
                 local = target._local_tensor
-                full = torch.empty(target.shape, dtype=local.dtype, device=local.device)
+                full = torch.empty(target.shape, dtype=local.dtype, device=draw_device or local.device)
                 func(full, *args[1:], **kwargs)
-                local.copy_(full[local_slices(target.shape, target.device_mesh, target.placements)])
+                local.copy_(shard_of(full, target.device_mesh, target.placements))
                 return target
             return func(*args, **kwargs)
 
@@ -232,13 +238,16 @@ def exact_sharded_init() -> Iterator[None]:
         yield
 
 
-def materialize(model: nn.Module, device: torch.device) -> None:
-    """Allocate a (sharded) meta model's storage on ``device`` and initialise it exactly."""
-    from jobs.models import init_weights
+def materialize(model: nn.Module, device: torch.device, *, offload: bool = False) -> None:
+    """Allocate a sharded meta model's storage and initialise it exactly (jobs.models.materialize,
+    the same function an eager build runs): sharded parameters on ``device``, or on the CPU under
+    offload, where offload keeps them; buffers on ``device`` in both cases, where the forward
+    reads them (FSDP moves states to the device only inside fully_shard, and skips meta ones: R1
+    of the GPU review); every random draw on ``device`` (R6)."""
+    from jobs import models
 
-    model.to_empty(device=device)
-    with torch.no_grad(), exact_sharded_init():
-        init_weights(model)
+    with exact_sharded_init(draw_device=device):
+        models.materialize(model, device, param_device=torch.device("cpu") if offload else device)
 
 
 # ---- one dispatch --------------------------------------------------------------------------------
@@ -285,8 +294,7 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
             cpu_offload=strategy.cpu_offload, prefetch=strategy.prefetch, batchnorm=precision.batchnorm,
         )
         if on_meta:
-            # Offload keeps the sharded parameters in host memory: materialise them there.
-            materialize(model, torch.device("cpu") if strategy.cpu_offload else device)
+            materialize(model, device, offload=strategy.cpu_offload)
         # Bound now, to the FSDP module itself: not to whatever `model` names after compiling.
         no_sync = functools.partial(_fsdp_no_sync, model)
     if compile:

@@ -126,7 +126,8 @@ def refuse_unsupported(spec: RunSpec, device) -> None:
 
 def build_model(spec: RunSpec, device):
     """The model, ready for :func:`jobs.parallel.parallelize`: on ``device`` for DDP, on meta for
-    FSDP (sharded before any memory is allocated; see jobs/parallel.py)."""
+    FSDP (sharded before any memory is allocated; see jobs/parallel.py); a ``_target_`` model
+    eagerly on the host for both (jobs.models.build_for)."""
     import torch
 
     from jobs import models
@@ -134,8 +135,7 @@ def build_model(spec: RunSpec, device):
     # Same seed on every rank: identical initial weights (DDP broadcasts them anyway, FSDP
     # initialises its shards from the same draws; jobs.parallel.exact_sharded_init).
     torch.manual_seed(spec.train.seed)
-    with torch.device("meta" if spec.strategy.name is Strategy.fsdp else device):
-        model = models.build_model(spec.model)
+    model = models.build_for(spec.model, device, sharded=spec.strategy.name is Strategy.fsdp)
     if spec.train.sync_batchnorm:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if spec.train.activation_checkpointing:

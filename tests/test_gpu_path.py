@@ -6,6 +6,8 @@ import math
 import warnings
 
 import pytest
+import torch
+from torch import nn
 
 from jobs import checkpoint, dist, metrics, parallel
 from jobs.spec import (
@@ -402,3 +404,45 @@ def test_resume_from_a_periodic_checkpoint_repeats_the_uninterrupted_steps(tmp_p
     assert "error" not in again, again.get("error")
     assert again["tags"]["resumed_from_step"] == "3"
     assert again["losses"][3:] == pytest.approx(first["losses"][3:], rel=1e-5)
+
+
+
+# ---- R4: a user's model starts from the same weights under DDP and FSDP -------------------------
+
+class ConstructorInitLM(nn.Module):
+    """A user's model (``model._target_``) whose constructor initialises tensors that no
+    ``reset_parameters()`` reaches: nn.MultiheadAttention's in-projection (it has only the private
+    ``_reset_parameters``), a raw nn.Parameter drawn in ``__init__``, and a custom init of a Linear
+    (which Linear.reset_parameters would overwrite with its default)."""
+
+    def __init__(self, vocab_size: int = 128, d_model: int = 32, n_head: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.offset = nn.Parameter(0.5 * torch.randn(d_model))
+        self.attn = nn.MultiheadAttention(d_model, n_head, batch_first=True)
+        self.head = nn.Linear(d_model, vocab_size)
+        nn.init.normal_(self.head.weight, std=0.5)
+
+    def forward(self, x):
+        h = self.embed(x) + self.offset
+        h, _ = self.attn(h, h, h, need_weights=False)
+        return self.head(h)
+
+
+USER_MODEL = dict(name="custom", _target_=f"{__name__}.ConstructorInitLM", input="tokens", seq_len=16,
+                  vocab_size=128, params={"vocab_size": 128})
+
+
+@pytest.mark.slow
+def test_user_model_starts_from_the_same_weights_under_ddp_and_fsdp(tmp_path):
+    # One rank, fp32, the same seed: nothing but the initial weights can make the first losses differ.
+    common = dict(model=USER_MODEL, world_size=1, steps=2, warmup_steps=1, comm_probe_steps=0)
+    runs = run_ranks([make_spec(tmp_path / s, strategy=s, **common) for s in ("ddp", "fsdp", "zero2")],
+                     world_size=1, timeout_s=120)
+    ddp, fsdp, zero2 = (r[0] for r in runs)
+    for r in (ddp, fsdp, zero2):
+        assert "error" not in r, r.get("error")
+    print(f"first loss: ddp {ddp['losses'][0]!r}, fsdp {fsdp['losses'][0]!r}, zero2 {zero2['losses'][0]!r}")
+    assert math.isfinite(ddp["losses"][0])
+    assert fsdp["losses"][0] == pytest.approx(ddp["losses"][0], rel=1e-6)
+    assert zero2["losses"][0] == pytest.approx(ddp["losses"][0], rel=1e-6)

@@ -47,12 +47,16 @@ from jobs.spec import HF_INSTALL, ConfigError, InputKind, LMHead, ModelSpec
 
 __all__ = [
     "REGISTRY",
+    "build_for",
     "build_model",
     "check_buildable",
     "flops_per_sample",
     "init_weights",
+    "materialize",
     "param_count",
+    "place_buffers",
     "replace_units",
+    "replays_init",
     "shard_units",
 ]
 
@@ -91,9 +95,58 @@ def _materialize(factory: Callable[[], nn.Module]) -> nn.Module:
     with torch.device("meta"):
         model = factory()
     if device.type != "meta":
-        model.to_empty(device=device)
-        init_weights(model)
+        materialize(model, device)
     return model
+
+
+def materialize(model: nn.Module, device: torch.device, *, param_device: torch.device | None = None) -> None:
+    """Allocate a meta model's storage and run :func:`init_weights`: the one materialisation of
+    every build, eager or sharded, on CPU or GPU (jobs.parallel.materialize wraps it for sharded
+    models). Parameters go to ``param_device`` (default ``device``; CPU offload keeps them on the
+    host), buffers always to ``device``, where the forward reads them."""
+    model.to_empty(device=param_device or device)
+    place_buffers(model, device)
+    with torch.no_grad():
+        init_weights(model)
+
+
+def place_buffers(model: nn.Module, device: torch.device) -> None:
+    """Give every buffer not on ``device`` fresh (uninitialised) storage there; a buffer shared by
+    several modules stays shared. For a model about to be initialised: values are not copied."""
+    moved: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is None or buffer.device == device:
+                continue
+            if id(buffer) not in moved:
+                moved[id(buffer)] = torch.empty_like(buffer, device=device)
+            module._buffers[name] = moved[id(buffer)]
+
+
+def replays_init(spec: ModelSpec) -> bool:
+    """Whether :func:`init_weights` reproduces everything the model's constructor initialises, so
+    that it may be built on meta and initialised after sharding: project models and ``model=hf``,
+    whose construction is itself meta + init_weights. A ``_target_`` model's constructor is its
+    initialisation (nn.MultiheadAttention's in-projection, raw nn.Parameters, custom inits), which
+    no ``reset_parameters()`` replays: R4 of the GPU review."""
+    return not spec.target_path
+
+
+def build_for(spec: ModelSpec, device: torch.device, *, sharded: bool) -> nn.Module:
+    """The model for jobs.parallel.parallelize, the same initial weights for every strategy.
+
+    Project and transformers models: on ``device`` when not sharded (DDP), on meta when sharded
+    (materialised after sharding). A ``_target_`` model: built eagerly on the host, from the
+    seeded CPU generator, under every strategy, then moved to ``device`` (DDP) or sharded as built
+    (FSDP's fully_shard moves each unit to the device as it shards it; offload keeps the shards on
+    the host). It is held whole on the host once, never on the device.
+    """
+    if not replays_init(spec):
+        with torch.device("cpu"):
+            model = build_model(spec)
+        return model if sharded else model.to(device)
+    with torch.device("meta" if sharded else device):
+        return build_model(spec)
 
 
 _GPT_SIZES = {  # name -> (n_layer, n_head, d_model)
