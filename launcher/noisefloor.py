@@ -85,8 +85,7 @@ def load(root: Path, key: str) -> Floor | None:
         return None
     try:
         return Floor(cv={str(k): float(v) for k, v in found["cv"].items()}, df=int(found["df"]),
-                     where=f"{key}, {found['df']} degrees of freedom from {found.get('sweep', '?')}, "
-                           f"{found.get('measured_at', '?')}")
+                     where=f"{key}, {found['df']} df, {str(found.get('measured_at', '?'))[:10]}")
     except (TypeError, KeyError, ValueError, AttributeError):
         return None
 

@@ -458,7 +458,8 @@ def write_sweep_report(state: SweepState) -> Report:
     if all(c.status.terminal for c in state.cells):
         noisefloor.record(state.path.parent, key, rows, state.name)
     floor = noisefloor.load(state.path.parent, key)
-    source["noise floor"] = floor.where if floor else "none measured on this cluster yet"
+    source["noise floor"] = (f"{floor.where} ({noisefloor.FLOOR_FILE} beside the sweep directory)" if floor
+                             else "none measured on this cluster yet")
     return write(rows, state.path, f"Benchmark report: {state.name}", source, floor)
 
 
