@@ -215,6 +215,20 @@ def backend_for(device_type: str) -> str:
     return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
 
 
+def nvml_uuid(uuid: str) -> str:
+    """A CUDA device UUID as NVML and nvidia-smi write it: "GPU-<8-4-4-4-12 hex>". torch prints the
+    bare hex (PyTorch's ``_CUuuid.__str__``), so the prefix is added here, once (R3 of the GPU review)."""
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def gpu_uuid(device) -> str:
+    """This CUDA device's UUID, NVML's form: the identity the placement check, the ``gpu_uuids`` tag
+    and the NVML sampler (jobs/interference.py) share."""
+    import torch
+
+    return nvml_uuid(str(torch.cuda.get_device_properties(device).uuid))
+
+
 def duplicate_gpus(placements: Sequence[Sequence[str]]) -> list[str]:
     """Problems in a (host, GPU UUID) list indexed by rank: one line per GPU used by 2+ ranks."""
     seen: dict[tuple[str, str], list[int]] = {}

@@ -36,7 +36,9 @@ thread tied to an active run in the logging process; here only rank 0 logs, thro
 client at the end (jobs/sinks.py), and the other nodes' GPUs are in other processes. So each rank
 samples its own device, the samples travel with the one gather after the window, and rank 0 logs
 them as ``system/node<N>/gpu<I>_{utilization_percent,memory_used_gib,power_w}``, step = sample
-index, timestamp = when sampled (MLflow's system-metrics view lists keys under ``system/``).
+index, timestamp = when sampled (MLflow's system-metrics view lists keys under ``system/``). ``<I>``
+is the device's NVML index (nvidia-smi's), found from its UUID: not the CUDA ordinal, which is 0 on
+every rank under Slurm's per-task GPU binding (R7 of the GPU review).
 Device memory is the device's (nvmlDeviceGetMemoryInfo.used): another process on the same GPU
 counts too, which ``foreign_gpu_share`` flags.
 """
@@ -191,10 +193,19 @@ class GpuSampler:
     functions (tests/test_interference.py uses a stateful fake).
     """
 
-    def __init__(self, nvml, device_uuid: str, pid: int | None = None, interval_s: float = 0.1) -> None:
+    def __init__(self, nvml, device_uuid: str, pid: int | None = None, interval_s: float = 0.1,
+                 fallback_index: int = 0) -> None:
+        from jobs.dist import nvml_uuid
+
         self.nvml, self.pid, self.interval_s = nvml, pid or os.getpid(), interval_s
-        uuid = device_uuid if device_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{device_uuid}"
+        uuid = nvml_uuid(device_uuid)
         self.handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
+        # The device's NVML index names its system metrics (the same on every rank that shares the
+        # node, whatever CUDA_VISIBLE_DEVICES each sees); ``fallback_index`` where NVML will not say.
+        try:
+            self.device_index = int(nvml.nvmlDeviceGetIndex(self.handle))
+        except Exception:  # an NVML without the call, or refusing it
+            self.device_index = fallback_index
         self.samples: list[dict[str, Any]] = []
         # Readings NVML refused on this device: {what: why}; not asked again (stateful on purpose:
         # a NotSupported answer does not change within a window).
@@ -285,11 +296,13 @@ class GpuSampler:
         why = "; ".join(self.unsupported.get(k, "") for k in ("energy", "power") if k in self.unsupported)
         return {"missing": why or f"{len(powered)} power sample(s): too few to integrate"}
 
-    def series(self, node_id: int, device_index: int) -> dict[str, Any]:
+    def series(self, node_id: int, device_index: int | None = None) -> dict[str, Any]:
         """Utilisation, memory and power over the window, thinned (jobs.metrics.thin), for rank 0's
-        system metrics: ``{"node_id", "device_index", "samples": [...], "unsupported": {...}}``."""
+        system metrics: ``{"node_id", "device_index", "samples": [...], "unsupported": {...}}``;
+        ``device_index``: the NVML index unless given."""
         keep = ("unix_s", "util_percent", "mem_used_gib", "power_w")
-        return {"node_id": node_id, "device_index": device_index, "unsupported": dict(self.unsupported),
+        index = self.device_index if device_index is None else device_index
+        return {"node_id": node_id, "device_index": index, "unsupported": dict(self.unsupported),
                 "samples": [{k: s.get(k) for k in keep} for s in metrics.thin(self.samples)]}
 
 
@@ -305,10 +318,10 @@ class Interference:
             if nvml is None:
                 self.missing = why
             else:
-                import torch
+                from jobs.dist import gpu_uuid
 
                 try:
-                    self.gpu = GpuSampler(nvml, str(torch.cuda.get_device_properties(device).uuid))
+                    self.gpu = GpuSampler(nvml, gpu_uuid(device), fallback_index=device.index or 0)
                 except Exception as exc:
                     self.missing = f"NVML has no handle for this device ({exc}): GPU interference not measured"
 
@@ -317,9 +330,10 @@ class Interference:
         if self.gpu is not None:
             self.gpu.event(name)
 
-    def portable(self, hostname: str, node_id: int = 0, device_index: int = 0) -> dict[str, Any]:
+    def portable(self, hostname: str, node_id: int = 0) -> dict[str, Any]:
         """What this rank contributes to the gather after the window. ``gpu_energy`` and
-        ``gpu_series`` are None without a GPU sampler (CPU ranks, no NVML)."""
+        ``gpu_series`` (named by the device's NVML index) are None without a GPU sampler (CPU
+        ranks, no NVML)."""
         return {"cpu_window": self.cpu.portable(hostname), "gpu": self.gpu.figures() if self.gpu else {},
                 "gpu_energy": self.gpu.energy() if self.gpu else None,
-                "gpu_series": self.gpu.series(node_id, device_index) if self.gpu else None}
+                "gpu_series": self.gpu.series(node_id) if self.gpu else None}

@@ -5,14 +5,23 @@ this node (power cap, clocks, a PCIe part reporting an SXM name); MFU against a 
 the same device, in the same dtype and math mode, says how far the model is from what this
 device actually does on one large dense matmul. Both are reported (jobs.worker._mfu).
 
-The measurement runs during setup, before the model is built, outside every timed region: a few
-untimed warm-ups (clocks ramp, cuBLAS picks its kernel), then ``iterations`` back-to-back matmuls
-between two CUDA events. The buffers are freed and the allocator's cache emptied afterwards, so
-the window's memory figures do not see them.
+The measurement runs during setup, after the model is built and the setup's memory read, outside
+every timed region: a few untimed warm-ups (clocks ramp, cuBLAS picks its kernel), then
+``iterations`` back-to-back matmuls between two CUDA events. The buffers are freed and the
+allocator's cache emptied afterwards, so the window's memory figures do not see them.
+
+Math mode (R5 of the GPU review). An fp32 cell's datasheet MFU divides by the TF32 peak when the
+model's main ops may use TF32 (:func:`math_mode`: cuDNN convolutions do by default, matmuls only
+when allowed). The measured peak must be the same math, or the two MFUs of one fp32 ResNet row
+are an order of magnitude apart: the matmul is timed with ``torch.backends.cuda.matmul.allow_tf32``
+set for the duration to what :func:`math_mode` says, then restored, and the flags in force during
+the timing are recorded with the figure.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from jobs import metrics
@@ -41,40 +50,75 @@ def size_that_fits(free_bytes: int, element_bytes: int, n: int = DEFAULT_N) -> i
     return 0
 
 
-def measure(device, precision: str, n: int = DEFAULT_N, warmup: int = WARMUP_ITERATIONS,
+def math_mode(torch, model, precision: str) -> str:
+    """The math a cell's main ops run in: its precision (bf16 | fp16), or for fp32 "tf32" / "fp32"
+    from the TF32 settings in force and whether the model has convolutions (jobs.metrics.fp32_math).
+    The one answer for the datasheet peak (jobs.worker._mfu) and the measured one (:func:`measure`)."""
+    if precision != "fp32":
+        return precision
+    has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return metrics.fp32_math(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                             torch.get_float32_matmul_precision(), has_conv)
+
+
+@contextlib.contextmanager
+def matmul_tf32(torch, allowed: bool) -> Iterator[None]:
+    """``torch.backends.cuda.matmul.allow_tf32`` set to ``allowed`` for the block, then restored."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def measure(device, precision: str, math: str | None = None, n: int = DEFAULT_N, warmup: int = WARMUP_ITERATIONS,
             iterations: int = TIMED_ITERATIONS) -> dict[str, Any]:
-    """``{"measured_matmul_tflops", "n", "iterations", "dtype", "tf32"}`` for this rank's device,
-    or ``{"missing": why}`` (CPU ranks, too little free memory, a CUDA error). Never raises: the
-    figure is optional, the benchmark is not."""
+    """``{"measured_matmul_tflops", "n", "iterations", "dtype", "math", "tf32", ...flags}`` for this
+    rank's device, or ``{"missing": why}`` (CPU ranks, too little free memory, a CUDA error).
+    ``math``: :func:`math_mode` of the cell (default: the precision; for fp32 the matmul settings
+    as they are). Never raises: the figure is optional, the benchmark is not."""
     if getattr(device, "type", "cpu") != "cuda":
         return {"missing": f"{getattr(device, 'type', device)} ranks: no matmul peak is measured off CUDA"}
     import torch
 
+    if math is None:
+        math = precision if precision != "fp32" else metrics.fp32_math(
+            torch.backends.cuda.matmul.allow_tf32, False, torch.get_float32_matmul_precision(), False)
+    # fp32 matmuls run in TF32 exactly when the cell's main ops do (an fp32 matmul otherwise).
+    tf32 = precision == "fp32" and math == "tf32"
     try:
-        dtype = getattr(torch, dtype_name(precision))
-        free_bytes, _ = torch.cuda.mem_get_info(device)
-        size = size_that_fits(free_bytes, torch.tensor([], dtype=dtype).element_size(), n)
-        if not size:
-            return {"missing": f"too little free device memory ({free_bytes / metrics.GIB:.2f} GiB) for the matmul"}
-        a = torch.randn(size, size, device=device, dtype=dtype)
-        b = torch.randn(size, size, device=device, dtype=dtype)
-        c = torch.empty(size, size, device=device, dtype=dtype)
-        for _ in range(warmup):
-            torch.matmul(a, b, out=c)
-        torch.cuda.synchronize(device)  # sync point: the warm-ups end before the timed region starts
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iterations):
-            torch.matmul(a, b, out=c)
-        end.record()
-        end.synchronize()  # sync point: the events' times are known only after the last matmul
-        elapsed_s = start.elapsed_time(end) / 1e3
-        del a, b, c
-        torch.cuda.empty_cache()  # the window's reserved-memory peak must not include these buffers
-        return {"measured_matmul_tflops": metrics.matmul_tflops(size, iterations, elapsed_s), "n": size,
-                "iterations": iterations, "dtype": dtype_name(precision),
-                # fp32 matmuls run in TF32 when allowed: the measured peak is the math in force.
-                "tf32": bool(precision == "fp32" and (torch.backends.cuda.matmul.allow_tf32
-                                                      or torch.get_float32_matmul_precision() != "highest"))}
+        with matmul_tf32(torch, tf32 or bool(torch.backends.cuda.matmul.allow_tf32)):
+            timed = _time_matmul(torch, device, precision, n, warmup, iterations)
+            flags = metrics.precision_settings(torch)  # in force while timing
     except Exception as exc:  # an optional figure must not fail the job
         return {"missing": f"matmul measurement failed: {type(exc).__name__}: {exc}"[:300]}
+    if "missing" in timed:
+        return timed
+    return {**timed, "math": math, "tf32": tf32, **{f"timed_{k}": v for k, v in flags.items()}}
+
+
+def _time_matmul(torch, device, precision: str, n: int, warmup: int, iterations: int) -> dict[str, Any]:
+    """The timing itself, in whatever math the matmul flags say (:func:`measure` sets them)."""
+    dtype = getattr(torch, dtype_name(precision))
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    size = size_that_fits(free_bytes, torch.tensor([], dtype=dtype).element_size(), n)
+    if not size:
+        return {"missing": f"too little free device memory ({free_bytes / metrics.GIB:.2f} GiB) for the matmul"}
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    c = torch.empty(size, size, device=device, dtype=dtype)
+    for _ in range(warmup):
+        torch.matmul(a, b, out=c)
+    torch.cuda.synchronize(device)  # sync point: the warm-ups end before the timed region starts
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        torch.matmul(a, b, out=c)
+    end.record()
+    end.synchronize()  # sync point: the events' times are known only after the last matmul
+    elapsed_s = start.elapsed_time(end) / 1e3
+    del a, b, c
+    torch.cuda.empty_cache()  # the window's reserved-memory peak must not include these buffers
+    return {"measured_matmul_tflops": metrics.matmul_tflops(size, iterations, elapsed_s), "n": size,
+            "iterations": iterations, "dtype": dtype_name(precision)}

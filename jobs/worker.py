@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, process_group
+from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
 from jobs.heartbeat import Heartbeat
 from jobs.mlflow_entry import TAG_MAX_CHARS
 from jobs.preempt import Preempted
@@ -97,12 +97,10 @@ def check_gpu_placement(env: DistEnv, device, group=None) -> list:
     group: no NCCL traffic before the check); fails when two ranks share a GPU."""
     if device.type != "cuda":
         return []
-    import torch
     import torch.distributed as dist
 
     placements: list = [None] * env.world_size
-    dist.all_gather_object(placements, (env.hostname, str(torch.cuda.get_device_properties(device).uuid)),
-                           group=group)
+    dist.all_gather_object(placements, (env.hostname, gpu_uuid(device)), group=group)
     check_unique_gpus(placements)
     return placements
 
@@ -187,20 +185,24 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
 
 
 def set_up(spec: RunSpec, env: DistEnv, device) -> Setup:
-    """Matmul peak, model (on meta for FSDP), wrapping, optimizer, data and the step."""
+    """Model (on meta for FSDP), wrapping, matmul peak, optimizer, data and the step."""
+    import torch
+
     from jobs import matmul_peak, metrics, parallel
     from jobs.data import input_batches
     from jobs.loop import Trainer, scaled_lr
 
     train = spec.train
-    # The device's own matmul peak (CUDA only, ~a second): during setup, before anything is built
-    # or measured, its buffers freed before the memory counters are reset below.
-    matmul = matmul_peak.measure(device, spec.precision.name.value)
     rss_before = metrics.current_rss_bytes()
     metrics.reset_peak_memory(device)
     par = parallel.parallelize(build_model(spec, device), spec.strategy, spec.precision, device=device,
                                num_nodes=env.num_nodes, tasks_per_node=env.local_world_size, compile=train.compile)
     memory = metrics.setup_memory(device, rss_before)
+    # The device's own matmul peak (CUDA only, ~a second), in the math the model's main ops run in
+    # (so known only now): after the setup's memory is read, its buffers freed before the window
+    # resets the peak counters.
+    matmul = matmul_peak.measure(device, spec.precision.name.value,
+                                 matmul_peak.math_mode(torch, par.model, spec.precision.name.value))
     lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
     optimizer = parallel.build_optimizer(par.model, train.optimizer, lr)
     batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=train.grad_accum_steps,
@@ -280,8 +282,7 @@ def after_window(spec: RunSpec, env: DistEnv, device, built: Setup, sync, heartb
         "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **built.memory,
         **metrics.model_state_bytes(built.par.model, built.optimizer, grad_bytes=built.trainer.grad_bytes),
         **comm_figures,
-        "interference": interference.portable(env.hostname, env.node_rank,
-                                              device.index if device.index is not None else 0),
+        "interference": interference.portable(env.hostname, env.node_rank),
         "local_step_time_s": local_s, "matmul_peak": built.matmul,
     }
     if built.par.scaler is not None:
@@ -439,18 +440,17 @@ def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -
     returns the tags that explain them, each formula included."""
     import torch
 
-    from jobs import metrics, models
+    from jobs import matmul_peak, metrics, models
 
     flops = models.flops_per_sample(par.model, spec.model)
     settings = metrics.precision_settings(torch)
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
-        has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in par.model.modules())
-        math = metrics.fp32_math(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                                 torch.get_float32_matmul_precision(), has_conv)
         precision = spec.precision.name.value
+        # The same answer the measured peak was timed in (jobs.matmul_peak.math_mode).
+        math = matmul_peak.math_mode(torch, par.model, precision)
         peak = metrics.peak_flops_for(device_name, precision, math)
-        settings["peak_flops_math"] = math if precision == "fp32" else precision
+        settings["peak_flops_math"] = math
     else:
         device_name, peak = platform.processor() or "cpu", None  # CPUs have no single meaningful peak
     per_device = summary["throughput_samples_per_s_per_device"]
@@ -471,6 +471,7 @@ def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -
             f"measured_matmul_tflops: mean over the job's devices of 2*n^3 x {first['iterations']} / time of "
             f"{first['iterations']} {first['dtype']} {first['n']}x{first['n']} matmuls (after warm-ups, CUDA events"
             f"{', TF32 allowed' if first.get('tf32') else ''}), timed on each device before the window")
+        settings["measured_peak_math"] = str(first.get("math", first["dtype"]))
         achieved, why = metrics.mfu_checked(flops, per_device, measured_tflops * 1e12)
         if achieved is not None:
             summary["mfu_measured_peak"] = achieved

@@ -1,6 +1,7 @@
 """GPU figures on CPU: energy from NVML's counter or its power samples, the job's own GPU system
 metrics, the measured matmul peak's guards, and what a CPU run reports instead (no numbers, a tag
-that says why). NVML is a stateful FAKE here (FakeNvml); the arithmetic is pinned in
+that says why). NVML is a stateful FAKE here (FakeNvml), CUDA too where a device is needed
+(tests/fake_cuda.py); the arithmetic is pinned in
 tests/test_metrics.py, the real devices in tests/test_gpu.py."""
 
 import json
@@ -28,8 +29,10 @@ class FakeNvml:
     on GPUs without it. ``calls`` counts the calls per function."""
 
     def __init__(self, *, counter_mj=1_000_000, mj_per_read=5_000, power_mw=250_000, used_bytes=3 * 2**30,
-                 util=80, refuse=()):
+                 util=80, refuse=(), indices=None):
         self.counter_mj, self.mj_per_read = counter_mj, mj_per_read
+        # {UUID as NVML writes it: NVML index}; a UUID not listed is index 0.
+        self.indices = dict(indices or {})
         self.power_mw, self.used_bytes, self.util, self.refuse = power_mw, used_bytes, util, set(refuse)
         self.calls = {}
 
@@ -41,6 +44,11 @@ class FakeNvml:
     def nvmlDeviceGetHandleByUUID(self, uuid):
         self._call("nvmlDeviceGetHandleByUUID")
         return ("handle", uuid)
+
+    def nvmlDeviceGetIndex(self, handle):
+        self._call("nvmlDeviceGetIndex")
+        uuid = handle[1].decode() if isinstance(handle[1], bytes) else handle[1]
+        return self.indices.get(uuid, 0)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         self._call("nvmlDeviceGetComputeRunningProcesses")
@@ -122,6 +130,68 @@ def test_series_carry_the_job_devices_in_units_and_thin_out():
     assert [r["step"] for r in records] == list(range(len(records)))
     # The figures the interference check reads are unchanged by the extra readings.
     assert sampler.figures() == pytest.approx({"foreign_gpu_share": 0.0, "gpu_util_mean": 0.64})
+
+
+@pytest.mark.parametrize("model, precision, math", [
+    ("cnn", "fp32", "tf32"),  # cuDNN convolutions use TF32 by default: the datasheet MFU divides by TF32
+    ("gpt_tiny", "fp32", "fp32"),  # fp32 matmuls, TF32 off by default
+    ("cnn", "bf16", "bf16"),
+])
+def test_matmul_peak_is_timed_in_the_math_the_model_runs(monkeypatch, model, precision, math):
+    # R5: an fp32 CNN's datasheet peak is TF32's, so its measured peak must be timed with TF32
+    # matmuls too (allow_tf32 is False by default: timing plain fp32 makes mfu_measured_peak ~7-10x
+    # too high). CUDA is a stateful fake (tests/fake_cuda.py); the flag is read at each matmul.
+    import torch
+
+    from jobs import models
+    from jobs.spec import InputKind, ModelSpec
+    from tests import fake_cuda
+
+    spec = ModelSpec(name=model, input=InputKind.image if model == "cnn" else InputKind.tokens)
+    with torch.device("meta"):
+        built = models.build_model(spec)
+    cuda = fake_cuda.install(monkeypatch, visible=1)
+    flags_at_matmul = []
+    real_matmul = torch.matmul
+
+    def matmul(*args, **kwargs):
+        flags_at_matmul.append(torch.backends.cuda.matmul.allow_tf32)
+        return real_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "matmul", matmul)
+    with matmul_peak.matmul_tf32(torch, False):  # PyTorch's default, whatever this process set
+        assert matmul_peak.math_mode(torch, built, precision) == math
+        with cuda.tensors():
+            measured = matmul_peak.measure(torch.device("cuda", 0), precision,
+                                           matmul_peak.math_mode(torch, built, precision))
+        assert torch.backends.cuda.matmul.allow_tf32 is False  # restored after the timing
+    assert "missing" not in measured, measured
+    assert measured["math"] == math and measured["tf32"] == (math == "tf32")
+    assert flags_at_matmul and set(flags_at_matmul) == {math == "tf32"}
+    assert measured["timed_cuda_matmul_allow_tf32"] == str(math == "tf32")
+    assert cuda.calls[-1] == "empty_cache"
+
+
+def test_system_metrics_are_named_by_the_nvml_index_under_per_task_binding(monkeypatch):
+    # R7: Slurm's per-task binding shows each rank one GPU, as cuda:0. Two ranks of node 1 bound to
+    # its GPUs 3 and 5 must log gpu3_* and gpu5_* (NVML's index, found by UUID), not gpu0_* twice.
+    import torch
+
+    from jobs.dist import nvml_uuid
+    from jobs.interference import Interference
+    from tests import fake_cuda
+
+    nvml = FakeNvml(indices={nvml_uuid(fake_cuda.bare_uuid(i, node=1)): i for i in range(8)})
+    series = []
+    for gpu in (3, 5):
+        fake_cuda.install(monkeypatch, visible=[gpu], node=1)
+        interference = Interference(torch.device("cuda", 0), make_nvml=lambda: (nvml, None))
+        assert interference.missing is None
+        window(interference.gpu, 0.02)
+        series.append(interference.portable("node1", node_id=1)["gpu_series"])
+    assert [s["device_index"] for s in series] == [3, 5]
+    keys = {k for r in metrics.system_records(series) for k in r} - {"step", "time"}
+    assert {k.split("_")[0] for k in keys} == {"system/node1/gpu3", "system/node1/gpu5"}
 
 
 def test_system_records_reach_jsonl_and_mlflow_apart_from_training_steps(tmp_path):

@@ -159,6 +159,31 @@ def test_machine_slot_on_emulated_and_real_nodes(env, slot):
         assert dist.choose_device(2, *machine_slot(DistEnv(**env)), 4) == ("cuda:3", "nccl")
 
 
+def test_placements_carry_the_uuid_as_nvml_writes_it(monkeypatch, tmp_path):
+    # R3: torch prints a device UUID as bare hex (PyTorch's _CUuuid.__str__); NVML and nvidia-smi
+    # write "GPU-<hex>", and tests/test_gpu.py counts "GPU-" in the gpu_uuids tag. CUDA is a
+    # stateful fake (tests/fake_cuda.py); the gather runs on a real one-rank gloo group.
+    import torch.distributed as tdist
+
+    from jobs.dist import DistEnv
+    from jobs.worker import check_gpu_placement
+    from tests import fake_cuda
+
+    fake_cuda.install(monkeypatch, visible=[2])
+    bare = str(torch.cuda.get_device_properties(0).uuid)
+    assert bare == fake_cuda.bare_uuid(2) and not bare.startswith("GPU-")
+    assert dist.gpu_uuid(torch.device("cuda", 0)) == f"GPU-{bare}"
+    assert dist.nvml_uuid(f"GPU-{bare}") == f"GPU-{bare}" and dist.nvml_uuid("MIG-x") == "MIG-x"
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        placements = check_gpu_placement(DistEnv(hostname="h"), torch.device("cuda", 0))
+    finally:
+        tdist.destroy_process_group()
+    assert placements == [("h", f"GPU-{bare}")]
+    tag = ",".join(f"{host}/{uuid}" for host, uuid in placements)  # as jobs.worker.run_tags writes it
+    assert tag.count("GPU-") == 1  # tests/test_gpu.py's own assertion
+
+
 def test_duplicate_gpus_from_literal_placements():
     assert dist.duplicate_gpus([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-a")]) == []
     assert dist.duplicate_gpus([("n1", "GPU-a"), ("n1", "GPU-a"), ("n1", "GPU-b"), ("n1", "GPU-a")]) == [
