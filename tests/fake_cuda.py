@@ -12,8 +12,9 @@ draw ran, so tests assert on what the code under test did, not on what the fake 
 * ``FakeTensorMode``: tensors on device "cuda" with shapes, dtypes and devices but no storage;
   operators run as shape functions, random initialisation included (no numbers are drawn, so the
   draws are recorded, with the device they ran on, instead of compared).
-* The Python bindings of ``Tensor.copy_`` and ``Tensor.to``, which on the CPU build open a CUDA
-  device guard before dispatching (the same aten ops through ``torch.ops`` run), and
+* The Python bindings of ``Tensor.copy_``, ``Tensor.to`` and integer/slice indexing, which on the
+  CPU build open a CUDA device guard before dispatching (the same aten ops through ``torch.ops``
+  run), and
   ``pin_memory`` / ``is_pinned``, which fake tensors do not implement: rerouted for fake tensors
   only; real tensors keep the real methods.
 * The ``fake`` process-group backend (torch.testing._internal.distributed.fake_pg): every
@@ -102,7 +103,7 @@ class FakeCuda:
     node: int = 0
     current: int = 0
     set_device_calls: list[int] = field(default_factory=list)
-    pinned: set[int] = field(default_factory=set)
+    pinned: set[int] = field(default_factory=set)  # storages pin_memory() was asked for
     mode: FakeTensorMode = field(default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=True))
     recorder: DrawRecorder = field(default_factory=DrawRecorder)
     free_bytes: int = 70 * 1024**3
@@ -182,18 +183,47 @@ def install(monkeypatch, visible: int | list[int], node: int = 0) -> FakeCuda:
             return torch.ops.aten._to_copy.default(self, device=device, dtype=dtype or self.dtype)
         return real_to(self, *args, **kwargs)
 
+    real_getitem = torch.Tensor.__getitem__
+
+    def getitem(self, key):
+        # Integer and slice indexing as aten views; anything else through the real binding. On the
+        # CPU build every "cuda" tensor is fake underneath (a DTensor's local shard included).
+        keys = key if isinstance(key, tuple) else (key,)
+        if not (self.device.type == "cuda" and all(isinstance(k, (int, slice)) for k in keys)):
+            return real_getitem(self, key)
+        out, dim = self, 0
+        for k in keys:
+            if isinstance(k, int):
+                out = torch.ops.aten.select.int(out, dim, k)
+            else:
+                out = torch.ops.aten.slice.Tensor(out, dim, k.start, k.stop, k.step or 1)
+                dim += 1
+        return out
+
+    # Pinned is a property of the storage: a view of a pinned tensor is pinned.
     def pin_memory(self, *args, **kwargs):
         if isinstance(self, FakeTensor):
-            state.pinned.add(id(self))
+            state.pinned.add(self.untyped_storage()._cdata)
             return self
         return real_pin(self, *args, **kwargs)
 
     def is_pinned(self, *args, **kwargs):
         if isinstance(self, FakeTensor):
-            return id(self) in state.pinned
+            return self.untyped_storage()._cdata in state.pinned
         return real_is_pinned(self, *args, **kwargs)
 
+    real_swap = torch.utils.swap_tensors
+
+    def swap_tensors(t1, t2):
+        # nn.Module._apply swaps fake parameters (``module.to(device)``), and swap_tensors refuses a
+        # tensor with a weak reference: FakeTensorMode's real-to-fake memo holds one on tensors it
+        # met during initialisation. The memo is a cache; emptied, the swap goes through.
+        state.mode.fake_tensor_converter.meta_converter.tensor_memo.clear()
+        return real_swap(t1, t2)
+
+    monkeypatch.setattr(torch.utils, "swap_tensors", swap_tensors)
     monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
     monkeypatch.setattr(torch.Tensor, "to", to)
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     monkeypatch.setattr(torch.Tensor, "is_pinned", is_pinned)

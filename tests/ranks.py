@@ -5,6 +5,11 @@ torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROU
 MASTER_ADDR=127.0.0.1, MASTER_PORT), so ``jobs.dist.DistEnv.detect`` reads the layout exactly as
 under torchrun; ``nodes > 1`` emulates that many nodes of ``world_size // nodes`` ranks (HSDP).
 
+GPU specs (``layout.gpus_per_node > 0``): each emulated node's processes see only that node's
+share of this process's GPUs (CUDA_VISIBLE_DEVICES: node k gets devices k*n .. k*n+n-1 of those
+visible here, n ranks per node), so a box with more GPUs than ranks runs them as a node with
+exactly its ranks' GPUs; the worker refuses any other count (jobs.dist.choose_device).
+
 Every process runs all ``specs`` one after another, each on a fresh free port (importing torch
 costs more than a tiny run, so several runs share one start-up). A spec that raises on a rank is
 recorded as ``{"error": ...}`` for that rank and the next spec still runs. The whole call has a
@@ -72,6 +77,40 @@ def free_ports(count: int) -> list[int]:
     raise RuntimeError(f"fewer than {count} free ports between 30000 and {ephemeral_start}")
 
 
+def parent_visible_devices(environ: dict[str, str] | os._Environ, device_count: int) -> list[str]:
+    """The GPUs this process sees, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs)."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()][:device_count]
+    return [str(i) for i in range(device_count)]
+
+
+def rank_environments(base: dict[str, str], world_size: int, nodes: int, devices: Sequence[str] | None
+                      ) -> list[dict[str, str]]:
+    """Each rank process's environment: torchrun's variables and, for GPU runs (``devices`` given:
+    this process's visible GPUs), CUDA_VISIBLE_DEVICES limited to its emulated node's share. A node
+    whose share is short (a 1-GPU box running 2 ranks) gets the first devices again: the worker's
+    duplicate-GPU check then names the problem."""
+    per_node = world_size // nodes
+    envs = []
+    for rank in range(world_size):
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank % per_node), GROUP_RANK=str(rank // per_node))
+        if devices is not None:
+            node = rank // per_node
+            share = list(devices[node * per_node : (node + 1) * per_node]) or list(devices[:per_node])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(share)
+        envs.append(env)
+    return envs
+
+
+def _devices_for(spec_list: Sequence[Any]) -> list[str] | None:
+    if not any(getattr(getattr(s, "layout", None), "gpus_per_node", 0) > 0 for s in spec_list):
+        return None
+    import torch
+
+    return parent_visible_devices(os.environ, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
 def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
               timeout_s: float = 120.0) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
     """Run ``specs`` (one RunSpec or a list) on ``world_size`` gloo ranks as ``nodes`` nodes.
@@ -99,8 +138,7 @@ def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
         )
         procs = []
         try:
-            for rank in range(world_size):
-                env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank % per_node), GROUP_RANK=str(rank // per_node))
+            for rank, env in enumerate(rank_environments(base, world_size, nodes, _devices_for(spec_list))):
                 log = open(work / f"rank{rank}.log", "wb")
                 procs.append(subprocess.Popen(
                     [sys.executable, str(Path(__file__).resolve()), str(job), str(rank)],

@@ -88,7 +88,7 @@ def test_matrix_run_trains_on_nccl(matrix, run):
     result = ok(matrix[run])
     tags, summary, losses = result["tags"], result["summary"], result["losses"]
     assert tags["backend"] == "nccl" and tags["process_group_backend"] == "cpu:gloo,cuda:nccl"
-    assert tags["gpu_uuids"].count("GPU-") == 1
+    assert tags["gpu_uuids"].count("GPU-") == 1  # NVML's form, which jobs.dist.gpu_uuid writes (R3)
     assert summary["peak_mem_allocated_gib"] > 0 and summary["peak_rss_gib"] > 0
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     if "mfu" not in summary:
@@ -160,8 +160,13 @@ def test_energy_and_system_metrics_of_the_job_gpu(tmp_path):
     result = ok(run_ranks(gpu_spec(tmp_path, precision="bf16", steps=30, warmup_steps=5), 1))
     summary, tags = result["summary"], result["tags"]
     assert "energy_missing" not in tags, tags.get("energy_missing")
+    from jobs.dist import gpu_uuid
+
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    # The rank's GPU: the first one visible here (tests/ranks.py gives a 1-rank job that device),
+    # found by UUID, as the worker finds it; NVML's handle 0 need not be CUDA's device 0 (R7).
+    handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid(torch.device("cuda", 0)).encode())
+    nvml_index = pynvml.nvmlDeviceGetIndex(handle)
     limit_w = pynvml.nvmlDeviceGetEnforcedPowerManagementLimit(handle) / 1e3
     print(f"energy {summary['energy_j']:.1f} J, {summary['energy_j_per_sample']:.4f} J/sample, mean power "
           f"{summary['power_w_mean']:.0f} W (limit {limit_w:.0f} W), method {tags['energy_method']}")
@@ -170,11 +175,12 @@ def test_energy_and_system_metrics_of_the_job_gpu(tmp_path):
     assert summary["energy_j_per_sample"] == pytest.approx(summary["energy_j"] / samples)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     system = [r for r in records if r["kind"] == "system"]
-    assert system and tags["system_metrics_devices"].startswith("node0/gpu0=")
+    prefix = f"system/node0/gpu{nvml_index}_"
+    assert system and tags["system_metrics_devices"].startswith(f"node0/gpu{nvml_index}=")
     keys = set().union(*system) - {"kind", "step", "time"}
-    assert {"system/node0/gpu0_utilization_percent", "system/node0/gpu0_power_w"} <= keys, keys
-    assert all(k.startswith("system/node0/gpu0_") for k in keys)  # this job's one GPU, no other
-    assert max(r.get("system/node0/gpu0_utilization_percent", 0) for r in system) > 0
+    assert {prefix + "utilization_percent", prefix + "power_w"} <= keys, keys
+    assert all(k.startswith(prefix) for k in keys)  # this job's one GPU, no other
+    assert max(r.get(prefix + "utilization_percent", 0) for r in system) > 0
 
 
 # ---- 3. profiler: what the GPU timeline holds (H2) ----------------------------------------------
