@@ -107,7 +107,9 @@ class FakeCuda:
     mode: FakeTensorMode = field(default_factory=lambda: FakeTensorMode(allow_non_fake_inputs=True))
     recorder: DrawRecorder = field(default_factory=DrawRecorder)
     free_bytes: int = 70 * 1024**3
-    calls: list[str] = field(default_factory=list)  # synchronize, empty_cache, in order
+    calls: list[str] = field(default_factory=list)  # synchronize, empty_cache, peak resets, in order
+    # The allocator's peaks since the last reset, as the test sets them (nothing allocates here).
+    peak_bytes: dict[str, int] = field(default_factory=lambda: {"allocated": 0, "reserved": 0})
 
     @property
     def visible(self) -> int:
@@ -163,6 +165,14 @@ def install(monkeypatch, visible: int | list[int], node: int = 0) -> FakeCuda:
     monkeypatch.setattr(cuda, "synchronize", lambda device=None: state.calls.append("synchronize"))
     monkeypatch.setattr(cuda, "empty_cache", lambda: state.calls.append("empty_cache"))
     monkeypatch.setattr(cuda, "Event", _Event)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: state.peak_bytes["allocated"])
+    monkeypatch.setattr(cuda, "max_memory_reserved", lambda device=None: state.peak_bytes["reserved"])
+
+    def reset_peak_memory_stats(device=None) -> None:
+        state.calls.append(f"reset_peak_memory_stats:{index_of(device)}")
+        state.peak_bytes = {"allocated": 0, "reserved": 0}
+
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", reset_peak_memory_stats)
 
     real_copy, real_to = torch.Tensor.copy_, torch.Tensor.to
     real_pin, real_is_pinned = torch.Tensor.pin_memory, torch.Tensor.is_pinned

@@ -70,6 +70,9 @@ MATRIX = {
     "fsdp-compile": dict(strategy="fsdp", precision="bf16", compile=True),
     "resnet18-ddp-bf16": dict(strategy="ddp", precision="bf16", model=RESNET18, batch_size=64),
     "resnet18-fsdp-bf16": dict(strategy="fsdp", precision="bf16", model=RESNET18, batch_size=64),
+    # R1: offload with buffers (BatchNorm's running statistics must be on the GPU).
+    "resnet18-offload-bf16": dict(strategy="fsdp", precision="bf16", model=RESNET18, batch_size=64,
+                                  strategy_args={"cpu_offload": True}),
     **{f"resnet18-fsdp-bf16-params-{bn}": dict(strategy="fsdp", precision="bf16", model=RESNET18, batch_size=64,
                                                precision_args={"mode": "params", "batchnorm": bn})
        for bn in ("unit", "grouped")},
@@ -102,6 +105,19 @@ def test_matrix_fp32_parity_and_offload_memory(matrix):
     on_gpu = ok(matrix["fsdp-bf16"])["summary"]["peak_mem_allocated_gib"]
     offloaded = ok(matrix["offload-bf16"])["summary"]["peak_mem_allocated_gib"]
     assert offloaded < on_gpu
+
+
+def test_user_model_starts_from_the_same_weights_under_every_strategy(tmp_path):
+    # R4 on the GPU: a _target_ model built eagerly on the host, then moved (DDP) or sharded (FSDP,
+    # offload); fp32, one rank, the same seed: the first losses agree.
+    from tests.test_gpu_path import USER_MODEL
+
+    variants = {"ddp": {}, "fsdp": dict(strategy="fsdp"),
+                "offload": dict(strategy="fsdp", strategy_args={"cpu_offload": True})}
+    specs = [gpu_spec(tmp_path / k, model=USER_MODEL, steps=2, warmup_steps=1, **v) for k, v in variants.items()]
+    firsts = [ok(r)["losses"][0] for r in run_ranks(specs, world_size=1, timeout_s=300)]
+    print("user model first losses (ddp, fsdp, offload):", firsts)
+    assert firsts[1] == pytest.approx(firsts[0], rel=1e-5) and firsts[2] == pytest.approx(firsts[0], rel=1e-5)
 
 
 def test_matrix_batchnorm_units_timing(matrix):

@@ -292,6 +292,31 @@ def test_offload_keeps_buffers_on_the_device_and_draws_from_its_generator(cuda):
     assert draws and set(draws) == {CUDA0}
 
 
+# ---- the other CUDA branches of setup: memory figures, bf16 refusal ----------------------------
+
+def test_memory_figures_read_the_device_allocator_on_cuda(cuda):
+    from jobs import metrics
+
+    metrics.reset_peak_memory(CUDA0)
+    assert cuda.calls[-1] == "reset_peak_memory_stats:0"
+    cuda.peak_bytes = {"allocated": 3 * metrics.GIB, "reserved": 5 * metrics.GIB}  # what the setup used
+    setup = metrics.setup_memory(CUDA0, metrics.current_rss_bytes())
+    window = metrics.peak_memory(CUDA0)
+    assert setup["setup_peak_mem_allocated_gib"] == 3
+    assert (window["peak_mem_allocated_gib"], window["peak_mem_reserved_gib"]) == (3, 5)
+    assert window["peak_rss_gib"] > 0  # host memory on GPU ranks too (offload lives there)
+
+
+def test_bf16_is_refused_on_a_gpu_before_ampere(cuda, monkeypatch, tmp_path):
+    from jobs.worker import refuse_unsupported
+
+    spec = ranks.make_spec(tmp_path, precision="bf16", gpus_per_node=1, world_size=1)
+    refuse_unsupported(spec, CUDA0)  # the fake is an H100: 9.0
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    with pytest.raises(ValueError, match="Ampere"):
+        refuse_unsupported(spec, CUDA0)
+
+
 # ---- shard slices without tensor arithmetic -------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(10, 3), (7,), (3, 5), (1, 4), (64, 2)])
