@@ -3,7 +3,7 @@ configuration against itself) claims nothing, and a real slowdown is called a re
 
 One sweep launches one configuration 6 times. Every split of those 6 independent runs into two
 halves of 3 is an A/A comparison; over the 10 splits and their metrics the rate of false claims
-must stay at or below 5%. A second sweep of 4 runs whose forward sleeps for the baseline's step
+must stay at or below 5%. A second sweep of 5 runs whose forward sleeps for the baseline's step
 time (throughput halved) must be a regression. The verdicts are checked against
 benchstat's rule on the same numbers (Mann-Whitney U, p < 0.05 for a difference, else "~")."""
 
@@ -57,7 +57,7 @@ def sweep(tmp_path, name: str, runs: int, delay_ms: float, fast_overrides) -> li
     overrides = [o for o in fast_overrides if not o.startswith(("model", "runs=", "steps=", "warmup_steps=", "batch_size="))]
     code = main(["-m", *overrides, "model=custom", f"model._target_={__name__}.PacedLM", "model.input=tokens",
                  "model.seq_len=64", "model.vocab_size=1024", "+model.params.vocab_size=1024", "batch_size=8",
-                 f"+model.params.delay_ms={delay_ms}", "steps=14", "warmup_steps=4", "repeats=2",
+                 f"+model.params.delay_ms={delay_ms}", "steps=12", "warmup_steps=4", "repeats=2",
                  "comm_probe_steps=0", "local_probe_steps=0", f"runs={runs}", "tracking=off",
                  f"output_root={tmp_path}", f"sweep_dir={tmp_path / name}"])
     assert code == 0
@@ -97,10 +97,10 @@ def test_aa_claims_nothing_and_a_real_slowdown_is_a_regression(tmp_path, fast_ov
 
     # Power: the baseline's step time slept in every forward: half the throughput.
     step_ms = statistics.median(r["step_time_ms_p50"] for r in base)
-    slow = sweep(tmp_path, "b", 4, step_ms, fast_overrides)
+    slow = sweep(tmp_path, "b", 5, step_ms, fast_overrides)
     result = compare.compare(base, slow)
     verdicts = {d.metric: d for m in result.matches for d in m.deltas}
-    print(compare.render(result, "6 runs", f"4 runs sleeping {step_ms:.1f} ms per forward"))
+    print(compare.render(result, "6 runs", f"5 runs sleeping {step_ms:.1f} ms per forward"))
     assert verdicts["samples/s"].verdict == compare.REGRESSION, verdicts["samples/s"]
     # The median step is judged by its own spread: a regression, or inconclusive on a busy machine; never
     # "no change" or an improvement.
