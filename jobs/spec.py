@@ -86,14 +86,40 @@ class LrScaling(enum.Enum):
     sqrt = "sqrt"
 
 
-def _module_exists(dotted: str) -> bool:
-    """Whether a module (or its parent, for a class nested in a module) can be found, without importing it."""
+# Modules whose package has another name on PyPI (the rest: the package is named as its module).
+PACKAGE_OF_MODULE = {"sklearn": "scikit-learn", "cv2": "opencv-python", "PIL": "Pillow", "yaml": "PyYAML",
+                     "skimage": "scikit-image", "google": "protobuf", "attr": "attrs"}
+
+
+def install_hint(module: str) -> str:
+    """``pip install <the package that provides module>``."""
+    top = module.split(".")[0]
+    return f"pip install {PACKAGE_OF_MODULE.get(top, top)}"
+
+
+def import_problem(dotted: str) -> str | None:
+    """Why the module path ``dotted`` (whose tail may be attributes of a module) does not import here,
+    naming the module that is missing and the package that provides it; None when it imports (the
+    attributes are checked when the model is built). Imports the parent packages, as finding does."""
     import importlib.util
 
     try:
-        return importlib.util.find_spec(dotted) is not None
-    except (ImportError, ValueError):
-        return "." in dotted and _module_exists(dotted.rpartition(".")[0])
+        if importlib.util.find_spec(dotted) is not None:
+            return None
+        missing = dotted
+    except ModuleNotFoundError as exc:
+        missing = exc.name or dotted
+    except Exception as exc:  # a parent package raised while importing: its own missing library, a broken build
+        parent = dotted.rpartition(".")[0] or dotted
+        return f"importing {parent} fails here with {type(exc).__name__}: {exc}"
+    if missing != dotted and not dotted.startswith(missing + "."):
+        # A dependency of a parent package, not the path itself.
+        return (f"importing {dotted.rpartition('.')[0]} needs the module {missing!r}, which is not installed here "
+                f"({install_hint(missing)})")
+    parent = dotted.rpartition(".")[0]
+    if parent:
+        return import_problem(parent)  # the tail may be a class (or a class's attribute) of the parent
+    return f"the module {dotted!r} is not installed here ({install_hint(dotted)})"
 
 
 def _positive(setting: str, value: Any, fix: str) -> None:
@@ -250,13 +276,19 @@ class ModelSpec:
         if self.name == "custom" and target in (None, "???"):
             raise ConfigError("model.target", target, "model=custom builds the class named by model._target_ "
                               "(alias model.target), and none is given; it must be importable on the nodes.",
-                              "set model._target_=package.module.Class (e.g. torchvision.models.resnet50).")
+                              "set model._target_=package.module.Class (e.g. torchvision.models.resnet50 where torchvision "
+                              "is installed).")
         if target is not None:
             module = target.rpartition(".")[0]
-            if target == "???" or not module or not _module_exists(module):
-                raise ConfigError(setting, target, "is not an importable dotted class path here.",
+            if target == "???" or not module:
+                raise ConfigError(setting, target, "is not a dotted class path.",
                                   f"set {setting}=package.module.Class for an installed package "
-                                  "(e.g. torchvision.models.resnet50).")
+                                  "(e.g. mypackage.models.MyNet).")
+            problem = import_problem(module)
+            if problem:
+                raise ConfigError(setting, target, f"does not import: {problem}.",
+                                  "install that package where the launcher and the ranks run, or name a class of a "
+                                  "package installed there.")
         elif self.name == "hf":
             self._validate_hf()
         elif self.name not in KNOWN_MODELS:

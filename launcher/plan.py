@@ -80,17 +80,55 @@ def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) 
     """The override list of every grid point, and the keys being swept (an experiment's grid included)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
 
     overrides = [*overrides, *experiment_grid(overrides, extra)]
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException as exc:
+        raise SweepError(parse_error(overrides)) from exc
     swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
     if swept and not multirun:
+        one = next(o for o in overrides if o.split("=", 1)[0].lstrip("+~") == swept[0])
         raise SweepError(
-            f"{', '.join(swept)}: several values need a multirun. Fix: add -m (python -m launcher -m {' '.join(overrides)})."
+            f"{', '.join(swept)}: several values need a multirun. Fix: add -m (python -m launcher -m {' '.join(overrides)})"
+            f"; or, if it is one value that contains commas (a Slurm node list), quote it: {quoted(one)}."
         )
     if not multirun:
         return [list(overrides)], []
     return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch], swept
+
+
+def quoted(override: str) -> str:
+    """``key=value`` as the shell word that gives Hydra the value as one quoted string:
+    ``cluster.exclude=node[2-4]`` -> ``'cluster.exclude="node[2-4]"'``."""
+    import shlex
+
+    key, _, value = override.partition("=")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return shlex.quote(f'{key}="{escaped}"')
+
+
+def parse_error(overrides: Sequence[str]) -> str:
+    """Why Hydra's override grammar refused the command line, and the quoted form that it takes.
+    Brackets, braces, parentheses, quotes, ``$`` and ``=`` are grammar in a value; inside quotes they
+    are text (a Slurm node list ``node[2-4]``, an argument with spaces)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as exc:
+            detail = str(exc).splitlines()[0]
+            if "=" not in override:
+                return (f"{override!r} is not an override ({detail}). Fix: write overrides as key=value "
+                        f"(see python -m launcher --help).")
+            return (f"{override!r}: Hydra's override grammar cannot read this value ({detail}): brackets, braces, "
+                    f"parentheses, quotes and commas have a meaning there. Fix: quote the value for Hydra and the "
+                    f"shell, e.g. {quoted(override)}.")
+    return "the overrides cannot be parsed together. Fix: write them as key=value (see python -m launcher --help)."
 
 
 def _explain(exc: BaseException, overrides: list[str]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +39,7 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     _fits(cells, predicted, errors)
     if errors:
         raise SweepError("\n".join(dict.fromkeys(errors)))
+    _writable(cells[0].config)
     _tracking(cells[0].config)
     return predicted
 
@@ -166,5 +168,26 @@ def _tracking(cfg: Config) -> None:
         return  # the default store is created under output_root
     problem = check_reachable(uri)
     if problem:
-        raise SweepError(f"tracking.uri={uri!r}: {problem}. Fix: start the server (mlflow server ...), fix the URI, "
-                         f"or run without MLflow (tracking=off).")
+        raise SweepError(f"tracking.uri={uri!r}: {problem}. Fix: start the server (mlflow server ...), fix the URI "
+                         f"(http(s)://host:port of an MLflow server, sqlite:////abs/path/mlflow.db, or a database "
+                         f"URI), or run without MLflow (tracking=off).")
+
+
+def _writable(cfg: Config) -> None:
+    """output_root (or sweep_dir) can be created and written: probed with a directory made and removed
+    in its nearest existing parent (permissions alone do not tell: root may write nowhere in /proc)."""
+    import tempfile
+
+    setting, target = ("sweep_dir", Path(cfg.sweep_dir)) if cfg.sweep_dir else ("output_root", Path(cfg.output_root))
+    parent = next((p for p in (target, *target.absolute().parents) if p.exists()), None)
+    problem = None
+    if parent is None or not parent.is_dir():
+        problem = f"{parent} is not a directory"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=parent))
+        except OSError as exc:
+            problem = f"nothing can be created in {parent} ({exc.strerror or exc})"
+    if problem:
+        raise SweepError(f"{setting}={str(target)!r}: the sweep's directory cannot be created there: {problem}. "
+                         f"Fix: set {setting} to a directory you can write (e.g. {setting}=$HOME/bench-outputs).")

@@ -188,6 +188,60 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
             return f"the directory of the SQLite file ({path.parent if path else uri}) does not exist"
         if not os.access(path.parent, os.W_OK):
             return f"the directory {path.parent} is not writable"
+        return None
+    if parsed.scheme in DATABASE_SCHEMES or parsed.scheme.split("+")[0] in DATABASE_SCHEMES:
+        return _database_problem(uri, timeout_s)
+    if uri.startswith(("databricks", "uc:")):
+        return ("Databricks stores are not supported: their credentials cannot be checked before submission and "
+                "the ranks log from the cluster's nodes")
+    if parsed.scheme in ("", "file"):
+        return _file_store_problem(Path(parsed.path if parsed.scheme else uri))
+    return (f"MLflow cannot log to a {parsed.scheme}:// store (it logs to an MLflow server, http:// or https://, "
+            f"an SQLite file, sqlite:///path/mlflow.db, or a database, {', '.join(DATABASE_SCHEMES)})")
+
+
+# Databases MLflow's SQL store logs to (through SQLAlchemy, with the driver the scheme names), and
+# the package that provides each default driver module.
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+DRIVER_PACKAGES = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+                   "pymysql": "PyMySQL", "pyodbc": "pyodbc"}
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def _database_problem(uri: str, timeout_s: float) -> str | None:
+    """The database's driver imports here and its host accepts connections (credentials and the
+    database itself are checked when the first run is created)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(uri).get_dialect().import_dbapi()
+    except ModuleNotFoundError as exc:
+        package = DRIVER_PACKAGES.get((exc.name or "").split(".")[0], exc.name)
+        return f"its database driver, the Python module {exc.name!r}, is not installed (pip install '{package}')"
+    except Exception as exc:  # an unknown dialect: sqlalchemy says which
+        return f"SQLAlchemy cannot use it ({type(exc).__name__}: {exc})"
+    parsed = urlparse(uri)
+    port = parsed.port or DEFAULT_PORTS.get(parsed.scheme.split("+")[0], 0)
+    if parsed.hostname and port:
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+        except OSError as exc:
+            return f"no database answers at {parsed.hostname}:{port} ({exc})"
+    return None
+
+
+def _file_store_problem(root: Path) -> str | None:
+    """MLflow 3 keeps its file store (a directory of runs) in maintenance mode: refused unless
+    MLFLOW_ALLOW_FILE_STORE=true, as MLflow itself does."""
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        return ("MLflow 3 refuses a directory as its store (the file store is in maintenance mode) unless "
+                f"MLFLOW_ALLOW_FILE_STORE=true; an SQLite file there works: sqlite:///{root.resolve() / 'mlflow.db'}")
+    existing = next((p for p in (root, *root.resolve().parents) if p.exists()), Path("/"))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        return f"the directory {existing} cannot hold the store (not a writable directory)"
     return None
 
 

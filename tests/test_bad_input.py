@@ -54,7 +54,19 @@ CORPUS = [
     (["lr=nan"], "lr=nan", "finite number"),
     (["strategy.bucket_cap_mb=inf"], "strategy.bucket_cap_mb", "finite number"),
     (["model=custom"], "model.target", "importable"),
-    (["model=custom", "model.target=no.such.module.Model"], "model.target='no.such.module.Model'", "importable"),
+    (["model=custom", "model.target=no.such.module.Model"], "the module 'no' is not installed here",
+     "install that package"),
+    # a module that is not installed: named, with the package that provides it
+    (["model=custom", "model._target_=nosuch_models_pkg.nets.ResNet"],
+     "the module 'nosuch_models_pkg' is not installed here (pip install nosuch_models_pkg)", "install that package"),
+    # transformers configs: keys the config class does not define, sizes that cannot make a model
+    (["model=hf", "+model.config.n_layerz=3"], "model.config.n_layerz=3", "did you mean model.config.n_layer?"),
+    (["model=hf", "model.arch=llama", "+model.config.rms_norm_epz=1e-5"], "LlamaConfig",
+     "did you mean model.config.rms_norm_eps?"),
+    (["model=hf", "model.config.num_hidden_layers=-1"], "model.config.num_hidden_layers=-1", "positive integer"),
+    (["model=hf", "model.config.hidden_size=0"], "model.config.hidden_size=0", "positive integer"),
+    (["model=hf", "model.arch=llama", "model.config.num_attention_heads=3", "model.config.num_key_value_heads=3"],
+     "model.config.num_attention_heads=3", "num_attention_heads to 2 or 4"),
     # impossible combinations
     (["strategy=hsdp", "nodes=1"], "strategy='hsdp'", "nodes=2"),
     (["strategy=fsdp_offload"], "strategy.cpu_offload=True", "strategy=fsdp"),
@@ -88,7 +100,16 @@ CORPUS = [
     (["tracking.uri=http://127.0.0.1:9"], "tracking.uri='http://127.0.0.1:9'", "tracking=off"),
     (["tracking.uri=sqlite:////no/such/dir/mlflow.db"], "does not exist", "fix the URI"),
     (["tracking.experiment=' '"], "tracking.experiment", "name the MLflow experiment"),
-    # syntax
+    (["tracking.uri=ftp://nowhere/x"], "MLflow cannot log to a ftp:// store", "sqlite:////abs/path/mlflow.db"),
+    (["tracking.uri=databricks"], "Databricks stores are not supported", "tracking=off"),
+    (["tracking.uri=postgresql://bench@127.0.0.1:9/mlflow"], "tracking.uri='postgresql://bench@127.0.0.1:9/mlflow'",
+     "tracking=off"),
+    # paths that cannot be written
+    (["sweep_dir=/proc/forbidden/sweep"], "sweep_dir='/proc/forbidden/sweep'", "directory you can write"),
+    # syntax: Hydra's grammar meets Slurm's (a node list), commas in one value, quotes
+    (["cluster.exclude=node[2-4]"], "cluster.exclude=node[2-4]", """'cluster.exclude="node[2-4]"'"""),
+    (["cluster.exclude=node1,node2"], "several values need a multirun", """'cluster.exclude="node1,node2"'"""),
+    (["cluster.account=it's"], "cluster.account=it's", """'cluster.account="it'"'"'s"'"""),
     (["nodes"], "key=value", "key=value"),
     (["--frobnicate"], "--frobnicate", "--help"),
 ]
@@ -113,3 +134,25 @@ def test_password_never_echoed(tmp_path, capsys):
     assert main(["tracking.uri=http://alice:hunter2@127.0.0.1:9", f"output_root={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "hunter2" not in err and "alice:***@" in err
+
+
+def test_a_missing_module_is_named_and_never_suggested_as_the_fix(tmp_path, capsys):
+    # The README's own example on a machine without torchvision: the cause is the missing module,
+    # and the fix is to install its package, not to write the same value again.
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    target = "torchvision.models.resnet50"
+    assert main(["model=custom", f"model._target_={target}", "model.input=image", f"output_root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "the module 'torchvision' is not installed here (pip install torchvision)" in err, err
+    assert target not in err.split("Fix:", 1)[1], err
+
+
+def test_the_quoted_form_the_parse_error_suggests_is_accepted():
+    from launcher.plan import compose, expand
+
+    points, _ = expand(['cluster.exclude="node[2-4]"', "cluster=slurm"], multirun=False)
+    assert points == [['cluster.exclude="node[2-4]"', "cluster=slurm"]]
+    assert compose(points, [])[0].config.cluster.exclude == "node[2-4]"

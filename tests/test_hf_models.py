@@ -209,7 +209,7 @@ def test_instantiate_follows_hydra_semantics():
     (ModelSpec(name="custom", _target_="os.path.join"), "model._target_='os.path.join'", "nn.Module subclass"),
     (ModelSpec(name="custom", target="os.path.join"), "model.target='os.path.join'", "nn.Module subclass"),
     (ModelSpec(name="custom", _target_="collections.OrderedDict"), "not a torch.nn.Module subclass", "nn.Module"),
-    (ModelSpec(name="custom", _target_="no_such_pkg.Model"), "model._target_='no_such_pkg.Model'", "importable"),
+    (ModelSpec(name="custom", _target_="no_such_pkg.Model"), "model._target_='no_such_pkg.Model'", "install that package"),
     (ModelSpec(name="custom", _target_="torch.nn.Linear", params={"in_feature": 4}), "model.params",
      "keyword arguments"),
     (ModelSpec(name="resnet18", input=InputKind.tokens), "model.input='tokens'", "model.input=image"),
@@ -226,6 +226,14 @@ def test_check_buildable_refuses_with_the_fix(spec, setting, fix):
     (dict(arch="qwen2", config={"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2}),
      "model.config.num_key_value_heads=32", "divisor of 2"),
     (dict(arch="gpt2", config={"hidden_size": 30, "num_attention_heads": 4}), "model.config", "divisible"),
+    # Keys the config class does not define: transformers would keep them silently and ignore them.
+    (dict(config={**TINY, "n_layerz": 3}), "model.config.n_layerz=3", "did you mean model.config.n_layer?"),
+    (dict(arch="bert", config={**TINY, "hidden_dropout": 0.0}), "BertConfig", "model.config.hidden_dropout_prob"),
+    # Sizes that build a model without layers, or split channels unevenly between heads.
+    (dict(config={**TINY, "num_hidden_layers": -1}), "model.config.num_hidden_layers=-1", "positive integer"),
+    (dict(config={**TINY, "num_hidden_layers": 0}), "model.config.num_hidden_layers=0", "positive integer"),
+    (dict(arch="llama", config={**TINY, "num_attention_heads": 3, "num_key_value_heads": 3}),
+     "model.config.num_attention_heads=3", "num_attention_heads to 2 or 4"),
 ])
 def test_check_buildable_refuses_bad_hf_configs(fields, setting, fix):
     spec = ModelSpec(**{**hf_model("gpt2"), "input": InputKind.tokens, **fields})

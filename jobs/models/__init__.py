@@ -43,7 +43,7 @@ from jobs.models.gpt import GPT, GPTConfig
 from jobs.models.instantiate import InstantiationError, instantiate, locate
 from jobs.models.resnet import RESNET_LAYOUTS, ResNet
 from jobs.models.small import CNN, MLP
-from jobs.spec import HF_INSTALL, ConfigError, InputKind, LMHead, ModelSpec
+from jobs.spec import HF_INSTALL, ConfigError, InputKind, LMHead, ModelSpec, import_problem
 
 __all__ = [
     "REGISTRY",
@@ -450,7 +450,11 @@ def _check_target(spec: ModelSpec, target: str) -> None:
     try:
         fn = locate(target)
     except InstantiationError as exc:
-        raise ConfigError(setting, target, f"does not import here: {exc}", _TARGET_FIX) from exc
+        if isinstance(exc.__cause__, AttributeError) or not isinstance(exc.__cause__, ImportError):
+            raise ConfigError(setting, target, f"does not import here: {exc}", _TARGET_FIX) from exc
+        problem = import_problem(target.rpartition(".")[0]) or f"{exc}"
+        raise ConfigError(setting, target, f"does not import: {problem}.", "install that package where the "
+                          "launcher and the ranks run, or name a class of a package installed there.") from exc
     is_class = inspect.isclass(fn)
     if is_class and not issubclass(fn, nn.Module):
         raise ConfigError(setting, target, f"is a class, {fn.__module__}.{fn.__qualname__}, but not a "
@@ -517,7 +521,7 @@ def _check_hf(spec: ModelSpec) -> None:
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
 
-    from jobs.models.hf import build_hf, hf_config, pick_head
+    from jobs.models.hf import build_hf, hf_config, pick_head, size_problem, unknown_config_keys
 
     _require_input(spec, InputKind.tokens)
     known = list(transformers.CONFIG_MAPPING.keys())
@@ -527,6 +531,9 @@ def _check_hf(spec: ModelSpec) -> None:
         raise ConfigError("model.arch", spec.arch, f"is not an architecture transformers "
                           f"{transformers.__version__} knows.", f"{hint}Use a model_type such as gpt2, llama, "
                           "qwen2, mistral or bert (the keys of transformers.CONFIG_MAPPING).")
+    problem = size_problem(spec) if spec.arch else None
+    if problem:
+        raise ConfigError(*problem)
     source = "model.arch" if spec.arch else ("model.config_path" if spec.config_path else "model.pretrained_path")
     try:
         cfg = hf_config(spec)
@@ -538,6 +545,14 @@ def _check_hf(spec: ModelSpec) -> None:
         raise ConfigError(source, spec.arch or getattr(spec, source[6:]), f"is an encoder-decoder ({cfg.model_type}): "
                           "its forward needs decoder inputs, which the benchmark's data does not give.",
                           "use a decoder (gpt2, llama, qwen2, mistral, ...) or an encoder (bert, roberta, ...).")
+    unknown = unknown_config_keys(spec) if spec.arch else None
+    if unknown:
+        key, close, class_name = unknown
+        hint = f"did you mean {' or '.join(f'model.config.{c}' for c in close)}? " if close else ""
+        raise ConfigError(f"model.config.{key}", spec.config[key], f"{class_name} (model.arch={spec.arch}) has no "
+                          f"setting {key!r}: transformers would keep it and build the model without it.",
+                          f"{hint}Use a setting of {class_name} (its documentation, or "
+                          f"sorted({class_name}().to_dict())).")
     head = pick_head(cfg, LMHead(spec.head))
     mapping = MODEL_FOR_MASKED_LM_MAPPING_NAMES if head is LMHead.masked_lm else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if cfg.model_type not in mapping:
@@ -547,6 +562,9 @@ def _check_hf(spec: ModelSpec) -> None:
                else "use a language-model architecture such as gpt2, llama, qwen2 or bert.")
         raise ConfigError("model.head", LMHead(spec.head).value, f"transformers has no {head.value} model for "
                           f"model_type {cfg.model_type!r}.", fix)
+    problem = size_problem(spec, cfg) if spec.arch else None
+    if problem:
+        raise ConfigError(*problem)
     _check_sizes(spec, cfg)
     if spec.pretrained_path:
         names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")

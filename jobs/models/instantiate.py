@@ -50,7 +50,7 @@ def locate(path: str) -> Any:
         except AttributeError as exc:
             raise InstantiationError(f"_target_={path!r}: {exc}.") from exc
         return obj
-    raise InstantiationError(f"_target_={path!r} is not an importable dotted path ({error}).")
+    raise InstantiationError(f"_target_={path!r} is not an importable dotted path ({error}).") from error
 
 
 def instantiate(config: Any, *args: Any, **kwargs: Any) -> Any:
