@@ -19,6 +19,7 @@ Run benchmark grid points of distributed training (DDP / FSDP) and compare them.
   --plan             compose and check everything, print the cells, their resources, predicted
                      per-rank model state and the sbatch calls; submit and create nothing
   --config-dir DIR   also look for configs in DIR (a site's cluster/*.yaml, experiment/*.yaml)
+  --allow-concurrent start even when the same sweep (same command, same output_root) is still running
   -h, --help         this help
 
 config groups (launcher/conf/):
@@ -60,6 +61,8 @@ def _options(args: list[str]) -> tuple[bool, bool, list[str], list[str]]:
             multirun = True
         elif arg == "--plan":
             plan_only = True
+        elif arg == "--allow-concurrent":
+            pass  # read by main: sweep.run
         elif arg in ("--config-dir", "-cd"):
             config_dirs.append(next(it, ""))
         elif arg.startswith("--config-dir="):
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     from launcher import sweep
 
     try:
-        return sweep.run(cells, ["python -m launcher", *args], predicted)
+        return sweep.run(cells, ["python -m launcher", *args], predicted,
+                         allow_concurrent="--allow-concurrent" in args)
     except plan.SweepError as exc:
         print(f"error: {exc}\nnothing was submitted.", file=sys.stderr)
         return 2

@@ -45,8 +45,10 @@ OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED = "oom", "collective_timeout", "hang", 
 PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR = "port_in_use", "node_failure", "config_error", "runtime_error"
 # Runs that finished their steps but trained on something else (jobs/health.py): never results.
 DIVERGED, LOSS_FROZEN, STEPS_SKIPPED = "diverged", "loss_frozen", "steps_skipped"
+# A job sbatch refused (launcher/submit.py): the request does not fit the cluster.
+SUBMIT_REFUSED = "submit_refused"
 CLASSES = (OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED, PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR,
-           DIVERGED, LOSS_FROZEN, STEPS_SKIPPED)
+           DIVERGED, LOSS_FROZEN, STEPS_SKIPPED, SUBMIT_REFUSED)
 
 # What to do about each class (shown by status and in the report's "Cells without results").
 FIXES: dict[str, str] = {
@@ -73,6 +75,8 @@ FIXES: dict[str, str] = {
               "prefer precision=bf16 to fp16; resubmitting unchanged diverges again.",
     LOSS_FROZEN: "the loss did not change over the measured window, so nothing was trained: check that the model's "
                  "parameters require gradients, that lr is not 0 and that the output depends on the input.",
+    SUBMIT_REFUSED: "sbatch refused the job (its error names the resource): fit the cell's cluster.* settings to the "
+                    "partition (sinfo -N -l), then run the same command with the sweep's sweep_dir to resume it.",
     STEPS_SKIPPED: "fp16 loss scaling skipped most of the window's steps (inf/NaN gradients), so the window timed "
                    "steps without updates: use precision=bf16, lower lr, or raise warmup_steps so the scale settles.",
 }

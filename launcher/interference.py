@@ -73,8 +73,10 @@ def foreign_use(summary: dict) -> str | None:
     return "; ".join(parts) or None
 
 
-def _slurm_allocations(cells: list[CellState]) -> list[Allocation]:
-    times = job_times([c.job_id for c in cells if c.job_id])
+def _slurm_allocations(cells: list[CellState],
+                       times: dict[str, tuple[float, float, list[str]]] | None = None) -> list[Allocation]:
+    if times is None:
+        times = job_times([c.job_id for c in cells if c.job_id])
     return [Allocation(c.index, frozenset(times[c.job_id][2]), times[c.job_id][0], times[c.job_id][1])
             for c in cells if c.job_id in times]
 
@@ -98,10 +100,11 @@ def _summary(state: SweepState, cell: CellState) -> dict:
     return json.loads(path.read_text()).get("summary", {}) if path.exists() else {}
 
 
-def flag(state: SweepState) -> list[CellState]:
-    """Set ``interference`` on every finished cell that measured something else too; returns them."""
+def flag(state: SweepState, times: dict[str, tuple[float, float, list[str]]] | None = None) -> list[CellState]:
+    """Set ``interference`` on every finished cell that measured something else too; returns them.
+    ``times``: the jobs' start, end and hosts when the caller has read them from sacct already."""
     done = [c for c in state.cells if c.status is CellStatus.done]
-    allocations = _slurm_allocations(done) if state.cluster == "slurm" else _local_allocations(state, done)
+    allocations = _slurm_allocations(done, times) if state.cluster == "slurm" else _local_allocations(state, done)
     shared = overlaps(allocations, {c.index: c.name for c in state.cells})
     flagged = []
     for cell in done:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import mlflow_entry
-from launcher import compare, findings, interference, noisefloor, plots, stats, sync, tracking
+from launcher import compare, findings, interference, noisefloor, plots, reconcile, runs, stats, tracking
 from launcher.failures import FIXES
 from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, num, peak_memory_gib, ranked
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
@@ -468,15 +468,28 @@ def floor_key(state: SweepState) -> str:
     return noisefloor.cluster_key(state.cluster, getattr(first, "partition", None), getattr(first, "gpu_type", None))
 
 
-def finalize(state: SweepState) -> str:
-    """Write report.md and its plots, attach them to the sweep's MLflow parent run and end that run
-    (FAILED if any cell did not finish). Returns the ranking table and the report's path."""
-    interference.flag(state)  # before the rows: the findings leave flagged cells out
+def finalize(state: SweepState, force: bool = True) -> str | None:
+    """The one finishing step, reached by every path (the launcher with wait=true, ``launcher.status``
+    with or without --wait, ``launcher.report`` and ``launcher.sync``): each cell reconciled with
+    Slurm (launcher/reconcile.py), the finished cells' interference flagged, the MLflow runs settled
+    (statuses, failure and cancel tags, runs left RUNNING by processes that are gone closed), then
+    report.md with its findings written and the parent run closed (FAILED if any cell did not
+    finish). The report is written when ``force``, or when every cell has ended and the report does
+    not show these statuses yet. Returns the ranking table and the report's path when it wrote one."""
+    refreshed = reconcile.refresh(state)
+    before = [c.interference for c in state.cells]
+    interference.flag(state, refreshed.times)  # before the rows: the findings leave flagged cells out
+    flags_changed = before != [c.interference for c in state.cells]
+    finished = all(c.status.terminal for c in state.cells)
+    fingerprint = json.dumps([[c.status.value, c.job_id, c.interference] for c in state.cells])
+    write_now = force or (finished and state.reported != fingerprint)
     state.save()
-    written = write_sweep_report(state)
-    if state.tracking_uri:
+    if state.tracking_uri and (refreshed.changed or flags_changed or write_now):
         _settle_runs(state)
-    if state.tracking_uri and state.parent_run_id:
+    if not write_now:
+        return None
+    written = write_sweep_report(state)
+    if finished and state.tracking_uri and state.parent_run_id:
         failed = any(c.status is not CellStatus.done for c in state.cells)
         try:
             # The findings are the parent run's description (shown on its page in the MLflow UI).
@@ -486,6 +499,9 @@ def finalize(state: SweepState) -> str:
                                   "FAILED" if failed else "FINISHED")
         except Exception as exc:  # the report is on disk; a tracking outage must not hide it
             print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
+    if finished:
+        state.reported = fingerprint
+        state.save()
     return f"{written.tables}\n\nFindings (the full section is in report.md):\n{_claims(written.findings)}\n\nreport: {written.path}"
 
 
@@ -505,16 +521,10 @@ def _claims(findings: str) -> str:
 
 
 def _settle_runs(state: SweepState) -> None:
-    """The runs a large sweep created in the background exist, and their statuses match the cells'."""
-    uri = state.tracking_uri
-    if not uri:
-        return
+    """The runs a large sweep created in the background exist, and each agrees with its cell."""
     try:
-        sync.ensure_runs(state)
-        if state.parent_run_id and state.experiment_id:
-            tracking.reconcile_children(uri, state.experiment_id, state.parent_run_id, state.cells)
-        tracking.tag_runs(uri, {c.run_id: {"interference": c.interference}
-                                for c in state.cells if c.run_id and c.interference})
+        runs.ensure_runs(state)
+        runs.settle(state)
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it
         print(f"[mlflow] could not settle the runs in {state.tracking_uri}: {exc}", file=sys.stderr)
 
@@ -594,11 +604,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.sweep_dir:
-            report = write_sweep_report(SweepState.load(Path(args.sweep_dir)))
-        else:
-            uri = _tracking_uri(args.tracking_uri)
-            out = Path(args.out) if args.out else Path("outputs", "reports", args.experiment)
-            report = write_experiment_report(uri, args.experiment, out)
+            # The finishing step, as status and sync reach it: Slurm's states, interference, MLflow.
+            print(finalize(SweepState.load(Path(args.sweep_dir))))
+            return 0
+        uri = _tracking_uri(args.tracking_uri)
+        out = Path(args.out) if args.out else Path("outputs", "reports", args.experiment)
+        report = write_experiment_report(uri, args.experiment, out)
     except (ReportError, StateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -33,6 +33,8 @@ def throughput(row: dict[str, Any]) -> float | None:
     A loss that is not finite makes it no result even where an older version recorded one."""
     if any(k in row and num(row[k]) is None for k in ("loss_first", "loss_last")):
         return None
+    if row.get("status") in ("cancelled", "failed", "lost"):
+        return None  # a cancelled cell keeps its numbers on record, but they are not a result
     v = num(row.get("throughput_samples_per_s"))
     return v if v else None
 
@@ -90,12 +92,14 @@ def series_labels(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     """A short legend label per series: the cell name without its node count (plus the sweep
     where two different series would otherwise read the same)."""
     first: dict[str, dict[str, Any]] = {}
+    members: dict[str, list[str]] = {}
     for r in rows:
         first.setdefault(r["series"], r)
+        members.setdefault(r["series"], []).append(str(r["cell"]))
     labels = {}
     for key, r in first.items():
-        words = [w for w in str(r["cell"]).split(" (")[0].split() if not w.startswith(("nodes=", "seed=", "run="))]
-        labels[key] = " ".join(words) or f"{r.get('strategy')} {r.get('precision')}"
+        joined = joined_label(members[key], ("nodes=", "seed=", "run="))
+        labels[key] = joined or f"{r.get('strategy')} {r.get('precision')}"
     counts: dict[str, int] = {}
     for label in labels.values():
         counts[label] = counts.get(label, 0) + 1
@@ -144,8 +148,7 @@ def grouped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         done = [m for m in members if throughput(m)]
         base = dict((done or members)[0])
-        base["cell"] = " ".join(w for w in str(base["cell"]).split()
-                                if not w.startswith(("seed=", "run="))) or base["cell"]
+        base["cell"] = joined_label([str(m["cell"]) for m in members]) or base["cell"]
         seeds = {settings(m).get("seed") for m in members}
         base["cell"] += f" ({len(members)} seeds)" if len(seeds) == len(members) and None not in seeds \
             else f" ({len(members)} runs)"
@@ -166,6 +169,20 @@ def grouped(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = [{**r, "series": _series_without_seed(r)} for r in out]
         add_derived(out)
     return out
+
+
+def joined_label(names: Sequence[str], skip: tuple[str, ...] = ("seed=", "run=")) -> str:
+    """The cell names of a group in one label, every value it groups shown: ``strategy=ddp
+    cluster.timeout_min=5,7`` (words starting with ``skip`` left out)."""
+    values: dict[str, list[str]] = {}
+    for name in names:
+        for word in name.split(" (")[0].split():
+            if word.startswith(skip):
+                continue
+            key, _, value = word.partition("=")
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    return " ".join(f"{k}={','.join(v)}" if any(v) else k for k, v in values.items())
 
 
 def _series_without_seed(row: dict[str, Any]) -> str:

@@ -80,6 +80,7 @@ class ClusterConfig:
     qos: str | None = None
     constraint: str | None = None
     exclude: str | None = None
+    nodelist: str | None = None  # sbatch --nodelist: these nodes (at least), e.g. "node[1-2]"
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     srun_args: list[str] = field(default_factory=list)
     container: ContainerConfig = field(default_factory=ContainerConfig)
@@ -250,7 +251,7 @@ class Config(TrainSpec):
                 )
 
 
-SLURM_ONLY = ("partition", "account", "qos", "constraint", "exclude", "additional_parameters", "srun_args",
+SLURM_ONLY = ("partition", "account", "qos", "constraint", "exclude", "nodelist", "additional_parameters", "srun_args",
               "container", "array_parallelism", "max_array_size", "gpu_type")
 
 

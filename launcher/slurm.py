@@ -9,6 +9,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from jobs.dist import expand_nodelist
 from launcher import fit
 from launcher.plan import Cell, SweepError
 
-__all__ = ["cancel", "check_partitions", "job_states", "max_array_size", "partitions"]
+__all__ = ["JobRecord", "cancel", "check_partitions", "job_records", "job_states", "max_array_size", "partitions"]
 
 
 # Where Slurm's own commands look for their configuration (besides $SLURM_CONF), including the
@@ -103,8 +105,213 @@ def check_partitions(cells: list[Cell]) -> None:
             c.mem_gb = int(parts[name]["mem_mb"] * share) / 1024  # whole MiB: never above the node
         if cell.layout.gpus_per_node:
             _gpu_memory(cell, name, parts[name]["gpu_types"], errors)
+    if not errors:
+        all_nodes = cluster_nodes()
+        for cell in cells:
+            name = cell.config.cluster.partition or next((p for p, v in parts.items() if v["default"]), "")
+            errors += check_capacity(cell, name, all_nodes)
+        _accounting(cells, errors)
     if errors:
-        raise SweepError("\n".join(errors))
+        raise SweepError("\n".join(dict.fromkeys(errors)))
+
+
+# ---- what the nodes hold: each request checked before sbatch sees it ----------------------------
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    partitions: tuple[str, ...]
+    cpus: int
+    mem_mb: int
+    gpus: tuple[tuple[str, int], ...]  # (gres type or "", count) per GPU kind on the node
+    features: frozenset[str]
+    state: str
+
+    def gpu_count(self, gpu_type: str | None) -> int:
+        return sum(n for t, n in self.gpus if gpu_type is None or t == gpu_type)
+
+
+def parse_nodes(text: str) -> dict[str, Node]:
+    """``sinfo -N -h -o '%N|%P|%c|%m|%G|%f|%T'`` (a line per node and partition) -> {name: Node}."""
+    out: dict[str, Node] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 7 or not parts[0].strip():
+            continue
+        name, partition, cpus, mem_mb, gres, features, node_state = (p.strip() for p in parts)
+        partitions = (*out[name].partitions, partition.rstrip("*")) if name in out else (partition.rstrip("*"),)
+        gpus = tuple((m.group(1) or "", int(m.group(2)))
+                     for m in re.finditer(r"(?:^|,)gpu(?::([A-Za-z][\w.-]*))?:(\d+)", gres))
+        out[name] = Node(name, partitions, _number(cpus), _number(mem_mb), gpus,
+                         frozenset(f for f in features.split(",") if f and f != "(null)"), node_state)
+    return out
+
+
+def _number(text: str) -> int:
+    digits = re.match(r"\d+", text)
+    return int(digits.group()) if digits else 0
+
+
+def cluster_nodes() -> dict[str, Node]:
+    return parse_nodes(_run(["sinfo", "-N", "-h", "-o", "%N|%P|%c|%m|%G|%f|%T"]))
+
+
+def _features_match(constraint: str, features: frozenset[str]) -> bool | None:
+    """A simple --constraint (``a``, ``a&b``, ``a|b``) against a node's features; None for the forms
+    this does not judge (counts, brackets): Slurm decides those."""
+    if re.fullmatch(r"[\w.-]+(&[\w.-]+)*", constraint):
+        return all(f in features for f in constraint.split("&"))
+    if re.fullmatch(r"[\w.-]+(\|[\w.-]+)+", constraint):
+        return any(f in features for f in constraint.split("|"))
+    return None
+
+
+def _shortfalls(cell: Cell, node: Node) -> dict[str, str]:
+    """{what: the cell's request} that ``node`` cannot give one of the cell's nodes (empty: it fits)."""
+    c, lay = cell.config.cluster, cell.layout
+    missing = {}
+    cpus = lay.tasks_per_node * (lay.cpus_per_task or 1)
+    if node.cpus and cpus > node.cpus:
+        missing["cpus"] = (f"{cpus} CPUs per node (cluster.tasks_per_node={lay.tasks_per_node} x "
+                           f"cluster.cpus_per_task={lay.cpus_per_task or 1})")
+    if c.mem_gb and node.mem_mb and int(c.mem_gb * 1024) > node.mem_mb:
+        missing["mem"] = f"{int(c.mem_gb * 1024)} MB of memory per node (cluster.mem_gb={c.mem_gb:g})"
+    if lay.gpus_per_node and node.gpu_count(c.gpu_type) < lay.gpus_per_node:
+        missing["gpus"] = f"{lay.gpus_per_node} {c.gpu_type + ' ' if c.gpu_type else ''}GPUs per node " \
+                          f"(cluster.gpus_per_node)"
+    if c.constraint and _features_match(c.constraint, node.features) is False:
+        missing["features"] = f"nodes with features {c.constraint} (cluster.constraint)"
+    return missing
+
+
+def _most(kind: str, cell: Cell, nodes: list[Node]) -> str:
+    """What the best of ``nodes`` has of ``kind``: the figure the fix is measured against."""
+    if kind == "cpus":
+        return f"the most a node has is {max(n.cpus for n in nodes)} CPUs"
+    if kind == "mem":
+        most = max(n.mem_mb for n in nodes)
+        return f"the most a node has is {most} MB (cluster.mem_gb<={int(most / 1024 * 10) / 10:g})"
+    if kind == "gpus":
+        return f"the most a node has is {max(n.gpu_count(cell.config.cluster.gpu_type) for n in nodes)}"
+    return "features there: " + (", ".join(sorted(set().union(*(n.features for n in nodes)))) or "none")
+
+
+def check_capacity(cell: Cell, partition: str, nodes: dict[str, Node]) -> list[str]:
+    """Errors for a cell whose request no node set of the partition can hold: CPUs, memory and GPUs
+    per node, features, node counts after cluster.exclude and cluster.nodelist. What sbatch would
+    refuse (or leave pending for good), said before anything is created, with the fix."""
+    if not nodes:
+        return []  # sinfo -N did not answer: sbatch decides
+    c, want = cell.config.cluster, cell.layout.nodes
+    where = f"[{cell.name}]"
+    members = [n for n in nodes.values() if partition in n.partitions]
+    excluded = set(expand_nodelist(c.exclude)) if c.exclude else set()
+    if c.nodelist:
+        errors = _nodelist_errors(cell, partition, nodes, members, excluded)
+        if errors:
+            return errors
+    usable = [n for n in members if n.name not in excluded]
+    fitting = [n for n in usable if not _shortfalls(cell, n)]
+    if len(fitting) >= want:
+        return []
+    if not usable:
+        return [f"{where} cluster.exclude={c.exclude} leaves none of the {len(members)} node(s) of partition "
+                f"{partition}. Fix: exclude fewer nodes, or use another partition."]
+    if not fitting:
+        short: dict[str, str] = {}
+        for n in usable:
+            short.update(_shortfalls(cell, n))
+        return [f"{where} {request}: no node of partition {partition} can give it ({_most(kind, cell, usable)}). "
+                f"sbatch would refuse it. Fix: ask for what the nodes have (sinfo -N -l), or use another partition."
+                for kind, request in short.items()]
+    narrowed = " after " + " and ".join(x for x in (f"cluster.exclude={c.exclude}" if excluded else "",
+                                                   f"cluster.constraint={c.constraint}" if c.constraint else "") if x)
+    return [f"{where} nodes={want}: only {len(fitting)} of the {len(members)} node(s) of partition {partition} can "
+            f"hold it{narrowed if narrowed != ' after ' else ''} ({', '.join(n.name for n in fitting)}). sbatch "
+            f"would refuse it (or leave it pending for good). Fix: nodes<={len(fitting)}, exclude fewer nodes, or "
+            f"ask for less per node."]
+
+
+def _nodelist_errors(cell: Cell, partition: str, nodes: dict[str, Node], members: list[Node],
+                     excluded: set[str]) -> list[str]:
+    c, where = cell.config.cluster, f"[{cell.name}]"
+    listed = expand_nodelist(c.nodelist or "")
+    unknown = [n for n in listed if n not in nodes or partition not in nodes[n].partitions]
+    if unknown:
+        return [f"{where} cluster.nodelist={c.nodelist}: {', '.join(unknown)} not in partition {partition} (its "
+                f"nodes: {', '.join(sorted(n.name for n in members))}). Fix: name nodes of the partition."]
+    errors = []
+    if excluded & set(listed):
+        errors.append(f"{where} cluster.nodelist={c.nodelist} and cluster.exclude={c.exclude} both name "
+                      f"{', '.join(sorted(excluded & set(listed)))}. Fix: drop it from one of them.")
+    if len(listed) > cell.layout.nodes:
+        errors.append(f"{where} cluster.nodelist={c.nodelist} names {len(listed)} nodes, but the cell runs on "
+                      f"nodes={cell.layout.nodes}: sbatch refuses a node list longer than the node count. Fix: "
+                      f"nodes={len(listed)}, or a shorter cluster.nodelist.")
+    for name in listed:
+        short = _shortfalls(cell, nodes[name])
+        if short:
+            errors.append(f"{where} cluster.nodelist={c.nodelist}: {name} cannot give {'; '.join(short.values())}. "
+                          f"Fix: list other nodes, or ask for less.")
+    return errors
+
+
+# ---- accounts and QOS --------------------------------------------------------------------------
+
+def parse_enforce(config_text: str) -> set[str]:
+    """AccountingStorageEnforce of ``scontrol show config`` -> {"associations", "qos", ...} (empty: none).
+    "limits" and "safe" imply associations, as in Slurm."""
+    for line in config_text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AccountingStorageEnforce":
+            words = {w.strip().lower() for w in value.split(",") if w.strip() and w.strip().lower() != "none"}
+            if words & {"limits", "safe"}:
+                words.add("associations")
+            return words
+    return set()
+
+
+def parse_associations(text: str) -> tuple[set[str], set[str]]:
+    """``sacctmgr -n -P show assoc where user=U format=account,qos`` -> (accounts, QOS names)."""
+    accounts, qos = set(), set()
+    for line in text.splitlines():
+        account, _, names = line.partition("|")
+        if account.strip():
+            accounts.add(account.strip())
+        qos |= {q.strip() for q in names.split(",") if q.strip()}
+    return accounts, qos
+
+
+def _accounting(cells: list[Cell], errors: list[str]) -> None:
+    """cluster.account and cluster.qos against the user's associations: an error where the cluster
+    enforces them, a warning where it does not (Slurm then accepts any name silently)."""
+    asked = {(c.config.cluster.account, c.config.cluster.qos) for c in cells}
+    if all(a is None and q is None for a, q in asked) or not shutil.which("sacctmgr"):
+        return
+    import getpass
+
+    user = getpass.getuser()
+    assoc = _call(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=account,qos"])
+    if assoc is None:
+        return  # no accounting database to ask
+    accounts, qos = parse_associations(assoc)
+    enforce = parse_enforce(_run(["scontrol", "show", "config"]))
+    problems = []
+    for account in sorted({a for a, _ in asked if a}):
+        if account not in accounts:
+            problems.append(("associations", f"cluster.account={account}: user {user} has no association with it "
+                                             f"(sacctmgr: {', '.join(sorted(accounts)) or 'none'})"))
+    for name in sorted({q for _, q in asked if q}):
+        if name not in qos:
+            problems.append(("qos", f"cluster.qos={name}: not among the QOS user {user} may use "
+                                    f"({', '.join(sorted(qos)) or 'none'})"))
+    for kind, text in problems:
+        if kind in enforce:
+            errors.append(f"{text}. Fix: use one of those (sacctmgr show assoc user={user}).")
+        else:
+            print(f"warning: {text}. This cluster does not enforce {kind} (AccountingStorageEnforce="
+                  f"{','.join(sorted(enforce)) or 'none'}), so sbatch accepts it, but it is probably a typo.",
+                  file=sys.stderr, flush=True)
 
 
 def _gpu_memory(cell: Cell, partition: str, gpu_types: set[str], errors: list[str]) -> None:
@@ -122,8 +329,16 @@ def _gpu_memory(cell: Cell, partition: str, gpu_types: set[str], errors: list[st
 
 
 def _run(args: list[str]) -> str:
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    return proc.stdout if proc.returncode == 0 else ""
+    return _call(args) or ""
+
+
+def _call(args: list[str]) -> str | None:
+    """The command's output, or None when it failed (a Slurm command that did not answer)."""
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
 
 
 def expand_array_ids(job: str) -> list[str]:
@@ -166,6 +381,100 @@ def job_states(job_ids: list[str]) -> dict[str, str]:
         queued = parse_states(_run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(arrays)]))
         raw.update({j: queued[j] for j in unknown if j in queued})
     return {j: raw[j] for j in job_ids if j in raw}
+
+
+# States in which a job is still in Slurm's queue (squeue lists it): accounting may lag them.
+QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING", "SUSPENDED",
+          "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "PREEMPTED")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What Slurm last said about one job (or array task), from accounting and the queue together.
+
+    ``state`` is the live queue's state while the job is queued (squeue), else the state of its
+    latest accounting record (sacct). A requeued job has one accounting record per start: the
+    earlier ones are its ``history`` (``NODE_FAIL on node[1-2]``) and their number its ``restarts``.
+    """
+
+    state: str  # Slurm's own words, e.g. RUNNING, COMPLETED, "CANCELLED by 0", NODE_FAIL
+    restarts: int = 0
+    history: tuple[str, ...] = ()
+    in_queue: bool = False
+    # Accounting still says PENDING, but the queue (which answered) no longer holds the job: it
+    # left the queue without starting, which only a cancellation does (scancel of a pending task).
+    left_queue: bool = False
+    started: tuple[float, float, tuple[str, ...]] | None = None  # (start s, end s or now, hosts) of the latest start
+
+
+@dataclass(frozen=True)
+class _Row:
+    state: str
+    nodes: str
+    start: str
+    end: str
+
+
+def first_word(state: str) -> str:
+    """``"CANCELLED by 0"`` -> CANCELLED; ``"COMPLETED+"`` -> COMPLETED."""
+    return state.split()[0].rstrip("+").upper() if state.strip() else ""
+
+
+def parse_sacct_records(text: str) -> tuple[dict[str, list[_Row]], dict[str, _Row]]:
+    """``JobID|State|NodeList|Start|End`` lines (sacct -X -D -n -P) -> (every record of each job, in
+    order; the folded record of not-yet-started array tasks, ``123_[2-4]``, for each task it covers)."""
+    records: dict[str, list[_Row]] = {}
+    folded: dict[str, _Row] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 5:
+            continue
+        job, *fields = (p.strip() for p in parts)
+        row = _Row(*fields)
+        if "_[" in job:
+            folded.update({one: row for one in expand_array_ids(job)})
+        else:
+            records.setdefault(job, []).append(row)
+    return records, folded
+
+
+def merge_records(sacct_text: str, squeue_text: str | None, job_ids: list[str]) -> dict[str, JobRecord]:
+    """{job id: JobRecord} from one sacct output (all records, -D) and one squeue output (None when
+    squeue failed: then nothing is concluded from a job's absence). Ids neither knows are absent."""
+    records, folded = parse_sacct_records(sacct_text)
+    queue = parse_states(squeue_text) if squeue_text is not None else None
+    out: dict[str, JobRecord] = {}
+    for job in job_ids:
+        rows = records.get(job) or ([folded[job]] if job in folded else [])
+        live = queue.get(job) if queue is not None else None
+        if live is None and not rows:
+            continue
+        last = rows[-1] if rows else None
+        earlier = list(rows[:-1])
+        if live is not None and last is not None and first_word(last.state) not in QUEUED:
+            earlier = list(rows)  # requeued: the queue holds its next start, accounting has not recorded it yet
+        history = tuple(f"{r.state} on {r.nodes}" if r.nodes and r.nodes != "None assigned" else r.state
+                        for r in earlier)
+        state = live or (last.state if last else "")
+        left = live is None and queue is not None and first_word(state) in ("PENDING", "REQUEUED")
+        started = next(((_epoch(r.start), datetime.now().timestamp() if r.end in ("Unknown", "None", "")
+                         else _epoch(r.end), tuple(expand_nodelist(r.nodes)))
+                        for r in reversed(rows) if r.start not in ("Unknown", "None", "")
+                        and r.nodes and r.nodes != "None assigned"), None)
+        out[job] = JobRecord(state=state, restarts=len(history), history=history, in_queue=live is not None,
+                             left_queue=left, started=started)
+    return out
+
+
+def job_records(job_ids: list[str]) -> dict[str, JobRecord]:
+    """One sacct call (every record of every job: requeues included) and one squeue call, whatever
+    the number of jobs; see :func:`merge_records`."""
+    if not job_ids:
+        return {}
+    arrays = ",".join(sorted({j.split("_")[0] for j in job_ids}))
+    acct = _run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,State,NodeList,Start,End", "-j", arrays])
+    queue = _call(["squeue", "-h", "-o", "%i|%T", "-j", arrays])
+    return merge_records(acct, queue, job_ids)
 
 
 def job_times(job_ids: list[str]) -> dict[str, tuple[float, float, list[str]]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,11 @@ FROM_MLFLOW = {"FINISHED": CellStatus.done, "FAILED": CellStatus.failed, "KILLED
                "RUNNING": CellStatus.running, "SCHEDULED": CellStatus.pending}
 
 
+def this_process() -> str:
+    """``host:pid`` of this process, as :attr:`SweepState.submitter` records it."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def slurm_status(state: str) -> CellStatus:
     """``"CANCELLED by 0"`` -> cancelled; an unknown state counts as failed."""
     return SLURM_STATUS.get(state.split()[0].rstrip("+") if state.strip() else "", CellStatus.failed)
@@ -98,6 +104,10 @@ class CellState:
     predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/fit.activation_bytes)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
+    # Slurm's requeues of the current job (node failure, preemption), from its accounting records,
+    # and what ended each earlier start ("NODE_FAIL on node[1-2]").
+    restarts: int = 0
+    history: list[str] = field(default_factory=list)
 
     @property
     def nodes(self) -> int:
@@ -119,6 +129,11 @@ class SweepState:
     experiment_id: str | None = None
     parent_run_id: str | None = None
     cells: list[CellState] = field(default_factory=list)
+    # "host:pid" of the process that last submitted cells: a planned cell whose submitter is gone
+    # will never be submitted (launcher/reconcile.py says so instead of leaving it planned).
+    submitter: str | None = None
+    # The cells' statuses when report.md was last written (report.finalize writes it again on change).
+    reported: str | None = None
     version: int = VERSION
 
     @property

@@ -2,8 +2,8 @@
 
 Works from any later shell and any working directory: everything it needs is in the sweep
 document (sweep.json), each cell's directory (spec.json, result.json, error files) and Slurm's
-accounting. One sacct call per refresh (plus one squeue call for array tasks accounting does not
-know yet), so it answers in about a second for a thousand cells.
+accounting. One sacct and one squeue call per refresh (launcher/reconcile.py), so it answers in about
+a second for a thousand cells; a finished sweep is finished once (report.finalize).
 """
 
 from __future__ import annotations
@@ -17,69 +17,13 @@ from pathlib import Path
 
 from jobs.sinks import RUN_ID_FILE
 from launcher import report, submit
-from launcher.failures import classify, describe, first_failure
-from launcher.slurm import job_states
-from launcher.state import CellState, CellStatus, StateError, SweepState, slurm_status
-from launcher.sync import ensure_runs, finish_cell
+from launcher.failures import describe
+from launcher.reconcile import CANCELLED_BY_LAUNCHER, refresh
+from launcher.runs import ensure_runs, finish_cell
+from launcher.state import CellState, CellStatus, StateError, SweepState
 from launcher.tracking import reopen
 
-# A submitted job that neither squeue nor sacct knows after this long is lost (accounting lags the
-# queue by a second or two; a purged or never-recorded job stays unknown for good).
-LOST_AFTER_S = 120.0
-
-
-def _local_alive(job_id: str | None) -> bool:
-    if not job_id:
-        return False
-    try:
-        os.kill(int(job_id), 0)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
-def _settle(state: SweepState, cell: CellState, job: CellStatus | None) -> CellStatus:
-    """A cell's new status from its job's status (None: the job is unknown) and its directory."""
-    has_result = (state.cell_dir(cell) / "result.json").exists()
-    if state.cluster != "slurm":
-        job = CellStatus.done if has_result else (CellStatus.running if _local_alive(cell.job_id) else CellStatus.failed)
-    if job is None:
-        waited_s = time.time() - (cell.submitted_at or 0.0)
-        return cell.status if waited_s < LOST_AFTER_S else CellStatus.lost
-    if job is CellStatus.done and not has_result:
-        return CellStatus.failed
-    return job
-
-
-def _error(state: SweepState, cell: CellState) -> str:
-    default = {CellStatus.lost: f"job {cell.job_id} is in neither the queue nor accounting (purged or never ran)",
-               CellStatus.cancelled: f"job {cell.job_id} was cancelled"}.get(cell.status, "job ended without a result")
-    return first_failure(state.cell_dir(cell)) or default
-
-
-def refresh(state: SweepState) -> None:
-    """Bring every unfinished cell's status up to date; save and update MLflow if anything changed."""
-    state.adopt_runs()  # runs a background process has created since
-    active = [c for c in state.cells if not c.status.terminal and c.job_id]
-    raw: dict[str, str] = {}  # Slurm's own state names: OUT_OF_MEMORY, NODE_FAIL, TIMEOUT... classify them
-    if state.cluster == "slurm" and active:
-        raw = job_states([c.job_id for c in active if c.job_id])
-    changed = False
-    for cell in active:
-        before = cell.status
-        slurm_state = raw.get(cell.job_id or "")
-        cell.status = _settle(state, cell, slurm_status(slurm_state) if slurm_state else None)
-        if cell.status is before:
-            continue
-        changed = True
-        if cell.status.terminal:
-            cell.error = None if cell.status is CellStatus.done else _error(state, cell)
-            failed = cell.status in (CellStatus.failed, CellStatus.lost)
-            cell.failure_class = classify(state.cell_dir(cell), slurm_state, cell.error) if failed else None
-            finish_cell(state, cell)
-    if changed:
-        state.save()
-
+__all__ = ["cancel", "main", "refresh", "render", "resubmit", "resubmit_flagged", "wait"]
 
 # The cells `status` lists without --all (at most `limit` of them): what a person must look at.
 ATTENTION = (CellStatus.failed, CellStatus.lost, CellStatus.cancelled, CellStatus.running)
@@ -101,6 +45,7 @@ def render(state: SweepState, all_cells: bool = False, width: int = 30, limit: i
         err = f"  {c.error}" if c.error and c.status is not CellStatus.done else ""
         err += f"\n{'':26}{describe(c.failure_class)}" if c.failure_class and c.status is not CellStatus.done else ""
         flag = f"  co-located: {c.interference}" if c.interference else ""
+        flag += f"  (restarts {c.restarts}: {'; '.join(c.history)})" if c.restarts else ""
         lines.append(f"  {c.job_id or '-':>14}  {c.status.value:<9} {c.name}{err}{flag}")
     hidden = total - len(shown)
     if hidden and not all_cells:
@@ -145,15 +90,19 @@ def cancel(state: SweepState) -> list[CellState]:
             except (OSError, ValueError):
                 pass
     for cell in active:
-        cell.status, cell.error = CellStatus.cancelled, "cancelled by launcher.status --cancel"
+        cell.status, cell.error, cell.failure_class = CellStatus.cancelled, CANCELLED_BY_LAUNCHER, None
         finish_cell(state, cell)
     state.save()
     return active
 
 
-def resubmit(state: SweepState, which: tuple[CellStatus, ...] = (CellStatus.failed, CellStatus.cancelled,
-                                                                CellStatus.lost)) -> list[CellState]:
-    """Submit again the cells in ``which`` statuses, each with its own settings, into the same runs."""
+RESUBMITTED = (CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
+
+
+def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RESUBMITTED) -> list[CellState]:
+    """Submit again the cells in ``which`` statuses, each with its own settings, into the same runs.
+    Slurm's view is read first: a cell that finished (a requeued job that completed included) or
+    that Slurm still runs or has requeued is never submitted again (:func:`skipped`)."""
     refresh(state)
     again = [c for c in state.cells if c.status in which]
     for cell in again:
@@ -163,6 +112,29 @@ def resubmit(state: SweepState, which: tuple[CellStatus, ...] = (CellStatus.fail
     if again:
         submit.submit(state, again, after_local_cell=lambda cell: finish_cell(state, cell))
     return again
+
+
+def skipped(state: SweepState, resubmitted: list[CellState]) -> list[str]:
+    """Why each cell that --resubmit-failed left alone was left alone, one line each (done cells are
+    counted, not listed)."""
+    chosen = {c.index for c in resubmitted}
+    lines, done = [], 0
+    for cell in state.cells:
+        if cell.index in chosen:
+            continue
+        if cell.status is CellStatus.done:
+            done += 1
+            if cell.restarts:
+                lines.append(f"  {cell.name}: done after {cell.restarts} requeue(s) by Slurm "
+                             f"({'; '.join(cell.history)}): its result is kept")
+        elif cell.status in (CellStatus.pending, CellStatus.running):
+            requeued = f", requeued {cell.restarts} time(s) after {'; '.join(cell.history)}" if cell.restarts else ""
+            lines.append(f"  {cell.name}: job {cell.job_id} is still {cell.status.value} in Slurm{requeued}")
+        elif cell.status is CellStatus.planned:
+            lines.append(f"  {cell.name}: planned, its submission is under way")
+    if done:
+        lines.insert(0, f"  {done} done cell(s): finished, with a result")
+    return lines
 
 
 def resubmit_flagged(state: SweepState) -> list[CellState]:
@@ -223,16 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.resubmit_failed:
         cells = resubmit(state)
         print(f"resubmitted {len(cells)} cell(s): " + ", ".join(f"{c.name} -> {c.job_id}" for c in cells))
+        left = skipped(state, cells)
+        if left:
+            print("not resubmitted:\n" + "\n".join(left))
     if args.resubmit_flagged:
         cells = resubmit_flagged(state)
         print(f"resubmitted {len(cells)} flagged cell(s): " + ", ".join(f"{c.name} -> {c.job_id}" for c in cells))
     if args.wait and not wait(state, timeout_s=args.timeout_s):
         print("timed out waiting", file=sys.stderr)
         return 3
-    refresh(state)
+    # The one finishing step (reconciliation, interference, MLflow, report once the sweep has ended).
+    finished = report.finalize(state, force=args.report or args.wait)
     print(render(state, all_cells=args.all))
-    if args.report or args.wait:
-        print(report.finalize(state))
+    if finished:
+        print(finished)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
 
 

@@ -21,7 +21,7 @@ from jobs.codec import to_plain
 from jobs.spec import Layout
 from launcher import memlimit
 from launcher.schema import ClusterConfig, ContainerRuntime
-from launcher.state import CellState, CellStatus, SweepState
+from launcher.state import CellState, CellStatus, SweepState, this_process
 
 
 def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> d
     if layout.gpus_per_node:
         params["gpus_per_node"] = (f"{cluster.gpu_type}:{layout.gpus_per_node}" if cluster.gpu_type
                                    else layout.gpus_per_node)
-    for key in ("partition", "account", "qos", "constraint", "exclude"):
+    for key in ("partition", "account", "qos", "constraint", "exclude", "nodelist"):
         if getattr(cluster, key):
             params[key] = getattr(cluster, key)
     if cluster.mem_gb:
@@ -88,6 +88,7 @@ def submit(state: SweepState, cells: Sequence[CellState], *,
     for cell in cells:
         for stale in state.cell_dir(cell).glob("error-rank*.txt"):
             stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
+    state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
     if state.cluster == "slurm":
         _submit_slurm(state, cells, max_array_size_for(cells))
     else:
@@ -98,15 +99,39 @@ def _submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size:
     from jobs.worker import Worker
 
     calls = groups(cells, max_array_size)
+    refused = 0
     for group in calls:
         executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name)
-        with executor.batch():
-            jobs = [executor.submit(Worker(), state.load_spec(cell)) for cell in group]
+        try:
+            with executor.batch():
+                jobs = [executor.submit(Worker(), state.load_spec(cell)) for cell in group]
+        except Exception as exc:  # sbatch said no (submitit's FailedJobError holds its stderr): a fact about these cells
+            _refused(state, group, exc)
+            refused += len(group)
+            continue
         for cell, job in zip(group, jobs, strict=True):
             cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.pending, None, None
             cell.submitted_at = time.time()
+            cell.restarts, cell.history = 0, []
         state.save()
-    print(f"{len(cells)} cell(s) in {len(calls)} sbatch call(s).", flush=True)
+    print(f"{len(cells) - refused} cell(s) in {len(calls)} sbatch call(s)"
+          + (f"; sbatch refused {refused} cell(s)" if refused else "") + ".", flush=True)
+
+
+def _refused(state: SweepState, group: Sequence[CellState], exc: Exception) -> None:
+    """Cells sbatch refused are failed with sbatch's own words and what to do: the sweep can be fixed
+    and run again (same command, same sweep_dir) or resubmitted; none stays planned."""
+    from launcher.failures import SUBMIT_REFUSED
+
+    said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    for cell in group:
+        cell.status, cell.job_id, cell.failure_class = CellStatus.failed, None, SUBMIT_REFUSED
+        cell.error = (f"sbatch refused the job: {said}. Fix: change the cell's cluster.* settings to what the "
+                      f"partition offers (sinfo -N -l shows each node), then run the same command again with "
+                      f"sweep_dir={state.sweep_dir}")
+    state.save()
+    print(f"error: sbatch refused {len(group)} cell(s) ({', '.join(c.name for c in group[:3])}"
+          f"{' ...' if len(group) > 3 else ''}): {said}", file=sys.stderr, flush=True)
 
 
 def max_array_size_for(cells: Sequence[CellState]) -> int | None:

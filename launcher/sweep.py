@@ -13,15 +13,19 @@ from pathlib import Path
 
 from jobs.codec import to_plain
 from launcher import fit, report, status, submit, sync, tracking
+from launcher.failures import SUBMIT_REFUSED
 from launcher.plan import Cell, SweepError, cell_state, run_spec
 from launcher.safety import mask
-from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState
+from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, this_process
 
 
-def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None) -> int:
+def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None,
+        allow_concurrent: bool = False) -> int:
     """The whole life of a sweep from the command line; returns the exit code."""
+    if not allow_concurrent:
+        check_not_running(cells, argv)
     state = prepare(cells, argv, predicted or {})
-    todo = [c for c in state.cells if c.status is not CellStatus.done]
+    todo = [c for c in state.cells if c.status in (CellStatus.planned, *status.RESUBMITTED)]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
     if state.cluster == "local":
         submit.submit(state, todo, after_local_cell=lambda cell: _local_cell_ended(state, cell))
@@ -29,6 +33,12 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
         submit.submit(state, todo)
         _create_runs(state)
         print_jobs(state)
+        if any(c.failure_class == SUBMIT_REFUSED for c in todo):
+            print(f"error: sbatch refused some cells; they are failed with its reason (python -m launcher.status "
+                  f"{state.sweep_dir}).", file=sys.stderr, flush=True)
+            if not any(c.job_id for c in todo):
+                report.finalize(state)  # nothing runs: the sweep is finished as it stands
+                return 1
         print(f"Follow with: python -m launcher.status {state.sweep_dir}", flush=True)
         if not cells[0].config.wait:
             _print_mlflow(state)
@@ -49,7 +59,8 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
         return resume(sweep_dir, cells)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name.value,
-                       argv=argv, experiment=cfg.tracking.experiment if cfg.tracking.enabled else None)
+                       argv=argv, experiment=cfg.tracking.experiment if cfg.tracking.enabled else None,
+                       submitter=this_process())
     if cfg.tracking.enabled:
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
     state.cells = [cell_state(cell) for cell in cells]
@@ -80,14 +91,57 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
         raise SweepError(f"sweep_dir={str(sweep_dir)!r} holds another sweep ({len(state.cells)} cells: "
                          f"{', '.join(c.name for c in state.cells[:4])}...). Fix: repeat that sweep's grid to resume "
                          f"it, or give a new sweep_dir.")
-    again = [cs for cs in state.cells if cs.status is not CellStatus.done]
+    status.refresh(state)  # Slurm's view first: a cell it still runs, or has requeued, is not run twice
+    state.submitter = this_process()
+    again = [cs for cs in state.cells if cs.status in (CellStatus.planned, *status.RESUBMITTED)]
+    by_name = {cell.name: cell for cell in cells}
     for cs in again:
         cs.status, cs.job_id, cs.error, cs.failure_class = CellStatus.planned, None, None, None
+        # The command's settings now (a cluster.* setting fixed after sbatch refused it, say).
+        cs.cluster, cs.layout = by_name[cs.name].config.cluster, by_name[cs.name].layout
+        state.save_spec(cs, run_spec(by_name[cs.name], sweep_dir, None if state.cluster == "local"
+                                     else state.tracking_uri, None))
+        write_resolved_config(state.cell_dir(cs) / "config.yaml", by_name[cs.name])
         if state.tracking_uri and cs.run_id:
             tracking.reopen(state.tracking_uri, cs.run_id)
     state.save()
-    print(f"resuming {state.name}: {len(state.cells) - len(again)} cell(s) done, {len(again)} to run", flush=True)
+    queued = [cs for cs in state.cells if cs.status in (CellStatus.pending, CellStatus.running)]
+    print(f"resuming {state.name}: {sum(cs.status is CellStatus.done for cs in state.cells)} cell(s) done, "
+          f"{len(queued)} still queued or running in Slurm (left alone), {len(again)} to run", flush=True)
     return state
+
+
+def check_not_running(cells: list[Cell], argv: list[str]) -> None:
+    """Refuse to start a sweep whose command is the same as that of a sweep still running in the same
+    output_root (two copies would measure each other and double the work); --allow-concurrent
+    starts it anyway."""
+    cfg = cells[0].config
+    if cfg.sweep_dir:
+        return  # an explicit sweep_dir resumes that sweep (its queued cells are left alone)
+    command = _command(argv)
+    for path in sorted(Path(cfg.output_root).glob(f"*/{STATE_FILE}"), reverse=True)[:RUNNING_CHECK_LAST]:
+        try:
+            other = SweepState.load(path.parent)
+        except (StateError, OSError, ValueError):
+            continue
+        if _command(other.argv) != command or all(c.status.terminal for c in other.cells):
+            continue
+        status.refresh(other)
+        active = [c for c in other.cells if not c.status.terminal]
+        if active:
+            raise SweepError(
+                f"the same sweep is already running: {other.sweep_dir} ({len(active)} of {len(other.cells)} cell(s) "
+                f"planned, pending or running), started by the same command. Fix: follow it with python -m "
+                f"launcher.status {other.sweep_dir} (or --cancel it); resume it with sweep_dir={other.sweep_dir}; or "
+                f"add --allow-concurrent to start a second copy anyway.")
+
+
+# How many of the newest sweeps in output_root check_not_running reads.
+RUNNING_CHECK_LAST = 20
+
+
+def _command(argv: list[str]) -> list[str]:
+    return [a for a in argv if a != "--allow-concurrent"]
 
 
 # Above this many cells a Slurm sweep creates its MLflow runs in a background process: SQLite takes

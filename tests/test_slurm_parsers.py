@@ -2,15 +2,16 @@
 scontrol printed them on the test cluster (slurm-wlm 22.05), plus the sbatch parameters that
 containers need."""
 
+import socket
 import time
 
 import pytest
 
 from jobs.spec import Layout
-from launcher import status
+from launcher import reconcile
 from launcher.interference import Allocation, overlaps
 from launcher.schema import ClusterConfig, ContainerConfig, ContainerRuntime
-from launcher.slurm import expand_array_ids, parse_max_array_size, parse_sacct_times, parse_states
+from launcher.slurm import expand_array_ids, merge_records, parse_max_array_size, parse_sacct_times, parse_states
 from launcher.state import CellState, CellStatus, SweepState, slurm_status
 from launcher.submit import group_key, groups, python_command, slurm_parameters
 
@@ -111,10 +112,11 @@ def test_container_parameters_for_pyxis_and_apptainer():
 
 def test_a_job_unknown_to_queue_and_accounting_becomes_lost_after_a_grace_period(tmp_path):
     state = SweepState(name="s", sweep_dir=str(tmp_path), cluster="slurm", argv=[], cells=[_cell(0), _cell(1)])
-    for cell, age_s in zip(state.cells, (5.0, status.LOST_AFTER_S + 5), strict=True):
+    for cell, age_s in zip(state.cells, (5.0, reconcile.LOST_AFTER_S + 5), strict=True):
         cell.job_id, cell.status, cell.submitted_at = "99", CellStatus.pending, time.time() - age_s
-    assert status._settle(state, state.cells[0], None) is CellStatus.pending  # accounting may lag
-    assert status._settle(state, state.cells[1], None) is CellStatus.lost
+        reconcile._follow_slurm(state, cell, None)
+    assert state.cells[0].status is CellStatus.pending  # accounting may lag
+    assert state.cells[1].status is CellStatus.lost
 
 
 @pytest.mark.parametrize("version, words", [(1, "older"), (99, "newer")])
@@ -146,3 +148,166 @@ def test_foreign_use_is_judged_only_over_a_long_enough_window():
     assert foreign_use({**busy, "step_time_ms_p50": 5.0}) is None  # 0.5 s: start-up blips, 10 ms ticks
     assert foreign_use({**busy, "foreign_cpu_share": 0.05}) is None
     assert "its GPUs" in foreign_use({**busy, "foreign_gpu_share": 0.3})
+
+
+# ---- one reconciliation with Slurm: every record of a job (sacct -X -D), and the live queue ------
+# Literal output of the test cluster: a 2-node job on node[1-2] while node2 was set down
+# (scontrol update nodename=node2 state=down), requeued by Slurm, then run again and completed.
+SACCT_NODE_FAIL_REQUEUED = """\
+46562236|NODE_FAIL|node[1-2]|2026-11-24T23:17:40|2026-11-24T23:17:44
+46562236|PENDING|None assigned|Unknown|Unknown
+"""
+SACCT_NODE_FAIL_RUNNING_AGAIN = """\
+46562236|NODE_FAIL|node[1-2]|2026-11-24T23:17:40|2026-11-24T23:17:44
+46562236|RUNNING|node[1-2]|2026-11-24T23:17:56|Unknown
+"""
+SACCT_NODE_FAIL_COMPLETED = """\
+46562236|NODE_FAIL|node[1-2]|2026-11-24T23:17:40|2026-11-24T23:17:44
+46562236|COMPLETED|node[3-4]|2026-11-24T23:17:56|2026-11-24T23:18:31
+"""
+# A held array of 5 after `scancel 46562237_3`: accounting still folds task 3 into the pending
+# record; only the queue shows that it left.
+SACCT_ARRAY_ONE_CANCELLED = "46562237_[0-4]|PENDING|None assigned|Unknown|Unknown\n"
+SQUEUE_ARRAY_ONE_CANCELLED = "46562237_[0-2,4]|PENDING\n"
+
+
+def _slurm_sweep(tmp_path, n=1, job_ids=("46562236",)):
+    state = SweepState(name="s", sweep_dir=str(tmp_path), cluster="slurm", argv=[],
+                       cells=[_cell(i) for i in range(n)], submitter="elsewhere:1")
+    for cell, job in zip(state.cells, job_ids, strict=True):
+        cell.job_id, cell.status, cell.submitted_at = job, CellStatus.pending, time.time()
+        state.cell_dir(cell).mkdir(parents=True)
+    return state
+
+
+def _follow(monkeypatch, state, sacct_text, squeue_text):
+    monkeypatch.setattr(reconcile, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
+    return reconcile.refresh(state)
+
+
+def test_a_requeued_job_is_followed_to_done_with_its_restart_counted(tmp_path, monkeypatch):
+    state = _slurm_sweep(tmp_path)
+    cell = state.cells[0]
+    # The moment the old code read: accounting's last record NODE_FAIL; the queue holds the requeue.
+    _follow(monkeypatch, state, SACCT_NODE_FAIL_REQUEUED.splitlines()[0], "46562236|PENDING\n")
+    assert (cell.status, cell.restarts, cell.error) == (CellStatus.pending, 1, None)
+    assert cell.history == ["NODE_FAIL on node[1-2]"]
+    _follow(monkeypatch, state, SACCT_NODE_FAIL_RUNNING_AGAIN, "46562236|RUNNING\n")
+    assert (cell.status, cell.restarts) == (CellStatus.running, 1)
+    # It completed but wrote no result: failed, and only that makes it failed.
+    _follow(monkeypatch, state, SACCT_NODE_FAIL_COMPLETED, "")
+    assert cell.status is CellStatus.failed and "without writing result.json" in cell.error
+    (state.cell_dir(cell) / "result.json").write_text("{}")
+    _follow(monkeypatch, state, SACCT_NODE_FAIL_COMPLETED, "")
+    assert (cell.status, cell.restarts, cell.error, cell.failure_class) == (CellStatus.done, 1, None, None)
+    times = _follow(monkeypatch, state, SACCT_NODE_FAIL_COMPLETED, "").times
+    assert times["46562236"][2] == ["node3", "node4"]  # interference reads the start that measured
+
+
+def test_a_cell_that_looked_failed_follows_slurm_back(tmp_path, monkeypatch):
+    """Every cell is reconciled, finished or not: a NODE_FAIL seen before the requeue is not final."""
+    state = _slurm_sweep(tmp_path)
+    cell = state.cells[0]
+    _follow(monkeypatch, state, SACCT_NODE_FAIL_REQUEUED.splitlines()[0], "")  # queue empty for a moment
+    assert cell.status is CellStatus.failed and cell.failure_class == "node_failure"
+    _follow(monkeypatch, state, SACCT_NODE_FAIL_RUNNING_AGAIN, "46562236|RUNNING\n")
+    assert (cell.status, cell.failure_class, cell.error) == (CellStatus.running, None, None)
+
+
+def test_a_pending_array_task_cancelled_by_hand_is_cancelled_at_once(tmp_path, monkeypatch):
+    ids = [f"46562237_{i}" for i in range(5)]
+    state = _slurm_sweep(tmp_path, 5, ids)
+    _follow(monkeypatch, state, SACCT_ARRAY_ONE_CANCELLED, SQUEUE_ARRAY_ONE_CANCELLED)
+    assert [c.status for c in state.cells] == [CellStatus.pending] * 3 + [CellStatus.cancelled, CellStatus.pending]
+    assert "left the queue before it started" in state.cells[3].error
+    # A later --cancel keeps the reason of a cell that was already cancelled.
+    monkeypatch.setattr("launcher.slurm.cancel", lambda ids: None)
+    from launcher import status
+
+    cancelled = status.cancel(state)
+    assert [c.index for c in cancelled] == [0, 1, 2, 4]
+    assert "left the queue" in state.cells[3].error and state.cells[0].error == reconcile.CANCELLED_BY_LAUNCHER
+
+
+def test_cancelled_by_hand_and_time_limit_name_their_reason(tmp_path, monkeypatch):
+    state = _slurm_sweep(tmp_path, 2, ("46389291", "46389294"))
+    _follow(monkeypatch, state, "46389291|CANCELLED by 0|node1|2026-11-22T23:16:13|2026-11-22T23:16:20\n"
+                                "46389294|TIMEOUT|node2|2026-11-22T23:16:13|2026-11-22T23:26:13\n", "")
+    assert [c.status for c in state.cells] == [CellStatus.cancelled] * 2
+    assert "cancelled outside the launcher (by root (uid 0): scancel)" in state.cells[0].error
+    assert "time limit (cluster.timeout_min=60)" in state.cells[1].error
+    assert [c.failure_class for c in state.cells] == [None, None]
+
+
+def test_a_planned_cell_whose_submitter_is_gone_is_not_planned_for_good(tmp_path):
+    state = SweepState(name="s", sweep_dir=str(tmp_path), cluster="slurm", argv=[], cells=[_cell(0)],
+                       submitter=f"{socket.gethostname()}:999999999")
+    state.cell_dir(state.cells[0]).mkdir(parents=True)
+    reconcile.refresh(state)
+    assert state.cells[0].status is CellStatus.cancelled and "never submitted" in state.cells[0].error
+
+
+SINFO_NODES = """\
+node1|debug*|2|4000|(null)|(null)|idle
+node2|debug*|2|4000|(null)|(null)|idle
+node3|debug*|2|4000|(null)|(null)|idle
+node4|debug*|2|4000|(null)|(null)|idle
+gpu1|gpu|64|512000|gpu:h100:8(S:0-1)|ib,nvme|mixed
+gpu2|gpu|64|256000|gpu:h100:8(S:0-1)|ib|idle
+"""
+
+
+def _planned(*overrides):
+    from launcher import plan
+
+    points, swept = plan.expand(["model=gpt_tiny", "runs=1", "cluster=slurm", *overrides], False)
+    return plan.plan(plan.compose(points, swept))[0]
+
+
+def test_requests_are_checked_against_the_nodes_before_sbatch():
+    from launcher.slurm import check_capacity, parse_nodes
+
+    nodes = parse_nodes(SINFO_NODES)
+    assert nodes["gpu1"].gpu_count("h100") == 8 and nodes["gpu1"].features == {"ib", "nvme"}
+    assert check_capacity(_planned("cluster.mem_gb=3"), "debug", nodes) == []
+    [err] = check_capacity(_planned("cluster.mem_gb=100"), "debug", nodes)
+    assert "102400 MB of memory per node (cluster.mem_gb=100)" in err and "4000 MB" in err and "Fix:" in err
+    [err] = check_capacity(_planned("nodes=2", 'cluster.exclude="node[2-4]"'), "debug", nodes)
+    assert "only 1 of the 4 node(s)" in err and "nodes<=1" in err
+    [err] = check_capacity(_planned("cluster.tasks_per_node=3"), "debug", nodes)
+    assert "3 CPUs per node" in err and "2 CPUs" in err
+    [err] = check_capacity(_planned("nodes=2", 'cluster.nodelist="node[1-3]"'), "debug", nodes)
+    assert "names 3 nodes" in err
+    assert check_capacity(_planned("nodes=2", 'cluster.nodelist="node[1-2]"'), "debug", nodes) == []
+    [err] = check_capacity(_planned("nodes=2", "cluster.constraint=nvme", "cluster.partition=gpu"), "gpu", nodes)
+    assert "only 1 of the 2 node(s)" in err and "cluster.constraint=nvme" in err
+
+
+def test_accounts_and_qos_from_sacctmgr_and_the_enforcement_setting():
+    from launcher.slurm import parse_associations, parse_enforce
+
+    assert parse_enforce("AccountingStorageEnforce = none\nClusterName = localcluster\n") == set()
+    assert parse_enforce("AccountingStorageEnforce = limits,qos\n") == {"limits", "qos", "associations"}
+    assert parse_associations("root|normal\n") == ({"root"}, {"normal"})
+    assert parse_associations("proj1|normal,high\nproj2|normal\n") == ({"proj1", "proj2"}, {"normal", "high"})
+
+
+def test_series_labels_show_every_value_they_group():
+    from launcher.rows import grouped, series_labels
+
+    rows = [{"cell": f"strategy=ddp cluster.timeout_min={t} nodes=1", "series": "s", "model": "m", "world_size": 1,
+             "strategy": "ddp", "nodes": 1, "status": "done", "throughput_samples_per_s": 10.0 + t,
+             "settings": {"strategy": "ddp", "cluster.timeout_min": str(t), "nodes": "1"}} for t in (5, 7)]
+    assert series_labels(rows) == {"s": "strategy=ddp cluster.timeout_min=5,7"}
+    assert grouped(rows)[0]["cell"].startswith("strategy=ddp cluster.timeout_min=5,7 nodes=1")
+
+
+def test_a_cancelled_cell_keeps_its_numbers_out_of_every_mean():
+    from launcher.rows import grouped, throughput
+
+    rows = [{"cell": f"strategy=ddp seed={s}", "series": "s", "model": "m", "world_size": 1, "strategy": "ddp",
+             "nodes": 1, "status": st, "throughput_samples_per_s": tp, "settings": {"seed": str(s)}}
+            for s, st, tp in ((1, "done", 10.0), (2, "done", 12.0), (3, "cancelled", 50.0))]
+    assert throughput(rows[2]) is None
+    [row] = grouped(rows)
+    assert row["throughput_samples_per_s"] == 11.0 and row["runs"] == 2 and row["runs_planned"] == 3

@@ -1,0 +1,269 @@
+"""A sweep's MLflow runs, kept in agreement with its cells: created (parent, then one child per cell),
+replayed from the JSONL records where the tracking store missed points, and settled (status and
+tags follow the cell's status; runs left RUNNING by processes that are gone are closed, with the
+reason). ``launcher.sync``, ``launcher.status``, the report and the launcher itself use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import yaml
+
+from jobs import mlflow_entry
+from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
+from jobs.sinks import RUN_ID_FILE, read_records
+from launcher import tracking
+from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
+
+STEP_KEYS_SKIP = ("kind", "step", "time")
+
+
+def sync_run(client, run_id: str, records: list[dict]) -> int:
+    """Log every JSONL point missing from the run; returns how many points were added."""
+    from mlflow.entities import Metric, RunTag
+
+    wanted: dict[tuple[str, int], float] = {}
+    stamps_ms: dict[tuple[str, int], int] = {}  # system samples keep the time they were taken
+    tags: dict[str, str] = {}
+    status: str | None = None
+    error: str | None = None
+    for rec in records:
+        kind = rec.get("kind")
+        if kind == "step":
+            for key, value in rec.items():
+                if key not in STEP_KEYS_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    wanted[(key, int(rec["step"]))] = float(value)
+        elif kind == "summary":
+            for key, value in rec.items():
+                if key not in STEP_KEYS_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    wanted[(key, 0)] = float(value)
+        elif kind == "system":  # the job's own GPUs, sampled during the window (step: sample index)
+            for key, value in rec.items():
+                if key.startswith("system/") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    wanted[(key, int(rec["step"]))] = float(value)
+                    stamps_ms[(key, int(rec["step"]))] = int(float(rec.get("time", time.time())) * 1000)
+        elif kind == "tags":
+            tags.update({k: str(v) for k, v in rec.items() if k != "kind"})
+        elif kind == "status":
+            status, error = rec.get("status"), rec.get("error")
+    have: set[tuple[str, int]] = set()
+    for key in {k for k, _ in wanted}:
+        have.update((key, m.step) for m in client.get_metric_history(run_id, key))
+    now_ms = int(time.time() * 1000)
+    missing = [Metric(k, v, stamps_ms.get((k, s), now_ms), s) for (k, s), v in sorted(wanted.items())
+               if (k, s) not in have]
+    for i in range(0, len(missing), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=missing[i : i + METRICS_PER_BATCH])
+    run = client.get_run(run_id)
+    if error:
+        tags["error"] = error
+    new_tags = [RunTag(k, v[:TAG_MAX_CHARS]) for k, v in tags.items() if run.data.tags.get(k) != v[:TAG_MAX_CHARS]]
+    if new_tags:
+        client.log_batch(run_id, tags=new_tags)
+    if status and run.info.status == "RUNNING":
+        client.set_terminated(run_id, status)
+    return len(missing)
+
+
+def sync_cell(state: SweepState, cell) -> int:
+    """Replay one cell's records into its run (best-effort: a tracking outage is reported, not raised)."""
+    if not (state.tracking_uri and cell.run_id):
+        return 0
+    try:
+        return sync_run(mlflow_entry.client(state.tracking_uri), cell.run_id,
+                        read_records(state.cell_dir(cell) / "metrics.jsonl"))
+    except Exception as exc:  # the records stay on disk; the next sync picks them up
+        print(f"[mlflow] sync of {cell.name} failed, will retry on the next status/sync: {exc}", file=sys.stderr)
+        return 0
+
+
+def sync_sweep(state: SweepState) -> dict[str, int]:
+    """{cell: points added} for every cell that has records and a run."""
+    if not state.tracking_uri:
+        return {}
+    client = mlflow_entry.client(state.tracking_uri)
+    added = {}
+    for cell in state.cells:
+        if cell.run_id:
+            added[cell.name] = sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"))
+    return added
+
+
+def finish_cell(state: SweepState, cell: CellState) -> None:
+    """A cell whose status changed: once it has ended, replay what its ranks could not log and attach
+    its files; then make its run's status and tags agree with the cell's (best-effort: the next
+    status or sync retries)."""
+    if not (state.tracking_uri and cell.run_id):
+        return
+    if cell.status.terminal:
+        sync_cell(state, cell)
+    try:
+        client = mlflow_entry.client(state.tracking_uri)
+        if cell.status.terminal:
+            tracking.attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell),
+                                           state.path / "submitit", cell.job_id)
+        settle_run(client, client.get_run(cell.run_id), cell)
+    except Exception as exc:  # a tracking outage must not break status; the next refresh retries
+        print(f"[mlflow] could not update run {cell.run_id}: {exc}", file=sys.stderr)
+
+
+# Tags that describe a failure: only a failed (or lost) cell's run carries them. When a cell that
+# looked failed is requeued and completes, they move to "earlier_failure" (history, not status).
+FAILURE_TAGS = ("failure_class", "error")
+
+
+def run_tags(cell: CellState) -> tuple[dict[str, str], list[str]]:
+    """(tags the cell's run must carry, tags it must not) for the cell's current status."""
+    tags: dict[str, str] = {}
+    drop: list[str] = []
+    if cell.status in (CellStatus.failed, CellStatus.lost):
+        tags.update({k: v for k, v in (("failure_class", cell.failure_class), ("error", cell.error)) if v})
+    else:
+        drop += FAILURE_TAGS
+    if cell.status is CellStatus.cancelled:
+        tags["cancel_reason"] = cell.error or "cancelled"
+    else:
+        drop.append("cancel_reason")
+    if cell.history:
+        tags["requeued_after"] = "; ".join(cell.history)
+    if cell.interference:
+        tags["interference"] = cell.interference
+    return tags, drop
+
+
+def settle_run(client, run, cell: CellState) -> bool:
+    """Make one run agree with its cell: status (KILLED for a cancelled cell, RUNNING again for a
+    requeued one), failure and cancel tags, Slurm's restarts. A run still RUNNING whose cell has
+    ended was left open by processes that are gone: it is closed with ``closed_by`` saying so.
+    Writes nothing when they already agree; returns whether anything was written."""
+    run_id, have = run.info.run_id, run.data.tags
+    tags, drop = run_tags(cell)
+    earlier = [f"{k}={have[k]}" for k in FAILURE_TAGS if k in drop and have.get(k)]
+    if earlier:
+        tags["earlier_failure"] = "; ".join(earlier)
+    if cell.restarts > _int(have.get("restarts")):
+        tags["restarts"] = str(cell.restarts)
+    wanted = MLFLOW_STATUS[cell.status]
+    if cell.status.terminal and run.info.status == "RUNNING" and wanted != "RUNNING":
+        tags["closed_by"] = (f"launcher: the cell's job {cell.job_id or '-'} ended ({cell.status.value}) and its "
+                             f"processes are gone, but its run was still RUNNING")
+    changed = False
+    for key, value in tags.items():
+        if have.get(key) != value[:TAG_MAX_CHARS]:
+            client.set_tag(run_id, key, value[:TAG_MAX_CHARS])
+            changed = True
+    for key in drop:
+        if key in have:
+            client.delete_tag(run_id, key)
+            changed = True
+    if cell.status.terminal and run.info.status != wanted:
+        client.set_terminated(run_id, wanted)
+        changed = True
+    elif not cell.status.terminal and run.info.status in ("FINISHED", "FAILED", "KILLED"):
+        client.update_run(run_id, status="RUNNING")  # requeued or resubmitted: it logs on into this run
+        changed = True
+    return changed
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def settle(state: SweepState) -> int:
+    """Every child run of the sweep agrees with its cell, from one paged search (no call per run when
+    they agree); returns how many runs were changed."""
+    if not (state.tracking_uri and state.parent_run_id and state.experiment_id):
+        return 0
+    client = mlflow_entry.client(state.tracking_uri)
+    by_id = {c.run_id: c for c in state.cells if c.run_id}
+    changed, token = 0, None
+    while True:
+        page = client.search_runs([state.experiment_id], f"tags.mlflow.parentRunId = '{state.parent_run_id}'",
+                                  max_results=1000, page_token=token)
+        for run in page:
+            cell = by_id.get(run.info.run_id)
+            if cell is not None and cell.status is not CellStatus.planned:
+                changed += settle_run(client, run, cell)
+        token = page.token
+        if not token:
+            return changed
+
+
+BACKGROUND_LOG = "mlflow-runs.log"
+LOCK_FILE = "mlflow.lock"
+
+
+@contextlib.contextmanager
+def runs_lock(state: SweepState, wait: bool = True) -> Iterator[bool]:
+    """One run creator at a time per sweep (the launcher, a background sync, a status): yields whether
+    this process holds the lock (False only with wait=False while another one works)."""
+    with open(state.path / LOCK_FILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_runs(state: SweepState, wait: bool = True) -> int:
+    """Create whatever MLflow runs the sweep lacks: the parent, then a child per cell without one.
+    Idempotent and resumable; returns how many child runs it created (0 when another process holds
+    the lock and wait=False)."""
+    if not state.tracking_uri:
+        return 0
+    with runs_lock(state, wait) as mine:
+        if not mine:
+            return 0
+        state.adopt_runs()  # what another creator finished meanwhile
+        missing = [c for c in state.cells if not c.run_id]
+        if state.parent_run_id and not missing:
+            return 0
+        tracker = tracking.SweepTracker(state.tracking_uri, state.experiment or "ddp-vs-fsdp")
+        code = tracking.code_provenance()
+        if not state.parent_run_id:
+            state.experiment_id = tracker.experiment_id
+            state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir,
+                                                              "argv": " ".join(state.argv), "cluster": state.cluster,
+                                                              "cells": str(len(state.cells)), **code})
+            state.save_runs()
+        for cell in missing:
+            tags = {"strategy": cell.strategy, "precision": cell.precision, "nodes": str(cell.nodes),
+                    "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name, **code}
+            if cell.job_id and state.cluster == "slurm":
+                tags["slurm_job_id"] = cell.job_id
+            metrics = {name: float(value) for name, value in (
+                ("predicted_model_state_bytes", cell.predicted_state_bytes),
+                ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}
+            cell.run_id = tracker.child(state.parent_run_id, cell.name, tracking.flatten(_resolved(state, cell)), tags,
+                                        metrics)
+            # The cell's rank 0 reads it from here when it logs, at the end of its job.
+            (state.cell_dir(cell) / RUN_ID_FILE).write_text(cell.run_id + "\n")
+        return len(missing)
+
+
+def _resolved(state: SweepState, cell: CellState) -> dict:
+    """The cell's resolved config, as written to its config.yaml (the params of its run)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((state.cell_dir(cell) / "config.yaml").read_text(), Loader=loader) or {}
+
+
+def start_in_background(state: SweepState) -> int:
+    """``python -m launcher.sync <sweep_dir>`` detached from this command (it survives the login
+    shell's exit); returns its pid."""
+    log = open(state.path / BACKGROUND_LOG, "a")  # noqa: SIM115 - handed to the child process
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.sync", state.sweep_dir], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return proc.pid
