@@ -388,6 +388,10 @@ QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "
           "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "PREEMPTED")
 
 
+# How a start ends when Slurm requeues the job (a cancelled job still COMPLETING is not requeued).
+REQUEUE_CAUSES = ("NODE_FAIL", "PREEMPTED", "REQUEUED", "BOOT_FAIL", "TIMEOUT", "FAILED")
+
+
 @dataclass(frozen=True)
 class JobRecord:
     """What Slurm last said about one job (or array task), from accounting and the queue together.
@@ -444,14 +448,20 @@ def merge_records(sacct_text: str, squeue_text: str | None, job_ids: list[str]) 
     records, folded = parse_sacct_records(sacct_text)
     queue = parse_states(squeue_text) if squeue_text is not None else None
     out: dict[str, JobRecord] = {}
+    # Arrays that Slurm still knows: a task of one that neither accounting nor the queue lists was
+    # cancelled before it started (scancel of a pending task before accounting folded the array).
+    known = {j.split("_")[0] for j in (*records, *folded, *(queue or {}))}
     for job in job_ids:
         rows = records.get(job) or ([folded[job]] if job in folded else [])
         live = queue.get(job) if queue is not None else None
         if live is None and not rows:
+            if queue is not None and "_" in job and job.split("_")[0] in known:
+                out[job] = JobRecord(state="PENDING", left_queue=True)
             continue
         last = rows[-1] if rows else None
         earlier = list(rows[:-1])
-        if live is not None and last is not None and first_word(last.state) not in QUEUED:
+        if live is not None and last is not None and first_word(last.state) in REQUEUE_CAUSES \
+                and first_word(live) != "COMPLETING":
             earlier = list(rows)  # requeued: the queue holds its next start, accounting has not recorded it yet
         history = tuple(f"{r.state} on {r.nodes}" if r.nodes and r.nodes != "None assigned" else r.state
                         for r in earlier)

@@ -13,7 +13,8 @@ from datetime import datetime
 import pytest
 from mlflow.tracking import MlflowClient
 
-from launcher import report, status
+from jobs.dist import expand_nodelist
+from launcher import report, status, sync
 from launcher.__main__ import main
 from launcher.slurm import max_array_size
 from launcher.state import CellStatus, SweepState
@@ -242,3 +243,147 @@ def test_busy_master_port_through_the_launcher_is_port_in_use(tmp_path, capsys):
     capsys.readouterr()
     assert status.main([str(tmp_path / "sweep")]) == 1
     assert "port_in_use: MASTER_PORT was taken" in capsys.readouterr().out
+
+
+# ---- status follows Slurm: requeues, cancels, impossible requests ----------------------------------
+
+def _wait_for(state, cells, wanted, timeout_s=90):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status.refresh(state)
+        if all(c.status == wanted for c in cells):
+            return
+        time.sleep(1)
+    raise AssertionError(f"not {wanted} after {timeout_s} s:\n{status.render(state, all_cells=True)}")
+
+
+def _squeue_nodes(job_id):
+    out = subprocess.run(["squeue", "-h", "-o", "%N", "-j", job_id], capture_output=True, text=True).stdout.strip()
+    return out
+
+
+def test_a_node_taken_down_mid_cell_is_requeued_then_done_and_not_resubmitted(tmp_path, capsys):
+    state = submit(tmp_path, "nodes=2", "steps=300", "warmup_steps=2", "cluster.cpus_per_task=1")
+    cell = state.cells[0]
+    _wait_for(state, [cell], CellStatus.running)
+    deadline = time.monotonic() + 30
+    while not (state.cell_dir(cell) / "ranks" / "rank1.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)  # both ranks have started: the node failure hits a cell at work
+    node = expand_nodelist(_squeue_nodes(cell.job_id))[1]
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test"], check=True)
+    try:
+        assert status.wait(state, timeout_s=240)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+    records = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,State,NodeList", "-j", cell.job_id],
+                             capture_output=True, text=True, check=True).stdout
+    print(f"sacct -X -D:\n{records}")
+    assert [line.split("|")[1] for line in records.splitlines()] == ["NODE_FAIL", "COMPLETED"], records
+    assert (cell.status, cell.restarts, cell.error, cell.failure_class) == (CellStatus.done, 1, None, None)
+    assert cell.history == [f"NODE_FAIL on {records.splitlines()[0].split('|')[2]}"]
+    run = MlflowClient(tracking_uri=state.tracking_uri).get_run(cell.run_id)
+    print(f"MLflow: {run.info.status} {json.dumps(run.data.tags, sort_keys=True)}")
+    assert run.info.status == "FINISHED" and run.data.tags["restarts"] == "1"
+    assert "failure_class" not in run.data.tags and "error" not in run.data.tags
+    assert run.data.tags["requeued_after"].startswith("NODE_FAIL on node")
+    first_job = cell.job_id
+    assert status.main([state.sweep_dir, "--resubmit-failed"]) == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "resubmitted 0 cell(s)" in out and "done after 1 requeue(s) by Slurm (NODE_FAIL on node" in out
+    assert SweepState.load(state.sweep_dir).cells[0].job_id == first_job
+
+
+def test_a_pending_task_cancelled_by_hand_is_cancelled_with_its_reason(tmp_path):
+    state = submit(tmp_path, "seed=1,2,3", "+cluster.additional_parameters.hold=true")
+    try:
+        by_hand = state.cells[1]
+        subprocess.run(["scancel", by_hand.job_id], check=True)
+        t0 = time.monotonic()
+        while by_hand.status is not CellStatus.cancelled and time.monotonic() - t0 < 10:
+            status.refresh(state)  # accounting may not know a just-submitted array for a second
+            time.sleep(0.5)
+        assert by_hand.status is CellStatus.cancelled, status.render(state)
+        assert "left the queue before it started" in by_hand.error
+        assert [c.status for c in state.cells] == [CellStatus.pending, CellStatus.cancelled, CellStatus.pending]
+        client = MlflowClient(tracking_uri=state.tracking_uri)
+        run = client.get_run(by_hand.run_id)
+        assert run.info.status == "KILLED" and "left the queue" in run.data.tags["cancel_reason"]
+    finally:
+        status.cancel(state)
+    # --cancel cancels the others and keeps the reason of the one cancelled by hand.
+    assert "left the queue" in by_hand.error
+    assert [c.error for c in state.cells if c is not by_hand] == ["cancelled by launcher.status --cancel"] * 2
+    print(status.render(state, all_cells=True))
+
+
+def test_cancel_mid_sweep_is_one_thing_everywhere(tmp_path, capsys):
+    state = submit(tmp_path, "steps=8,2000", "warmup_steps=2")
+    quick, slow = state.cells
+    _wait_for(state, [quick], CellStatus.done, timeout_s=120)
+    _wait_for(state, [slow], CellStatus.running)
+    client = MlflowClient(tracking_uri=state.tracking_uri)
+    quick_before = client.get_run(quick.run_id).data.metrics
+    assert status.main([state.sweep_dir, "--cancel"]) == 1
+    out = capsys.readouterr().out
+    print(out)
+    assert "cancelled 1 cell(s)" in out
+    again = SweepState.load(state.sweep_dir)
+    assert status.wait(again, timeout_s=60)
+    assert [c.status for c in again.cells] == [CellStatus.done, CellStatus.cancelled]
+    assert again.cells[1].error == "cancelled by launcher.status --cancel" and again.cells[1].failure_class is None
+    # Every path reaches the one finishing step: sync settles the runs, writes the report, closes the parent.
+    assert sync.main([state.sweep_dir]) == 0
+    runs = {r.info.run_id: r for r in client.search_runs([state.experiment_id])}
+    kept, killed, parent = runs[quick.run_id], runs[slow.run_id], runs[state.parent_run_id]
+    print(f"MLflow: {kept.info.status} {kept.data.tags.get('cell')}; {killed.info.status} "
+          f"cancel_reason={killed.data.tags.get('cancel_reason')!r}; parent {parent.info.status}")
+    assert killed.info.status == "KILLED" and killed.data.tags["cancel_reason"] == "cancelled by launcher.status --cancel"
+    assert "failure_class" not in killed.data.tags and "error" not in killed.data.tags
+    assert kept.info.status == "FINISHED" and kept.data.metrics == quick_before  # numbers unchanged
+    assert parent.info.status == "FAILED"
+    rows = report.collect(SweepState.load(state.sweep_dir))
+    assert [r["status"] for r in rows] == ["done", "cancelled"]
+    assert (again.path / "report.md").exists()
+    sacct_lines = sacct([c.job_id for c in again.cells], "JobID,State")
+    print(f"sacct: {sacct_lines}")
+    assert [s.split()[0] for _, s in sacct_lines] == ["COMPLETED", "CANCELLED"]
+
+
+def test_an_impossible_memory_request_is_refused_before_sbatch(tmp_path, capsys):
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    assert main(["cluster=slurm", "model=gpt_tiny", "runs=1", "cluster.mem_gb=100", f"output_root={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    print(err)
+    assert "102400 MB of memory per node (cluster.mem_gb=100)" in err and "4000 MB" in err and "Fix:" in err
+    assert not any(tmp_path.iterdir())
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+    # What the check cannot know, sbatch still refuses: a clear error, and the cells failed with its reason.
+    code = main(["-m", *FAST, "seed=1,2", "+cluster.additional_parameters.gres=gpu:1", f"output_root={tmp_path}",
+                 f"sweep_dir={tmp_path / 'refused'}"])
+    captured = capsys.readouterr()
+    print(captured.err)
+    assert code == 1 and "Traceback" not in captured.err and "sbatch refused 2 cell(s)" in captured.err
+    state = SweepState.load(tmp_path / "refused")
+    assert [c.status for c in state.cells] == [CellStatus.failed] * 2
+    assert all(c.failure_class == "submit_refused" and "sbatch refused the job" in c.error for c in state.cells)
+    client = MlflowClient(tracking_uri=state.tracking_uri)
+    assert {client.get_run(c.run_id).info.status for c in state.cells} == {"FAILED"}
+    assert status.wait(state, timeout_s=5)  # nothing stays planned
+
+
+def test_the_same_sweep_twice_is_refused_while_the_first_runs(tmp_path, capsys):
+    args = ["-m", *FAST, "seed=1,2", "tracking=off", "+cluster.additional_parameters.hold=true",
+            f"output_root={tmp_path}"]
+    assert main(args) == 0
+    first = SweepState.load(next(tmp_path.glob("*/sweep.json")).parent)
+    try:
+        time.sleep(1.1)  # a new timestamped sweep directory
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"the same sweep is already running: {first.sweep_dir}" in err and "--allow-concurrent" in err
+        assert main([*args, "--allow-concurrent"]) == 0
+        assert len(list(tmp_path.glob("*/sweep.json"))) == 2
+    finally:
+        for path in tmp_path.glob("*/sweep.json"):
+            status.cancel(SweepState.load(path.parent))

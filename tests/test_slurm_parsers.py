@@ -204,6 +204,12 @@ def test_a_requeued_job_is_followed_to_done_with_its_restart_counted(tmp_path, m
     assert times["46562236"][2] == ["node3", "node4"]  # interference reads the start that measured
 
 
+def test_a_cancelled_job_still_completing_is_no_requeue():
+    [rec] = merge_records("46562247_1|CANCELLED by 0|node2|2026-11-24T23:30:30|2026-11-24T23:30:35\n",
+                          "46562247_1|COMPLETING\n", ["46562247_1"]).values()
+    assert (rec.restarts, rec.history, rec.state) == (0, (), "COMPLETING")
+
+
 def test_a_cell_that_looked_failed_follows_slurm_back(tmp_path, monkeypatch):
     """Every cell is reconciled, finished or not: a NODE_FAIL seen before the requeue is not final."""
     state = _slurm_sweep(tmp_path)
@@ -227,6 +233,14 @@ def test_a_pending_array_task_cancelled_by_hand_is_cancelled_at_once(tmp_path, m
     cancelled = status.cancel(state)
     assert [c.index for c in cancelled] == [0, 1, 2, 4]
     assert "left the queue" in state.cells[3].error and state.cells[0].error == reconcile.CANCELLED_BY_LAUNCHER
+
+
+def test_a_task_cancelled_before_accounting_folded_its_array_is_cancelled(tmp_path, monkeypatch):
+    # `scancel 46562278_1` within a second of sbatch: accounting folds only the tasks left.
+    ids = [f"46562278_{i}" for i in range(3)]
+    state = _slurm_sweep(tmp_path, 3, ids)
+    _follow(monkeypatch, state, "46562278_[0,2]|PENDING|None assigned|Unknown|Unknown\n", "46562278_[0,2]|PENDING\n")
+    assert [c.status for c in state.cells] == [CellStatus.pending, CellStatus.cancelled, CellStatus.pending]
 
 
 def test_cancelled_by_hand_and_time_limit_name_their_reason(tmp_path, monkeypatch):
