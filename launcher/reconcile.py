@@ -23,6 +23,7 @@ import pwd
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from launcher.failures import classify, first_failure
 from launcher.runs import finish_cell
@@ -82,11 +83,14 @@ def _alive(pid: str | None) -> bool:
         return False
     try:
         os.kill(int(pid), 0)
-        return True
     except PermissionError:
         return True  # it exists, under another user
     except (OSError, ValueError):
         return False
+    try:  # a zombie (dead, its parent gone or not reaping) still answers signal 0
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _unsubmitted(state: SweepState, cell: CellState) -> None:
