@@ -8,7 +8,12 @@ a control group of their own (never in the training collectives' queue, never a 
 loop), save together, and:
 
 - USR2: rank 0 requeues this job (the array task alone, not the whole array) and the ranks exit;
-- SIGTERM: Slurm is already requeueing or cancelling; the ranks exit after saving.
+- SIGTERM: Slurm is already requeueing or cancelling, or the local launcher was interrupted
+  (Ctrl-C); the ranks exit after saving.
+
+Requests are recorded from the start of the rank (:func:`listen`, first thing in the worker), not
+only once the step loop runs: submitit ignores SIGTERM ("bypass") until then, and a stop sent while
+the model is being built would be lost and the job run to its last step.
 """
 
 from __future__ import annotations
@@ -29,15 +34,47 @@ NAMES = {TERM: "SIGTERM", USR2: "SIGUSR2"}
 class Preempted(Exception):
     """Raised after the checkpoint is saved; the job resumes from it when it runs again."""
 
-    def __init__(self, reason: str, step: int, requeued: bool) -> None:
-        self.reason, self.step, self.requeued = reason, step, requeued
-        super().__init__(f"stopped by {reason} at step {step}; checkpoint saved"
+    def __init__(self, reason: str, step: int, requeued: bool, saved: bool = True) -> None:
+        self.reason, self.step, self.requeued, self.saved = reason, step, requeued, saved
+        super().__init__(f"stopped by {reason} at step {step}; "
+                         + ("checkpoint saved" if saved else "no checkpoint (checkpoint.enabled=false)")
                          + ("; job requeued" if requeued else ""))
 
 
 # How often, at most, the ranks agree on stop requests. A stop is acted on within about two of
 # these (plus a step) of the signal: well inside the 90 s preemption warning and Slurm's KillWait.
 CHECK_INTERVAL_S = 1.0
+
+
+class _Received:
+    """What arrived, for the whole process: a request recorded before the step loop exists counts."""
+
+    code = NONE
+    terms = 0  # SIGTERMs received
+
+
+_RECEIVED = _Received()
+
+
+def _handler(code: int):
+    def handle(signum, frame):
+        if code == TERM:
+            _RECEIVED.terms += 1
+            if _RECEIVED.terms >= 2:
+                # A second SIGTERM: stop now (the first one's checkpoint did not come in time).
+                # Counted apart from USR2: a preemption warning followed by Slurm's SIGTERM is
+                # one SIGTERM, and still gets its checkpoint.
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+        # Otherwise only record: the step in flight must finish first.
+        _RECEIVED.code = max(_RECEIVED.code, code)
+    return handle
+
+
+def listen() -> dict:
+    """Record stop requests (USR2, SIGTERM) from now on; returns the handlers this replaced."""
+    return {signum: signal.signal(signum, _handler(code)) for signum, code in ((signal.SIGUSR2, USR2),
+                                                                               (signal.SIGTERM, TERM))}
 
 
 class StopRequests:
@@ -52,30 +89,18 @@ class StopRequests:
 
     def __init__(self, group=None) -> None:
         self.group = group
-        self.received = NONE
-        self._terms = 0  # SIGTERMs received
         self._until_check = 0  # step boundaries to pass before the next agreement boundary
         self._boundaries = 0  # boundaries since the last agreement boundary
         self._last_check_s: float | None = None
         # (work, tensor) of the round in flight; all_reduce's stub says Work | None, None only without async_op.
         self._pending: tuple[Any, torch.Tensor] | None = None
-        self._previous = {}
-        for signum, code in ((signal.SIGUSR2, USR2), (signal.SIGTERM, TERM)):
-            self._previous[signum] = signal.signal(signum, self._handler(code))
+        # A request that arrived before (the model was being built) is kept: see the module docstring.
+        self._previous = listen()
 
-    def _handler(self, code: int):
-        def handle(signum, frame):
-            if code == TERM:
-                self._terms += 1
-                if self._terms >= 2:
-                    # A second SIGTERM: stop now (the first one's checkpoint did not come in time).
-                    # Counted apart from USR2: a preemption warning followed by Slurm's SIGTERM is
-                    # one SIGTERM, and still gets its checkpoint.
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGTERM)
-            # Otherwise only record: the step in flight must finish first.
-            self.received = max(self.received, code)
-        return handle
+    @property
+    def received(self) -> int:
+        """The strongest request this process has received (NONE, TERM or USR2)."""
+        return _RECEIVED.code
 
     def _read_round(self) -> tuple[int, int]:
         """(strongest request, smallest proposed interval) of the round in flight, (NONE, 1) if none."""
@@ -127,9 +152,11 @@ class StopRequests:
 
     def restore(self) -> None:
         """Put the signal handlers back (on every exit path; a failing rank does not wait for a round
-        that a dead peer will never complete)."""
+        that a dead peer will never complete). The request was acted on, or came after the last
+        agreement: it is forgotten, and a later schedule in this process starts without one."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        _RECEIVED.code = NONE
 
 
 def requeue(job_id: str) -> bool:
@@ -139,4 +166,4 @@ def requeue(job_id: str) -> bool:
     return proc.returncode == 0
 
 
-__all__ = ["NAMES", "NONE", "TERM", "USR2", "Preempted", "StopRequests", "requeue"]
+__all__ = ["NAMES", "NONE", "TERM", "USR2", "Preempted", "StopRequests", "listen", "requeue"]

@@ -89,6 +89,7 @@ class Schedule:
     accum_steps: int = 1  # micro-batches per step (the data position after a resume depends on it)
     every_steps: int = 0  # periodic checkpoint every N steps (0: only on stop requests)
     warmup_extend_max: int = 0  # extra warm-up steps allowed while step times still fall
+    save_on_stop: bool = True  # a stop request saves a checkpoint first (checkpoint.enabled)
 
 
 def _no_op(*_args) -> None:
@@ -155,7 +156,7 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
             periodic = schedule.every_steps > 0 and step % schedule.every_steps == 0 and step < total
             if request or periodic:
                 logged_through = _save_or_stop(trainer, env, device, out_dir, hooks, history, step, restarts,
-                                               logged_through, request, extended)
+                                               logged_through, request, extended, schedule.save_on_stop)
         hooks.on_window("end")
         stop.finish()
     finally:
@@ -200,18 +201,21 @@ def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Sch
 
 
 def _save_or_stop(trainer: Trainer, env, device, out_dir: Path, hooks: Hooks, history: History, step: int,
-                  restarts: int, logged_through: int, request, extended: int = 0) -> int:
-    """Checkpoint at ``step`` (collective); on a stop request log first, then raise Preempted."""
+                  restarts: int, logged_through: int, request, extended: int = 0, save_on_stop: bool = True) -> int:
+    """Checkpoint at ``step`` (collective); on a stop request log first, then raise Preempted (without
+    a checkpoint when ``save_on_stop`` is false)."""
     if request:
         logged_through = hooks.on_checkpoint(history, logged_through, step)
-    checkpoint.save(out_dir, trainer.model, trainer.optimizer, rank=env.rank,
-                    meta={"step": step, "restarts": restarts, "world_size": env.world_size,
-                          "logged_through": logged_through, "saved_unix_s": time.time(),
-                          "warmup_extended": extended},
-                    rank_state={"history": history.portable(), "rng": checkpoint.rng_state(device)})
+    save = save_on_stop or not request
+    if save:
+        checkpoint.save(out_dir, trainer.model, trainer.optimizer, rank=env.rank,
+                        meta={"step": step, "restarts": restarts, "world_size": env.world_size,
+                              "logged_through": logged_through, "saved_unix_s": time.time(),
+                              "warmup_extended": extended},
+                        rank_state={"history": history.portable(), "rng": checkpoint.rng_state(device)})
     if request:
         requeued = False
         if request == preempt.USR2 and env.is_head and env.requeue_id:
             requeued = preempt.requeue(env.requeue_id)
-        raise preempt.Preempted(preempt.NAMES[request], step, requeued)
+        raise preempt.Preempted(preempt.NAMES[request], step, requeued, saved=save)
     return logged_through

@@ -18,7 +18,7 @@ from typing import Any
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
 from jobs.heartbeat import Heartbeat
 from jobs.mlflow_entry import TAG_MAX_CHARS
-from jobs.preempt import Preempted
+from jobs.preempt import Preempted, listen
 from jobs.sinks import RUN_ID_FILE, FanOut, JsonlSink, MlflowSink, NullSink
 from jobs.spec import Precision, RunSpec, Strategy
 
@@ -29,6 +29,7 @@ METRICS_FILE = "metrics.jsonl"
 def main(spec: RunSpec, on_window=None) -> dict[str, Any]:
     """Run one cell on this rank. ``on_window(event)``: a timing hook, called with "start" when the
     measured window opens (after its barrier) and "end" after its last step (bench/ uses it)."""
+    listen()  # a stop request sent while the model is built still stops the job (jobs/preempt.py)
     env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
     import torch
 
@@ -252,7 +253,8 @@ def run_schedule(spec: RunSpec, env: DistEnv, device, built: Setup, sync, sink: 
         schedule=schedule.Schedule(total_steps=train.steps, warmup_steps=train.warmup_steps,
                                    accum_steps=train.grad_accum_steps,
                                    every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0,
-                                   warmup_extend_max=train.warmup_extend_max),
+                                   warmup_extend_max=train.warmup_extend_max,
+                                   save_on_stop=spec.checkpoint.enabled),
         hooks=schedule.Hooks(sync=sync, on_step=heartbeat.beat, on_checkpoint=log_before_stop,
                              reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=on_window),
         control_group=control_group,

@@ -474,8 +474,9 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
     Slurm (launcher/reconcile.py), the finished cells' interference flagged, the MLflow runs settled
     (statuses, failure and cancel tags, runs left RUNNING by processes that are gone closed), then
     report.md with its findings written and the parent run closed (FAILED if any cell did not
-    finish). The report is written when ``force``, or when every cell has ended and the report does
-    not show these statuses yet. Returns the ranking table and the report's path when it wrote one."""
+    finish, KILLED if those were all cancelled). The report is written when ``force``, or when every
+    cell has ended and the report does not show these statuses yet. Returns the ranking table and the
+    report's path when it wrote one."""
     refreshed = reconcile.refresh(state)
     before = [c.interference for c in state.cells]
     interference.flag(state, refreshed.times)  # before the rows: the findings leave flagged cells out
@@ -490,13 +491,14 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
         return None
     written = write_sweep_report(state)
     if finished and state.tracking_uri and state.parent_run_id:
-        failed = any(c.status is not CellStatus.done for c in state.cells)
+        # KILLED when the cells that did not finish were all cancelled (an interrupted sweep), as their runs.
+        ended = {c.status for c in state.cells} - {CellStatus.done}
+        parent_status = "FINISHED" if not ended else "KILLED" if ended == {CellStatus.cancelled} else "FAILED"
         try:
             # The findings are the parent run's description (shown on its page in the MLflow UI).
             tracking.describe_parent(state.tracking_uri, state.parent_run_id, "## Findings\n\n" + written.findings,
                                      [written.cells_csv] if written.cells_csv else [])
-            tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots,
-                                  "FAILED" if failed else "FINISHED")
+            tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots, parent_status)
         except Exception as exc:  # the report is on disk; a tracking outage must not hide it
             print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
     if finished:

@@ -9,19 +9,26 @@ benchmarks running at once would measure each other.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.codec import to_plain
 from jobs.spec import Layout
 from launcher import memlimit
 from launcher.schema import ClusterConfig, ContainerRuntime
 from launcher.state import CellState, CellStatus, SweepState, this_process
+
+if TYPE_CHECKING:
+    from launcher.interrupt import Interrupts
 
 
 def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> dict[str, Any]:
@@ -79,11 +86,13 @@ def groups(cells: Sequence[CellState], max_array_size: int | None) -> list[list[
 
 
 def submit(state: SweepState, cells: Sequence[CellState], *,
-           after_local_cell: Callable[[CellState], None] | None = None) -> None:
+           after_local_cell: Callable[[CellState], None] | None = None,
+           interrupts: Interrupts | None = None) -> None:
     """Submit ``cells`` of ``state`` with each cell's own settings; the state is saved as jobs get ids.
 
     Slurm: one sbatch per group, returning at once. Local: each cell runs to its end before the next
-    starts, then ``after_local_cell`` is called (tracking, progress).
+    starts, then ``after_local_cell`` is called (tracking, progress); a signal stops them
+    (``interrupts``, or handlers of this call's own: launcher/interrupt.py).
     """
     for cell in cells:
         for stale in state.cell_dir(cell).glob("error-rank*.txt"):
@@ -92,7 +101,7 @@ def submit(state: SweepState, cells: Sequence[CellState], *,
     if state.cluster == "slurm":
         _submit_slurm(state, cells, max_array_size_for(cells))
     else:
-        _run_local(state, cells, after_local_cell)
+        _run_local(state, cells, after_local_cell, interrupts)
 
 
 def _submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: int | None) -> None:
@@ -144,32 +153,100 @@ def max_array_size_for(cells: Sequence[CellState]) -> int | None:
     return max_array_size()
 
 
-def _run_local(state: SweepState, cells: Sequence[CellState],
-               after_local_cell: Callable[[CellState], None] | None) -> None:
+def _run_local(state: SweepState, cells: Sequence[CellState], after_local_cell: Callable[[CellState], None] | None,
+               interrupts: Interrupts | None = None) -> None:
+    """Each cell to its end, one after another. Ctrl-C, SIGTERM or SIGHUP stop the running cell at a
+    step boundary and start no further cell (launcher/interrupt.py); the cells stopped or never
+    started are cancelled, and ``after_local_cell`` sees them too (their MLflow runs end KILLED)."""
+    from launcher.interrupt import Interrupts
+
+    own = interrupts is None
+    stops = interrupts if interrupts is not None else Interrupts()
+    if stops.on_abort is None:
+        stops.on_abort = lambda reason: _abandon(state, cells, reason)
+    with stops if own else contextlib.nullcontext():
+        for cell in cells:
+            if stops.requested:
+                break
+            _run_local_cell(state, cell, stops)
+            if after_local_cell is not None:
+                after_local_cell(cell)
+        if stops.requested:
+            for cell in _abandon(state, cells, stops.reason):
+                if after_local_cell is not None:
+                    after_local_cell(cell)
+            print(f"{stops.reason}: the sweep stopped; {_stopped_summary(cells)}.\nResume with: python -m "
+                  f"launcher.status {state.sweep_dir} --resubmit-failed", file=sys.stderr, flush=True)
+
+
+def _run_local_cell(state: SweepState, cell: CellState, stops: Interrupts) -> None:
     from jobs.worker import Worker
 
-    for cell in cells:
-        # The cell's own memory limit (cluster.mem_gb per emulated node), as sbatch --mem would set.
-        cgroup = memlimit.create(cell.cluster.mem_gb * cell.layout.nodes) if cell.cluster.mem_gb else None
-        executor = local_executor(state.path / "submitit", cell.cluster, cell.layout, cgroup)
-        job = executor.submit(Worker(), state.load_spec(cell))
-        cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.running, None, None
-        cell.submitted_at = time.time()
-        state.save()
-        print(f"[{cell.index + 1}/{len(state.cells)}] {cell.name}: job {job.job_id}, {cell.world_size} rank(s), "
-              f"{state.cell_dir(cell)}", flush=True)
-        try:
-            _follow(job, state.cell_dir(cell), state.load_spec(cell).train.steps)
+    # The cell's own memory limit (cluster.mem_gb per emulated node), as sbatch --mem would set.
+    cgroup = memlimit.create(cell.cluster.mem_gb * cell.layout.nodes) if cell.cluster.mem_gb else None
+    executor = local_executor(state.path / "submitit", cell.cluster, cell.layout, cgroup)
+    job = executor.submit(Worker(), state.load_spec(cell))
+    stops.watch(int(job.job_id), f"[{cell.index + 1}/{len(state.cells)}] {cell.name}", cell.cluster.signal_delay_s)
+    cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.running, None, None
+    cell.submitted_at = time.time()
+    state.save()
+    print(f"[{cell.index + 1}/{len(state.cells)}] {cell.name}: job {job.job_id}, {cell.world_size} rank(s), "
+          f"{state.cell_dir(cell)}", flush=True)
+    try:
+        _follow(job, state.cell_dir(cell), state.load_spec(cell).train.steps, stops=stops)
+        if stops.requested and not (state.cell_dir(cell) / "result.json").exists():
+            _record_interrupted(state, cell, stops)  # stopped before its window completed: no result
+        else:
             job.results()
             cell.status = CellStatus.done
-        except Exception as exc:  # a failed cell is recorded; the sweep goes on
-            _record_local_failure(state, cell, exc, cgroup)
-        finally:
-            if cgroup is not None:
-                memlimit.remove(cgroup)
-        state.save()
-        if after_local_cell is not None:
-            after_local_cell(cell)
+    except Exception as exc:  # a failed cell is recorded; the sweep goes on
+        _record_local_failure(state, cell, exc, cgroup)
+    finally:
+        stops.release()
+        if cgroup is not None:
+            memlimit.remove(cgroup)
+    state.save()
+
+
+# The error of a cell an interrupted sweep never started (launcher.sweep prints no line for it).
+NOT_STARTED = "not started: the sweep was interrupted by "
+
+
+def _abandon(state: SweepState, cells: Sequence[CellState], reason: str) -> list[CellState]:
+    """Cancel what an interrupt leaves: a cell still running (its processes were killed) and the cells
+    not started. Returns the cells it changed; the document is saved."""
+    changed = [c for c in cells if not c.status.terminal]
+    for cell in changed:
+        if cell.status is CellStatus.planned:
+            cell.status, cell.error = CellStatus.cancelled, f"{NOT_STARTED}{reason}"
+        else:
+            cell.status, cell.error = CellStatus.cancelled, f"killed at once by {reason}; no checkpoint"
+    state.save()
+    return changed
+
+
+def _record_interrupted(state: SweepState, cell: CellState, stops: Interrupts) -> None:
+    """A cell the interrupt stopped before its measured window completed: cancelled, never done."""
+    cell_dir = state.cell_dir(cell)
+    try:
+        step = json.loads((cell_dir / "ranks" / "rank0.json").read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    at = f" at step {step + 1} of {state.load_spec(cell).train.steps}" if isinstance(step, int) else ""
+    marker = cell_dir / "preempted.txt"  # rank 0 writes it after the checkpoint is saved
+    saved = (marker.exists() and marker.stat().st_mtime >= (cell.submitted_at or 0.0)
+             and "checkpoint saved" in marker.read_text())
+    how = (f"its ranks were killed after {cell.cluster.signal_delay_s:g} s (cluster.signal_delay_s)" if stops.killed
+           else "checkpoint saved: --resubmit-failed resumes it from there" if saved else "no checkpoint")
+    cell.status, cell.failure_class = CellStatus.cancelled, None
+    cell.error = f"interrupted by {stops.reason}{at}, before its measured window completed; {how}"
+
+
+def _stopped_summary(cells: Sequence[CellState]) -> str:
+    cancelled = [c for c in cells if c.status is CellStatus.cancelled]
+    unstarted = sum((c.error or "").startswith(NOT_STARTED) for c in cancelled)
+    return (f"{len(cancelled) - unstarted} cell(s) stopped, {unstarted} not started, all marked cancelled in "
+            f"sweep.json")
 
 
 def _record_local_failure(state: SweepState, cell: CellState, exc: Exception, cgroup: Path | None) -> None:
@@ -187,14 +264,18 @@ def _record_local_failure(state: SweepState, cell: CellState, exc: Exception, cg
     cell.failure_class = classify(cell_dir, "OUT_OF_MEMORY" if kills else None, f"{cell.error}\n{exc}")
 
 
-def _follow(job, cell_dir: Path, steps: int, poll_s: float = 1.0, plain_every_s: float = 30.0) -> None:
+def _follow(job, cell_dir: Path, steps: int, poll_s: float = 1.0, plain_every_s: float = 30.0,
+            stops: Interrupts | None = None) -> None:
     """Step progress from rank 0's heartbeat until the job ends: a live line on a terminal, a plain
-    line every ``plain_every_s`` otherwise (logs stay short)."""
+    line every ``plain_every_s`` otherwise (logs stay short). After a stop request, ranks that
+    outlive their grace are killed (``stops.enforce``)."""
     live = sys.stdout.isatty()
     beat = cell_dir / "ranks" / "rank0.json"
     shown, last_plain = None, time.monotonic()
     while not job.done():
         time.sleep(poll_s)
+        if stops is not None:
+            stops.enforce()
         try:
             step = json.loads(beat.read_text()).get("step")
         except (OSError, ValueError):
@@ -219,9 +300,7 @@ def _last_line(exc: BaseException) -> str:
 def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout, cgroup: Path | None = None):
     """submitit's LocalExecutor with the cell's settings: the time limit and its warning, the setup
     lines and interpreter, and the memory cgroup the job joins before its ranks start."""
-    import submitit
-
-    executor = submitit.LocalExecutor(folder=str(folder), python=python_command(cluster))
+    executor = _own_session_executor()(folder=str(folder), python=python_command(cluster))
     # The local executor has one "node": all ranks of the emulated nodes are its tasks, and each
     # rank gets one of this machine's GPUs when the cell asks for GPUs.
     setup = [*([memlimit.join_line(cgroup)] if cgroup is not None else []), *cluster.setup]
@@ -229,6 +308,45 @@ def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout, cgroup:
                                gpus_per_node=layout.gpus_per_node * layout.nodes,
                                signal_delay_s=cluster.signal_delay_s, setup=setup)
     return executor
+
+
+@functools.cache
+def _own_session_executor():
+    """submitit's LocalExecutor, whose controller (and so its ranks) runs in a session of its own.
+
+    In the terminal's process group, a Ctrl-C reaches the controller too, which then kills its
+    ranks within a second (SIGINT, then SIGKILL): no checkpoint, and a step counter that stops
+    mid-window. Apart, only the launcher gets it, and stops the ranks at a step boundary
+    (launcher/interrupt.py); the whole cell is also one process group to kill.
+    """
+    import submitit
+    from submitit.local.local import LocalJob
+
+    class OwnSessionLocalExecutor(submitit.LocalExecutor):
+        def _submit_command(self, command: str):
+            tasks = self.parameters.get("tasks_per_node", 1)
+            process = _start_controller(Path(self.folder), command, self.parameters)
+            return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(tasks)))
+
+    return OwnSessionLocalExecutor
+
+
+def _start_controller(folder: Path, command: str, params: dict[str, Any]) -> subprocess.Popen:
+    """``submitit.local.local.start_controller`` (submitit 1.5, the same environment for its
+    controller) in a new session; setup lines run in a shell that then execs the controller, so the
+    process's pid is the controller's (the job id) and its process group the whole cell."""
+    env = dict(os.environ, SUBMITIT_LOCAL_NTASKS=str(params.get("tasks_per_node", 1)),
+               SUBMITIT_LOCAL_COMMAND=command, SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * params.get("timeout_min", 2.0))),
+               SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(params.get("signal_delay_s", 30))), SUBMITIT_LOCAL_NODEID="0",
+               SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="1" if params.get("stderr_to_stdout") else "",
+               SUBMITIT_EXECUTOR="local", CUDA_VISIBLE_DEVICES=",".join(map(str, range(params.get("gpus_per_node", 0)))),
+               SUBMITIT_LOCAL_WITH_SHELL="")  # the controller is the process itself, never a shell's child
+    controller = [sys.executable, "-m", "submitit.local._local", str(folder)]
+    setup = list(params.get("setup", ()))
+    if setup:
+        return subprocess.Popen(" && ".join([*setup, f"exec {shlex.join(controller)}"]), shell=True, env=env,
+                                start_new_session=True)
+    return subprocess.Popen(controller, env=env, start_new_session=True)
 
 
 def sbatch_script(group: Sequence[CellState], folder: Path, job_name: str) -> str:

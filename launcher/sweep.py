@@ -14,6 +14,7 @@ from pathlib import Path
 from jobs.codec import to_plain
 from launcher import fit, report, status, submit, sync, tracking
 from launcher.failures import SUBMIT_REFUSED
+from launcher.interrupt import Interrupts, stop_waiting
 from launcher.plan import Cell, SweepError, cell_state, run_spec
 from launcher.safety import mask
 from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, this_process
@@ -28,7 +29,12 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     todo = [c for c in state.cells if c.status in (CellStatus.planned, *status.RESUBMITTED)]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
     if state.cluster == "local":
-        submit.submit(state, todo, after_local_cell=lambda cell: _local_cell_ended(state, cell))
+        # Handlers for the whole local life, MLflow's closing included: a second Ctrl-C always ends at once.
+        with Interrupts() as interrupts:
+            submit.submit(state, todo, after_local_cell=lambda cell: _local_cell_ended(state, cell),
+                          interrupts=interrupts)
+            if interrupts.requested:
+                return _interrupted(state, interrupts)
     else:
         submit.submit(state, todo)
         _create_runs(state)
@@ -43,7 +49,11 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
         if not cells[0].config.wait:
             _print_mlflow(state)
             return 0
-        status.wait(state)
+        try:
+            with stop_waiting():
+                status.wait(state)
+        except KeyboardInterrupt:
+            return _stopped_waiting(state)
     print(report.finalize(state))
     _print_mlflow(state)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
@@ -175,11 +185,41 @@ def _create_runs(state: SweepState) -> None:
 def _local_cell_ended(state: SweepState, cell: CellState) -> None:
     """After each local cell: its one-line result, then its MLflow run brought up to date (the runs
     are created after the first cell, while nothing runs, so the work never lands in a measurement)."""
-    print(f"    {progress_line(state, cell)}", file=sys.stderr if cell.status is CellStatus.failed else sys.stdout,
-          flush=True)
+    if not (cell.error or "").startswith(submit.NOT_STARTED):  # cells an interrupt never started: no line
+        print(f"    {progress_line(state, cell)}", file=sys.stderr if cell.status is CellStatus.failed else sys.stdout,
+              flush=True)
     _create_runs(state)
     sync.finish_cell(state, cell)
     state.save()
+
+
+def _interrupted(state: SweepState, interrupts: Interrupts) -> int:
+    """A local sweep stopped by a signal: its cells are cancelled (submit._run_local) and their runs
+    KILLED (finish_cell); the parent run ends KILLED too, each with the reason as a tag."""
+    reason = f"interrupted by {interrupts.reason}"
+    if state.tracking_uri and state.parent_run_id:
+        try:
+            tracking.tag_runs(state.tracking_uri, {c.run_id: {STOP_REASON_TAG: reason} for c in state.cells
+                                                   if c.run_id and c.status is CellStatus.cancelled})
+            tracking.end_parent(state.tracking_uri, state.parent_run_id, "KILLED", {STOP_REASON_TAG: reason})
+        except Exception as exc:  # the sweep document holds the truth; the next status settles MLflow
+            print(f"[mlflow] could not mark the runs KILLED in {state.tracking_uri}: {exc}", file=sys.stderr)
+    _print_mlflow(state)
+    return interrupts.exit_code
+
+
+# The MLflow tag that says why a run was KILLED.
+STOP_REASON_TAG = "stop_reason"
+
+
+def _stopped_waiting(state: SweepState) -> int:
+    """Ctrl-C while waiting for Slurm: the jobs are the cluster's now; say so, and how to act on them."""
+    active = [c for c in state.cells if not c.status.terminal]
+    print(f"\nstopped waiting; the {len(active)} unfinished cell(s) go on in Slurm (jobs "
+          f"{' '.join(sorted({(c.job_id or '-').split('_')[0] for c in active})[:10]) or '-'}).\n"
+          f"Follow them: python -m launcher.status {state.sweep_dir} --wait\n"
+          f"Cancel them: python -m launcher.status {state.sweep_dir} --cancel", file=sys.stderr, flush=True)
+    return 130
 
 
 def progress_line(state: SweepState, cell: CellState) -> str:

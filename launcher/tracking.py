@@ -145,6 +145,14 @@ def reconcile_children(uri: str, experiment_id: str, parent_run_id: str, cells: 
             return changed
 
 
+def end_parent(uri: str, run_id: str, status: str, tags: dict[str, str]) -> None:
+    """End the sweep's parent run with ``status`` (KILLED for an interrupted sweep) and ``tags``."""
+    client = mlflow_entry.client(uri)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value[:TAG_MAX_CHARS])
+    client.set_terminated(run_id, status)
+
+
 def tag_runs(uri: str, tags_by_run: dict[str, dict[str, str]]) -> None:
     """Set tags on several runs (values cut at MLflow's tag limit)."""
     if not tags_by_run:
