@@ -22,6 +22,7 @@ from typing import Any
 
 from jobs import mlflow_entry
 from launcher import compare, findings, interference, noisefloor, plots, reconcile, runs, stats, tracking
+from launcher.cli import guarded
 from launcher.failures import FIXES
 from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, num, peak_memory_gib, ranked
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
@@ -52,8 +53,7 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
     """One row per cell: its state plus the summary and tags its head rank wrote (result.json)."""
     rows = []
     for cell in state.cells:
-        result_path = state.cell_dir(cell) / "result.json"
-        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        result = state.read_result(cell)
         # Cells that differ only in their node count form one scaling series.
         series = " ".join(o for o in cell.overrides if o.split("=", 1)[0].lstrip("+~") != "nodes")
         row: dict[str, Any] = {"cell": cell.name, "sweep": state.name, "strategy": cell.strategy,
@@ -79,8 +79,8 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
 def _train_settings(state: SweepState, cell) -> dict[str, Any]:
     try:
         train = state.load_spec(cell).train
-    except (OSError, ValueError, TypeError):  # a sweep dir copied without its specs
-        return {}
+    except (OSError, ValueError, TypeError, StateError):  # a sweep dir copied without its specs: the
+        return {}  # report still reads its results; only the run lengths are unknown
     return {"batch_size": train.batch_size, "steps": train.steps, "warmup_steps": train.warmup_steps,
             "repeats": train.repeats}
 
@@ -587,6 +587,7 @@ def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None) -> 
     return 1 if result.regressions() else 0
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.compare:
