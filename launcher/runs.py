@@ -150,7 +150,7 @@ def settle_run(client, run, cell: CellState) -> bool:
     if cell.restarts > _int(have.get("restarts")):
         tags["restarts"] = str(cell.restarts)
     wanted = MLFLOW_STATUS[cell.status]
-    if cell.status.terminal and run.info.status == "RUNNING" and wanted != "RUNNING":
+    if cell.status in (CellStatus.failed, CellStatus.lost) and run.info.status == "RUNNING":
         tags["closed_by"] = (f"launcher: the cell's job {cell.job_id or '-'} ended ({cell.status.value}) and its "
                              f"processes are gone, but its run was still RUNNING")
     changed = False
