@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from launcher.cli import guarded
+
 HELP = """\
 usage: python -m launcher [-m] [--plan] [--config-dir DIR] [key=value ...]
        (installed: ddp-fsdp-bench [-m] ...)
@@ -77,6 +79,7 @@ def _options(args: list[str]) -> tuple[bool, bool, list[str], list[str]]:
     return multirun, plan_only, config_dirs, overrides
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):

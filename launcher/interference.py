@@ -15,7 +15,6 @@ A flagged cell keeps its numbers, shows ``co-located`` in the report, gets the M
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from launcher.slurm import job_times
@@ -87,7 +86,7 @@ def _local_allocations(state: SweepState, cells: list[CellState]) -> list[Alloca
         path = state.cell_dir(cell) / "result.json"
         if not path.exists():
             continue
-        result = json.loads(path.read_text())
+        result = state.read_result(cell)
         start_s = result.get("first_step_unix_s")
         if isinstance(start_s, (int, float)):
             out.append(Allocation(cell.index, frozenset(result.get("rank_hosts") or []), start_s,
@@ -96,8 +95,7 @@ def _local_allocations(state: SweepState, cells: list[CellState]) -> list[Alloca
 
 
 def _summary(state: SweepState, cell: CellState) -> dict:
-    path = state.cell_dir(cell) / "result.json"
-    return json.loads(path.read_text()).get("summary", {}) if path.exists() else {}
+    return state.read_result(cell).get("summary", {})
 
 
 def flag(state: SweepState, times: dict[str, tuple[float, float, list[str]]] | None = None) -> list[CellState]:

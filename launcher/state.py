@@ -14,6 +14,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from jobs.codec import from_plain, to_plain
 from jobs.sinks import RUN_ID_FILE
@@ -70,6 +71,34 @@ MLFLOW_STATUS = {
 }
 FROM_MLFLOW = {"FINISHED": CellStatus.done, "FAILED": CellStatus.failed, "KILLED": CellStatus.cancelled,
                "RUNNING": CellStatus.running, "SCHEDULED": CellStatus.pending}
+
+
+DOCUMENT_FIX = ("restore sweep.json from a copy of the sweep directory, or run the grid again into a new "
+                "sweep_dir (each cell's directory keeps its own records).")
+
+
+def read_json(path: Path, what: str, fix: str, shape: type | None = None) -> Any:
+    """The JSON in ``path``; a file that cannot be read, is cut short, is not text or is not JSON of
+    ``shape`` raises StateError naming the file, what it holds and ``fix``."""
+    try:
+        text = path.read_text()
+    except IsADirectoryError:
+        raise StateError(f"{path} should be a file ({what}) but is a directory. Fix: {fix}") from None
+    except UnicodeDecodeError:
+        raise StateError(f"{path} ({what}) is not text: the file is damaged. Fix: {fix}") from None
+    except OSError as exc:
+        raise StateError(f"{path} ({what}) cannot be read: {exc.strerror or exc}. Fix: {fix}") from None
+    if not text.strip():
+        raise StateError(f"{path} ({what}) is empty (a full disk, or a copy cut short?). Fix: {fix}")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise StateError(f"{path} ({what}) is not complete JSON ({exc}; a full disk, or a copy cut short?). "
+                         f"Fix: {fix}") from None
+    if shape is not None and not isinstance(data, shape):
+        raise StateError(f"{path} ({what}) holds a JSON {type(data).__name__}, not the {shape.__name__} this "
+                         f"file holds: another program's file? Fix: {fix}")
+    return data
 
 
 def this_process() -> str:
@@ -151,10 +180,15 @@ class SweepState:
     @classmethod
     def load(cls, sweep_dir: Path | str) -> SweepState:
         path = Path(sweep_dir) / STATE_FILE
+        if Path(sweep_dir).exists() and not Path(sweep_dir).is_dir():
+            raise StateError(f"{sweep_dir} is a file, not a sweep directory. Fix: pass the directory a sweep printed "
+                             f"(it holds {STATE_FILE}).")
         if not path.exists():
             raise StateError(f"{sweep_dir} holds no {STATE_FILE}: pass the directory a sweep printed.")
-        data = json.loads(path.read_text())
+        data = read_json(path, "the sweep document", DOCUMENT_FIX, dict)
         version = data.get("version", 1)
+        if not isinstance(version, int):
+            raise StateError(f"{path} is not a sweep document (its version is {version!r}). Fix: {DOCUMENT_FIX}")
         if version < VERSION:
             raise StateError(
                 f"{path} was written by an older ddp-fsdp-bench (sweep document version {version}, this one reads "
@@ -167,9 +201,17 @@ class SweepState:
                              f"{VERSION}). Fix: upgrade ddp-fsdp-bench (pip install -U ddp-fsdp-bench).")
         try:
             state = from_plain(cls, data)
-        except (TypeError, ValueError) as exc:
-            raise StateError(f"{path} is not a readable sweep document ({exc}). Fix: run the grid again into a new "
-                             f"sweep_dir.") from exc
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise StateError(f"{path} is not a readable sweep document (a field is missing or of another type: "
+                             f"{type(exc).__name__}: {exc}). Fix: {DOCUMENT_FIX}") from exc
+        # Where the document is now: a sweep directory copied or moved elsewhere works in its new place.
+        state.sweep_dir = str(Path(sweep_dir).resolve())
+        if not state.cells or not all(isinstance(c, CellState) for c in state.cells):
+            raise StateError(f"{path} is not a readable sweep document (it lists no cells). Fix: {DOCUMENT_FIX}")
+        if not (state.path / "cells").is_dir():
+            raise StateError(f"{state.path / 'cells'} is missing: the cells' specs, results and records are gone "
+                             f"(a partial copy?). Fix: copy the whole sweep directory, or run the grid again into a "
+                             f"new sweep_dir.")
         state.adopt_runs()
         return state
 
@@ -177,8 +219,9 @@ class SweepState:
         """Fill in MLflow ids that another process has created since this document was written."""
         runs = self.path / RUNS_FILE
         if not self.parent_run_id and runs.exists():
-            ids = json.loads(runs.read_text())
-            self.experiment_id, self.parent_run_id = ids["experiment_id"], ids["parent_run_id"]
+            ids = read_json(runs, "the sweep's MLflow ids", f"delete {runs}: launcher.sync creates the runs again "
+                            "(or restore it from a copy).", dict)
+            self.experiment_id, self.parent_run_id = ids.get("experiment_id"), ids.get("parent_run_id")
         for cell in self.cells:
             run_file = self.cell_dir(cell) / RUN_ID_FILE
             if not cell.run_id and run_file.exists():
@@ -198,8 +241,22 @@ class SweepState:
         """The cell's RunSpec: the one this process wrote, or read back from its spec.json."""
         specs = self._specs()
         if cell.index not in specs:
-            specs[cell.index] = from_plain(RunSpec, json.loads((self.cell_dir(cell) / SPEC_FILE).read_text()))
+            path = self.cell_dir(cell) / SPEC_FILE
+            fix = ("restore it from a copy of the sweep directory, or run the same grid again with "
+                   f"sweep_dir={self.sweep_dir}: it writes the specs of the cells not done again.")
+            try:
+                specs[cell.index] = from_plain(RunSpec, read_json(path, f"cell {cell.name}'s spec", fix, dict))
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise StateError(f"{path} is not a readable spec ({type(exc).__name__}: {exc}). Fix: {fix}") from exc
         return specs[cell.index]
+
+    def read_result(self, cell: CellState) -> dict:
+        """The cell's result.json ({} when it has none); a damaged one is an error, never an empty result."""
+        path = self.cell_dir(cell) / "result.json"
+        if not path.exists():
+            return {}
+        return read_json(path, f"cell {cell.name}'s result", "restore it from a copy of the sweep directory; the "
+                         "cell's metrics.jsonl and its MLflow run keep its steps.", dict)
 
     def _specs(self) -> dict[int, RunSpec]:
         # Not a dataclass field: never written to sweep.json.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from jobs.sinks import RUN_ID_FILE
 from launcher import report, submit
+from launcher.cli import guarded
 from launcher.failures import describe
 from launcher.reconcile import CANCELLED_BY_LAUNCHER, refresh
 from launcher.runs import ensure_runs, finish_cell
@@ -170,6 +171,7 @@ def _archive(cell_dir: Path, attempt: int) -> None:
         path.rename(target / path.name)
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.status", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path)

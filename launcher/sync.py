@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 from launcher import report
+from launcher.cli import guarded
 from launcher.runs import BACKGROUND_LOG, ensure_runs, finish_cell, start_in_background, sync_run, sync_sweep
 from launcher.state import StateError, SweepState
 
 __all__ = ["BACKGROUND_LOG", "ensure_runs", "finish_cell", "main", "start_in_background", "sync_run", "sync_sweep"]
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
