@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,18 +31,26 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     predicted = _models(cells, errors)
     _local_gpus(cells, errors)
     _local_memory(cells, errors)
-    if errors:
-        raise SweepError("\n".join(dict.fromkeys(errors)))
+    _refuse(errors)
     if cells[0].config.cluster.name is ClusterKind.slurm:
         from launcher.slurm import check_partitions
 
-        check_partitions(cells)  # also resolves cluster.gpu_mem_gib from the partition's GPU type
-    _fits(cells, predicted, errors)
-    if errors:
-        raise SweepError("\n".join(dict.fromkeys(errors)))
+        errors += check_partitions(cells)  # also resolves cluster.gpu_mem_gib from the partition's GPU type
+    _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
+    _refuse(errors)
     _writable(cells[0].config)
     _tracking(cells[0].config)
     return predicted
+
+
+def _refuse(errors: list[str]) -> None:
+    """Raise the errors, each once per grid point: the runs of a point share its settings, so
+    "[strategy=ddp run=2] ..." says nothing that "[strategy=ddp] ..." does not."""
+    if errors:
+        raise SweepError("\n".join(dict.fromkeys(_RUN_IN_NAME.sub(r"[\1]", e) for e in errors)))
+
+
+_RUN_IN_NAME = re.compile(r"^\[(.*?) run=\d+\]")
 
 
 def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:

@@ -81,7 +81,9 @@ def parse_sinfo(text: str) -> dict[str, dict]:
     return out
 
 
-def check_partitions(cells: list[Cell]) -> None:
+def check_partitions(cells: list[Cell]) -> list[str]:
+    """Errors for cells the partitions cannot run (partition, node counts, what the nodes hold,
+    accounts); also resolves each GPU cell's CPUs, memory and GPU memory from its partition."""
     parts = partitions()
     errors = []
     for cell in cells:
@@ -111,8 +113,7 @@ def check_partitions(cells: list[Cell]) -> None:
             name = cell.config.cluster.partition or next((p for p, v in parts.items() if v["default"]), "")
             errors += check_capacity(cell, name, all_nodes)
         _accounting(cells, errors)
-    if errors:
-        raise SweepError("\n".join(dict.fromkeys(errors)))
+    return errors
 
 
 # ---- what the nodes hold: each request checked before sbatch sees it ----------------------------

@@ -99,24 +99,43 @@ def test_sinfo_gres_gives_each_partitions_gpu_types():
     assert parts["cpu"]["gpu_types"] == set() and parts["debug"]["gpu_types"] == set()
 
 
-@pytest.mark.skipif(not os.environ.get("SLURM_CONF") or not shutil.which("sinfo"),
-                    reason="needs the Slurm test cluster (scripts/test starts it)")
+needs_slurm = pytest.mark.skipif(not os.environ.get("SLURM_CONF") or not shutil.which("srun"),
+                                 reason="needs the Slurm test cluster: run the tests with scripts/test")
+
+
+@needs_slurm
 def test_a_cell_too_big_for_its_gpu_type_is_refused_before_submission(tmp_path, capsys):
     """gpt2-xl at batch 8 on A10Gs (22.5 GiB): DDP's model state alone (25 GiB) does not fit; FSDP over
     8 ranks holds 3 GiB of state but about 39 GiB of activations; with activation checkpointing it
-    fits. Refused with the figures and the fixes; allow_oom=true passes; nothing is created."""
+    fits. Refused with the figures and the fixes, once per configuration (not per run), beside what
+    the test cluster's GPU-less nodes cannot give; allow_oom=true drops the fit refusal; nothing is
+    created."""
     args = ["--plan", "-m", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
             "cluster.gpu_type=a10g", "model=gpt2-xl", "batch_size=8", f"output_root={tmp_path / 'out'}"]
     assert main([*args, "strategy=ddp,fsdp"]) == 2
     err = capsys.readouterr().err
     assert "[strategy=ddp] predicted" in err and "[strategy=fsdp] predicted" in err and "22.5 GiB" in err
-    fsdp = next(line for line in err.splitlines() if line.startswith("[strategy=fsdp]"))
+    assert "run=" not in err  # the 3 runs of a configuration share one message
+    fsdp = next(line for line in err.splitlines() if line.startswith("[strategy=fsdp] predicted"))
     assert "activations about 39" in fsdp and "activation_checkpointing=true" in fsdp and "allow_oom=true" in fsdp
-    assert main([*args, "strategy=fsdp", "activation_checkpointing=true"]) == 0
-    out = capsys.readouterr().out
-    assert "--gpus-per-node=a10g:8" in out and "22.5 GiB" in out
-    assert main([*args, "strategy=ddp", "allow_oom=true"]) == 0
+    # The test cluster's nodes have no GPUs: that refusal stays, the fit refusal goes.
+    assert "8 a10g GPUs per node (cluster.gpus_per_node): no node of partition" in err
+    for fixed in (["strategy=fsdp", "activation_checkpointing=true"], ["strategy=ddp", "allow_oom=true"]):
+        assert main([*args, *fixed]) == 2
+        err = capsys.readouterr().err
+        assert "GPUs per node" in err and "predicted" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+@needs_slurm
+def test_the_sbatch_script_asks_for_the_gpu_type(tmp_path):
+    """cluster.gpu_type reaches sbatch as --gpus-per-node=<type>:<n> (what --plan prints)."""
+    from launcher import plan, preview
+
+    points, swept = plan.expand(["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
+                                 "cluster.gpu_type=a10g", "runs=1", f"output_root={tmp_path}"], False)
+    cells = plan.plan(plan.compose(points, swept))
+    assert "#SBATCH --gpus-per-node=a10g:8" in preview.render(cells, {}, max_array_size=1000)
 
 
 def _plan_imports_torch(cache: Path, *overrides: str) -> bool:
