@@ -303,7 +303,8 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
 
         lean = min(near, key=lambda u: (memory(u), -est[id(u)].mean))
         if len(near) == 1:
-            text += f" No other configuration comes within {margin:.0%} of it."
+            # An inconclusive rival may still be as fast: only a decided field is "not within".
+            text += "" if undecided else f" No other configuration comes within {margin:.0%} of it."
         elif lean is fastest or not _less_memory(lean, fastest, floor):
             text += f" Of the {len(near) - 1} other(s) {within}, none uses measurably less memory."
         else:

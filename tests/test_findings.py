@@ -146,6 +146,10 @@ def test_difference_inside_the_noise_is_not_claimed():
     rec = findings.findings(rows).split("### Recommendation")[1]
     assert "not measurably faster than strategy=fsdp" in rec
     assert "Most memory-efficient within 5% of it or not measurably slower: **strategy=fsdp precision=fp32**" in rec
+    # A rival 20% slower by its mean but too noisy to call: never "no other configuration comes within".
+    rows = rows_of(row("ddp", tp=1000.0, cv=0.25), row("fsdp", tp=800.0, cv=0.25))
+    rec = findings.findings(rows).split("### Recommendation")[1]
+    assert "inconclusive against strategy=fsdp" in rec and "comes within" not in rec
 
 
 def test_one_run_claims_nothing_without_a_noise_floor():
