@@ -132,8 +132,15 @@ def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, s
     Why: in a synchronous step every rank waits for the slowest inside the gradient collective,
     so wall-clock step times are the same on every rank and cannot name a straggler; these can.
     Under FSDP the forward's parameter all-gathers still meet, so there the spread is understated.
-    Run after the measured window; ``sync()`` after each pass is a CUDA sync point.
+    Run after the measured window; ``sync()`` after each pass is a CUDA sync point. Under FSDP a
+    pass holds the whole model's gradients unsharded: where the GPU has no room for them the probe
+    is skipped ([]: stragglers are then judged from step times), and they are dropped after each
+    pass (jobs.parallel.release_unsynced_grads).
     """
+    from jobs.parallel import release_unsynced_grads, room_for_unsynced_grads
+
+    if not room_for_unsynced_grads(trainer.model, trainer.device):
+        return []
     times = []
     for _ in range(n_steps):
         t0 = time.perf_counter()
@@ -144,5 +151,6 @@ def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, s
             loss.backward()
         sync()
         times.append(time.perf_counter() - t0)
+        release_unsynced_grads(trainer.model)
     trainer.optimizer.zero_grad(set_to_none=True)
     return times

@@ -20,6 +20,7 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -268,6 +269,43 @@ def _fsdp_no_sync(model) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+
+
+def _fsdp_params(model: nn.Module) -> Iterator[Any]:
+    """The FSDPParam records of every FSDP unit in ``model`` (torch's private state: read through
+    getattr, so a torch that moves it yields nothing rather than failing)."""
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if state else None
+        yield from getattr(group, "fsdp_params", None) or []
+
+
+def release_unsynced_grads(model: nn.Module) -> None:
+    """Drop the unsharded gradients a backward under ``no_sync`` leaves behind.
+
+    With gradient sync off, FSDP2 skips the reduce-scatter and keeps every gradient unsharded
+    (on the unsharded parameter, or as its accumulated gradient) for a later synced backward;
+    ``optimizer.zero_grad`` sees only the sharded parameters and frees none of it. A backward that
+    is never followed by a synced one (the straggler probe) must drop them itself, or each rank
+    keeps world-size times its sharded gradients (GPU review 3, G2). No-op for DDP."""
+    for param in _fsdp_params(model):
+        unsharded = getattr(param, "_unsharded_param", None)
+        if unsharded is not None:
+            unsharded.grad = None
+        if getattr(param, "unsharded_accumulated_grad", None) is not None:
+            param.unsharded_accumulated_grad = None
+
+
+def room_for_unsynced_grads(model: nn.Module, device: torch.device) -> bool:
+    """Whether ``device`` has free memory for the whole model's unsharded gradients, which a
+    backward under FSDP2's ``no_sync`` holds until its end (always True off CUDA, and for DDP,
+    whose gradients are whole anyway)."""
+    params = list(_fsdp_params(model))
+    if device.type != "cuda" or not params:
+        return True
+    needed = sum(p.numel() * p.element_size() for p in model.parameters())  # global numel under DTensor
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return needed * 1.1 < free_bytes
 
 
 def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSpec, *, device: torch.device,

@@ -34,23 +34,11 @@ class History:
     measured: list[bool] = field(default_factory=list)
 
     def losses(self) -> list[float]:
-        import torch
-
-        if not self.trace.losses:
-            return []
-        # One device read for all losses, after the window (a sync point outside any timing).
-        return torch.stack([x.detach().float().reshape(()) if isinstance(x, torch.Tensor) else torch.tensor(float(x))
-                            for x in self.trace.losses]).cpu().tolist()
+        return [float(x) for x in _read(self.trace.losses)]
 
     def skipped(self) -> list[bool]:
         """Per step, whether fp16 loss scaling skipped it ([] without a GradScaler)."""
-        import torch
-
-        flags = self.trace.skipped
-        on_device = [f.reshape(()) for f in flags if isinstance(f, torch.Tensor)]
-        # One device read for all of them (restored steps are plain bools already).
-        read = iter(torch.stack(on_device).cpu().tolist() if on_device else [])
-        return [bool(next(read)) if isinstance(f, torch.Tensor) else bool(f) for f in flags]
+        return [bool(x) for x in _read(self.trace.skipped)]
 
     def portable(self) -> dict[str, Any]:
         return {"steps": self.steps, "step_time_s": self.trace.step_time_s, "data_time_s": self.trace.data_time_s,
@@ -64,6 +52,19 @@ class History:
 
     def measured_only(self, key: str) -> list[float]:
         return [v for v, m in zip(getattr(self.trace, key), self.measured, strict=True) if m]
+
+
+def _read(values: list) -> list:
+    """Device tensors and plain numbers (restored from a checkpoint) -> numbers, in order.
+
+    One device read for all the tensors, after the window (a sync point outside any timing). Only
+    the tensors are stacked: a restored float made into a CPU tensor beside CUDA ones would make
+    ``torch.stack`` refuse the mix on a GPU (GPU review 3, G1: every resumed GPU run)."""
+    import torch
+
+    on_device = [x.detach().float().reshape(()) for x in values if isinstance(x, torch.Tensor)]
+    read = iter(torch.stack(on_device).cpu().tolist() if on_device else [])
+    return [next(read) if isinstance(x, torch.Tensor) else x for x in values]
 
 
 @dataclass
@@ -194,6 +195,10 @@ def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Sch
     if mine is not None:
         history = History.from_portable(mine["history"])
         checkpoint.restore_rng(mine["rng"], device)
+        if trainer.scaler is not None and mine.get("scaler"):
+            # fp16: the resumed run goes on at the scale it had reached, not at init_scale again,
+            # whose back-off would skip steps the uninterrupted run did not (GPU review 3, G4).
+            trainer.scaler.load_state_dict(mine["scaler"])
     # The data position is a function of the step: skip what was consumed before the stop.
     for _ in range(meta["step"] * schedule.accum_steps):
         next(batches)
@@ -212,7 +217,8 @@ def _save_or_stop(trainer: Trainer, env, device, out_dir: Path, hooks: Hooks, hi
                         meta={"step": step, "restarts": restarts, "world_size": env.world_size,
                               "logged_through": logged_through, "saved_unix_s": time.time(),
                               "warmup_extended": extended},
-                        rank_state={"history": history.portable(), "rng": checkpoint.rng_state(device)})
+                        rank_state={"history": history.portable(), "rng": checkpoint.rng_state(device),
+                                    "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None})
     if request:
         requeued = False
         if request == preempt.USR2 and env.is_head and env.requeue_id:

@@ -4,6 +4,7 @@ of a sharded setup. (tests/test_gpu.py runs the same paths on a GPU; they skip h
 
 import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -471,3 +472,81 @@ def test_user_model_starts_from_the_same_weights_under_ddp_and_fsdp(tmp_path):
     assert math.isfinite(ddp["losses"][0])
     assert fsdp["losses"][0] == pytest.approx(ddp["losses"][0], rel=1e-6)
     assert zero2["losses"][0] == pytest.approx(ddp["losses"][0], rel=1e-6)
+
+
+# ---- GPU review 3 (G1-G10): found by a third reading, pinned here -----------------------------------
+
+def test_losses_after_a_resume_stack_only_the_device_tensors(monkeypatch):
+    """G1: restored losses are floats, new ones device tensors. On CUDA, torch.stack refuses a CPU
+    tensor made from a float beside CUDA ones, so only the tensors may be stacked (the fake tensor
+    mode cannot show this: it accepts the mix)."""
+    import torch
+
+    from jobs.schedule import History
+
+    h = History.from_portable({"steps": [0, 1], "step_time_s": [1, 1], "data_time_s": [0, 0], "losses": [3.0, 2.5],
+                               "measured": [False, True], "skipped": []})
+    new = [torch.tensor(2.0), torch.tensor(1.5)]
+    h.trace.losses += new
+    stacked = []
+    real_stack = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda xs, *a, **k: stacked.append(len(xs)) or real_stack(xs, *a, **k))
+    assert h.losses() == [3.0, 2.5, 2.0, 1.5]
+    assert stacked == [len(new)]  # one read, of the device tensors alone
+
+
+_PROBE_SCRIPT = """
+import os, socket, torch, torch.distributed as dist
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo", rank=0, world_size=1)
+from jobs import models, parallel
+from jobs.loop import Trainer, local_step_times
+from jobs.spec import ModelSpec, Precision, PrecisionSpec, Strategy, StrategySpec
+with torch.device("meta"):
+    m = models.build_model(ModelSpec(name="gpt_tiny", seq_len=16, vocab_size=128,
+                                     params={"n_layer": 2, "n_head": 2, "d_model": 32}))
+par = parallel.parallelize(m, StrategySpec(name=Strategy.fsdp), PrecisionSpec(name=Precision.fp32),
+                           device=torch.device("cpu"))
+tr = Trainer(par.model, torch.optim.AdamW(par.model.parameters()), accum_steps=1, autocast_dtype=None,
+             device=torch.device("cpu"), no_sync=par.no_sync)
+x = torch.randint(0, 128, (4, 16))
+times = local_step_times(tr, iter([(x, x)] * 10), 2, lambda: None)
+held = sum((p._unsharded_param.grad is not None) + (p.unsharded_accumulated_grad is not None)
+           for p in parallel._fsdp_params(par.model))
+print(len(times), len(list(parallel._fsdp_params(par.model))), held)
+dist.destroy_process_group()
+"""
+
+
+def test_the_straggler_probe_leaves_no_unsharded_gradient_under_fsdp():
+    """G2: a backward under FSDP2's no_sync keeps every gradient unsharded until a synced backward
+    that the probe never runs; left there, each rank holds world-size times its sharded gradients."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _PROBE_SCRIPT], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    timed, fsdp_params, held = map(int, out.stdout.split())
+    assert timed == 2 and fsdp_params > 0 and held == 0
+
+
+def test_an_fp16_resume_goes_on_at_the_loss_scale_it_had_reached(tmp_path):
+    """G4: the GradScaler's scale and growth tracker are part of the checkpoint. A checkpoint whose
+    scale had backed off to 8 resumes at 8 (and counts on from its tracker), not at init_scale
+    65536, whose back-off would skip steps the uninterrupted run did not."""
+    spec = make_spec(tmp_path / "run", strategy="fsdp", precision="fp16", world_size=1, steps=7, warmup_steps=1,
+                     comm_probe_steps=0)
+    spec.checkpoint.every_steps = 3
+    assert "error" not in run_ranks(spec, world_size=1)[0]
+    saved = tmp_path / "run" / "checkpoint" / "step-000006" / "rank0.pt"
+    state = torch.load(saved, weights_only=False)
+    assert state["scaler"]["scale"] == 65536.0 and state["scaler"]["_growth_tracker"] == 6
+    state["scaler"]["scale"] = 8.0  # as if overflows had backed it off
+    torch.save(state, saved)
+    spec.train.steps = 10
+    again = run_ranks(spec, world_size=1)[0]
+    assert "error" not in again and again["tags"]["resumed_from_step"] == "6"
+    scaler = torch.load(tmp_path / "run" / "checkpoint" / "step-000009" / "rank0.pt", weights_only=False)["scaler"]
+    assert scaler["scale"] == 8.0 and scaler["_growth_tracker"] == 9
