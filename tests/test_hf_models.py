@@ -149,6 +149,18 @@ def test_flops_follow_the_project_gpt_formula():
     assert flops_per_sample(model, spec) == expected
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_flops_count_the_output_projection_once_and_no_lookup_table(tied):
+    """GPU review 3, G5: Llama-style models default to an untied output layer; its input table is
+    a lookup and not a matmul. Tied, the one shared weight is the output projection's."""
+    spec = hf_spec("llama", config={**TINY, "tie_word_embeddings": tied})
+    model = build_model(spec)
+    width = TINY["hidden_size"]
+    matmul_params = param_count(model) - (0 if tied else VOCAB * width)
+    expected = 6 * matmul_params * SEQ + 12 * TINY["num_hidden_layers"] * width * SEQ**2
+    assert flops_per_sample(model, spec) == expected
+
+
 def test_pretrained_path_loads_local_weights(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -239,16 +239,20 @@ class HFLogits(nn.Module):
     def train_flops_per_sample(self, seq_len: int) -> float:
         """6 * N * T + 12 * n_layer * d_model * T^2, as for the project GPT (jobs.models.flops_per_sample).
 
-        N counts the parameters that take part in a matmul: all but the embedding tables other than
-        the input (token) embedding, which counts as the (tied) output projection: position and
-        token-type tables are lookups. The attention term uses the config's num_hidden_layers and
-        hidden_size; causal attention is not discounted; MoE experts are all counted.
+        N counts the parameters that take part in a matmul: every embedding table is a lookup and
+        left out (token, position, token-type), except an input embedding tied to the output
+        projection, whose one weight is that matmul's. Untied (Llama, Mistral) the output layer is
+        counted as itself and the input table not at all (GPU review 3, G5: counting it too
+        overstated MFU). The attention term uses the config's num_hidden_layers and hidden_size;
+        causal attention is not discounted; MoE experts are all counted.
         """
-        n = sum(p.numel() for p in self.parameters())
+        n = sum(p.numel() for p in self.parameters())  # a tied weight is one parameter, counted once
         hf = self._hf_models()[0] if self._hf_models() else None
         token = hf.get_input_embeddings() if hf is not None else None
+        output = hf.get_output_embeddings() if hf is not None else None
+        tied = token is not None and output is not None and getattr(output, "weight", None) is token.weight
         for module in self.modules():
-            if isinstance(module, nn.Embedding) and module is not token:
+            if isinstance(module, nn.Embedding) and not (tied and module is token):
                 n -= module.weight.numel()
         cfg = getattr(hf, "config", None)
         layers, width = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
