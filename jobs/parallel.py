@@ -82,11 +82,21 @@ def precision_plan(strategy: Strategy, precision: PrecisionSpec) -> PrecisionPla
     return PrecisionPlan(mode.value, None, param, reduce, name is Precision.fp16)
 
 
-def make_grad_scaler(device_type: str):
+def make_grad_scaler(device_type: str, *, offload: bool = False):
     """fp16 loss scaling. The plain GradScaler serves FSDP2 too: DTensor gradients are unscaled
     shard by shard and DTensor all-reduces the found-inf flag over the mesh (PyTorch's own FSDP2
-    grad-scaler test uses it); ShardedGradScaler exists for FSDP1's flat parameters."""
-    return torch.amp.GradScaler(device_type)
+    grad-scaler test uses it); ShardedGradScaler exists for FSDP1's flat parameters.
+
+    Under CPU offload the gradients are host tensors: the scale and found-inf state then live on
+    the host too. Left on the GPU (the loss's device, where it would start), unscaling copies them
+    to the host with ``non_blocking=True`` into pinned buffers that the CPU kernels read and write
+    unsynchronised, so a late copy can overwrite a detected inf and apply a bad step (GPU review
+    3, G3; pytorch#176429 fixed the same race in FSDP1's scaler)."""
+    scaler = torch.amp.GradScaler(device_type)
+    if offload and device_type == "cuda":
+        # torch's own lazy initialiser, called early with the host as the device (torch 2.6-2.13).
+        scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    return scaler
 
 
 def bf16_refusal(device_name: str, capability: tuple | None) -> str | None:
@@ -338,7 +348,7 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
     if compile:
         # An nn.Module compiles to an OptimizedModule (an nn.Module); torch's stub says a plain callable.
         model = torch.compile(model)  # type: ignore[assignment]
-    scaler = make_grad_scaler(device.type) if plan.grad_scaler else None
+    scaler = make_grad_scaler(device.type, offload=strategy.cpu_offload) if plan.grad_scaler else None
     return Parallelized(model, no_sync, torch_dtype(plan.autocast), scaler, plan)
 
 

@@ -242,6 +242,10 @@ def check_precision(built: nn.Module, par, strategy: str, precision: str, mode: 
     if precision == "fp16":
         assert isinstance(par.scaler, torch.amp.GradScaler) and par.scaler._device == "cuda", where
         assert par.scaler.is_enabled(), where
+        # G3: under offload the scale lives on the host with the gradients (no racing D2H copies);
+        # otherwise it starts lazily on the loss's device.
+        scale = par.scaler._scale
+        assert (scale.device.type == "cpu") if strategy == "fsdp_offload" else scale is None, where
     else:
         assert par.scaler is None, where
     if strategy == "ddp":
