@@ -550,3 +550,14 @@ def test_an_fp16_resume_goes_on_at_the_loss_scale_it_had_reached(tmp_path):
     assert "error" not in again and again["tags"]["resumed_from_step"] == "6"
     scaler = torch.load(tmp_path / "run" / "checkpoint" / "step-000009" / "rank0.pt", weights_only=False)["scaler"]
     assert scaler["scale"] == 8.0 and scaler["_growth_tracker"] == 9
+
+
+def test_the_cuda_image_and_the_cluster_install_carry_nvml():
+    """G8: without the gpu extra (nvidia-ml-py) every GPU run from the image misses energy, GPU
+    interference and system metrics."""
+    root = Path(__file__).resolve().parent.parent
+    assert '"nvidia-ml-py' in (root / "pyproject.toml").read_text()
+    image = (root / "docker" / "Dockerfile.cuda").read_text()
+    assert "[hf,gpu]" in image and 'python -c "import pynvml"' in image
+    readme = (root / "README.md").read_text()
+    assert "'ddp-fsdp-bench[hf,gpu] @ git+" in readme and "whl[hf,gpu]'" in readme
