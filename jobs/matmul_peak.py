@@ -13,8 +13,8 @@ allocator's cache emptied afterwards, so the window's memory figures do not see 
 Math mode (R5 of the GPU review). An fp32 cell's datasheet MFU divides by the TF32 peak when the
 model's main ops may use TF32 (:func:`math_mode`: cuDNN convolutions do by default, matmuls only
 when allowed). The measured peak must be the same math, or the two MFUs of one fp32 ResNet row
-are an order of magnitude apart: the matmul is timed with ``torch.backends.cuda.matmul.allow_tf32``
-set for the duration to what :func:`math_mode` says, then restored, and the flags in force during
+are an order of magnitude apart: the matmul is timed with fp32 matmuls set for the duration to
+what :func:`math_mode` says (:func:`matmul_tf32`), then restored, and the flags in force during
 the timing are recorded with the figure.
 """
 
@@ -57,19 +57,28 @@ def math_mode(torch, model, precision: str) -> str:
     if precision != "fp32":
         return precision
     has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    return metrics.fp32_math(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                             torch.get_float32_matmul_precision(), has_conv)
+    flags = metrics.precision_settings(torch)
+    return metrics.fp32_math(flags["cuda_matmul_allow_tf32"] == "True", flags["cudnn_allow_tf32"] == "True",
+                             flags["float32_matmul_precision"], has_conv)
 
 
 @contextlib.contextmanager
 def matmul_tf32(torch, allowed: bool) -> Iterator[None]:
-    """``torch.backends.cuda.matmul.allow_tf32`` set to ``allowed`` for the block, then restored."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allowed
+    """fp32 matmuls in TF32 (``allowed``) or full fp32 for the block, then as they were.
+
+    Set through ``torch.set_float32_matmul_precision`` alone, and only when the setting disagrees:
+    writing the legacy ``matmul.allow_tf32`` flag after the precision API was used (by the user's
+    code, or by this block) makes torch 2.9+ refuse to read the precision again ("mix of the
+    legacy and new APIs"), which failed the job after it had measured (GPU review 3, G7)."""
+    before = metrics.read_setting(torch.get_float32_matmul_precision)
+    if before is None or (before in ("high", "medium")) == allowed:
+        yield  # already that math (or unreadable: leave the user's setting alone)
+        return
+    torch.set_float32_matmul_precision("high" if allowed else "highest")
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        torch.set_float32_matmul_precision(before)
 
 
 def measure(device, precision: str, math: str | None = None, n: int = DEFAULT_N, warmup: int = WARMUP_ITERATIONS,
@@ -83,12 +92,13 @@ def measure(device, precision: str, math: str | None = None, n: int = DEFAULT_N,
     import torch
 
     if math is None:
+        flags = metrics.precision_settings(torch)
         math = precision if precision != "fp32" else metrics.fp32_math(
-            torch.backends.cuda.matmul.allow_tf32, False, torch.get_float32_matmul_precision(), False)
+            flags["cuda_matmul_allow_tf32"] == "True", False, flags["float32_matmul_precision"], False)
     # fp32 matmuls run in TF32 exactly when the cell's main ops do (an fp32 matmul otherwise).
     tf32 = precision == "fp32" and math == "tf32"
     try:
-        with matmul_tf32(torch, tf32 or bool(torch.backends.cuda.matmul.allow_tf32)):
+        with matmul_tf32(torch, tf32 or metrics.precision_settings(torch)["cuda_matmul_allow_tf32"] == "True"):
             timed = _time_matmul(torch, device, precision, n, warmup, iterations)
             flags = metrics.precision_settings(torch)  # in force while timing
     except Exception as exc:  # an optional figure must not fail the job

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 GIB = 1024**3
@@ -135,11 +135,24 @@ def peak_flops_for(device_name: str, precision: str, math: str | None = None) ->
     return table.get(key)
 
 
+def read_setting(getter: Callable[[], Any]) -> Any:
+    """A torch math setting, or None where torch refuses to say (torch 2.9+ raises on reading a
+    setting once its legacy and new APIs were mixed): a tag is never worth failing a job."""
+    try:
+        return getter()
+    except (RuntimeError, AttributeError):
+        return None
+
+
 def precision_settings(torch) -> dict[str, str]:
-    """The fp32 math settings in force (tags): they decide the fp32 peak (M4)."""
-    return {"cuda_matmul_allow_tf32": str(bool(torch.backends.cuda.matmul.allow_tf32)),
-            "cudnn_allow_tf32": str(bool(torch.backends.cudnn.allow_tf32)),
-            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    """The fp32 math settings in force (tags): they decide the fp32 peak (M4). "unknown" where
+    torch refuses to read one (G7)."""
+    matmul = read_setting(lambda: bool(torch.backends.cuda.matmul.allow_tf32))
+    cudnn = read_setting(lambda: bool(torch.backends.cudnn.allow_tf32))
+    precision = read_setting(torch.get_float32_matmul_precision)
+    return {"cuda_matmul_allow_tf32": "unknown" if matmul is None else str(matmul),
+            "cudnn_allow_tf32": "unknown" if cudnn is None else str(cudnn),
+            "float32_matmul_precision": precision or "unknown"}
 
 
 # ---- memory --------------------------------------------------------------------------------

@@ -561,3 +561,32 @@ def test_the_cuda_image_and_the_cluster_install_carry_nvml():
     assert "[hf,gpu]" in image and 'python -c "import pynvml"' in image
     readme = (root / "README.md").read_text()
     assert "'ddp-fsdp-bench[hf,gpu] @ git+" in readme and "whl[hf,gpu]'" in readme
+
+
+_TF32_SCRIPT = """
+import sys, torch
+from jobs import matmul_peak, metrics
+if sys.argv[1] != "default":
+    torch.set_float32_matmul_precision(sys.argv[1])
+before = torch.get_float32_matmul_precision()
+for allowed in (True, False):
+    with matmul_peak.matmul_tf32(torch, allowed):
+        inside = metrics.precision_settings(torch)
+        assert inside["cuda_matmul_allow_tf32"] == str(allowed), (allowed, inside)
+    assert metrics.precision_settings(torch)["float32_matmul_precision"] == before
+    assert torch.get_float32_matmul_precision() == before
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("user_setting", ["default", "highest", "high", "medium"])
+def test_timing_in_tf32_and_back_never_breaks_the_precision_api(user_setting):
+    """G7: writing the legacy allow_tf32 flag after set_float32_matmul_precision made torch refuse to
+    read the precision ("mix of the legacy and new APIs"), failing the job after it had measured.
+    A fresh process each: these are process-wide settings."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _TF32_SCRIPT, user_setting], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-800:]
