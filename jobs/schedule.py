@@ -75,6 +75,9 @@ class Outcome:
     first_step_unix_s: float
     resumed_from_step: int | None = None  # the checkpoint this run continued from, if any
     warmup_steps_extended: int = 0  # warm-up steps added because step times were still falling
+    # Periodic checkpoints saved inside the measured window: outside every step time, but inside
+    # the window's peak memory (the save stages tensors through host memory) and its wall time.
+    checkpoints_in_window: int = 0
 
     @property
     def total_steps(self) -> int:
@@ -131,6 +134,7 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
     # Only a fresh job extends its warm-up (a resumed one restored the extension it decided on).
     deciding = not found and schedule.warmup_extend_max > 0
     first_step_unix_s = time.time()
+    saved_in_window = 0
     try:
         step = start
         while step < total:
@@ -156,13 +160,15 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
             request = stop.agreed()
             periodic = schedule.every_steps > 0 and step % schedule.every_steps == 0 and step < total
             if request or periodic:
+                saved_in_window += bool(periodic and measuring and step < total)
                 logged_through = _save_or_stop(trainer, env, device, out_dir, hooks, history, step, restarts,
                                                logged_through, request, extended, schedule.save_on_stop)
         hooks.on_window("end")
         stop.finish()
     finally:
         stop.restore()
-    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found else None, extended)
+    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found else None, extended,
+                   saved_in_window)
 
 
 def _agree_still_falling(history: History, control_group) -> bool:

@@ -404,6 +404,9 @@ def run_tags(spec: RunSpec, env: DistEnv, device, backend: str, par, per_rank, o
         tags["fp16_skipped_in_window"] = "true"
     if outcome.resumed_from_step is not None:
         tags["resumed_from_step"] = str(outcome.resumed_from_step)
+    if outcome.checkpoints_in_window:
+        # Its peak memory (host RSS above all) includes staging a checkpoint (GPU review 3, G10).
+        tags["checkpoints_in_window"] = str(outcome.checkpoints_in_window)
     return tags
 
 

@@ -111,6 +111,15 @@ def _devices_for(spec_list: Sequence[Any]) -> list[str] | None:
     return parent_visible_devices(os.environ, torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
+def splits_the_world_group(spec: Any) -> bool:
+    """Whether ``spec``'s ranks build a 2-D mesh on CUDA (HSDP, no-shard), which splits the world
+    group once a device is bound to it."""
+    from jobs.spec import Sharding
+
+    sharding = getattr(spec.strategy, "sharding", None)
+    return spec.layout.gpus_per_node > 0 and sharding in (Sharding.hybrid, Sharding.none)
+
+
 def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
               timeout_s: float = 120.0) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
     """Run ``specs`` (one RunSpec or a list) on ``world_size`` gloo ranks as ``nodes`` nodes.
@@ -123,6 +132,12 @@ def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
     spec_list = [specs] if single else list(specs)
     if world_size % nodes:
         raise ValueError(f"world_size={world_size} is not a multiple of nodes={nodes}")
+    if len(spec_list) > 1 and world_size > 1 and any(splits_the_world_group(s) for s in spec_list):
+        # Fresh rank processes per spec: with a bound device (torch 2.9+) a 2-D mesh splits the
+        # world group, and torch 2.13's gloo split crashes (SIGSEGV) on a world group that is not
+        # the process's first gloo group (GPU review 3, G6; pytorch#192106). The worker runs one
+        # spec per process, so only a harness that runs several in one process meets it.
+        return [run_ranks(s, world_size, nodes=nodes, timeout_s=timeout_s) for s in spec_list]
     per_node = world_size // nodes
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         work = Path(tmp)

@@ -426,6 +426,7 @@ def test_resume_from_a_periodic_checkpoint_repeats_the_uninterrupted_steps(tmp_p
     spec.checkpoint.every_steps = 3
     first = run_ranks(spec, world_size=2)[0]
     assert "error" not in first, first.get("error")
+    assert first["tags"]["checkpoints_in_window"] == "1"  # G10: its peaks include the save at step 3
     again = run_ranks(spec, world_size=2)[0]
     assert "error" not in again, again.get("error")
     assert again["tags"]["resumed_from_step"] == "3"
@@ -590,3 +591,25 @@ def test_timing_in_tf32_and_back_never_breaks_the_precision_api(user_setting):
     out = subprocess.run([sys.executable, "-c", _TF32_SCRIPT, user_setting], capture_output=True, text=True,
                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-800:]
+
+
+def test_the_rank_harness_gives_a_cuda_2d_mesh_spec_fresh_processes(monkeypatch, tmp_path):
+    """G6: several specs in one rank process crash (SIGSEGV) when a later one splits its world group
+    (a CUDA 2-D mesh on torch 2.9+), so run_ranks starts fresh ranks for each spec then."""
+    from tests import ranks
+
+    cuda_hsdp = make_spec(tmp_path / "a", strategy="hsdp", nodes=2, world_size=2, gpus_per_node=1)
+    plain = make_spec(tmp_path / "b", strategy="fsdp", world_size=2)
+    assert ranks.splits_the_world_group(cuda_hsdp) and not ranks.splits_the_world_group(plain)
+    assert not ranks.splits_the_world_group(make_spec(tmp_path / "c", strategy="hsdp", nodes=2, world_size=2))
+    calls = []
+    real = ranks.run_ranks
+
+    def recording(specs, world_size, **kw):
+        calls.append(len(specs) if isinstance(specs, list) else 1)
+        return real(specs, world_size, **kw) if isinstance(specs, list) else [{"ran": specs.out_dir}]
+
+    monkeypatch.setattr(ranks, "run_ranks", recording)
+    assert ranks.run_ranks([cuda_hsdp, plain], world_size=2, nodes=2) == [[{"ran": cuda_hsdp.out_dir}],
+                                                                          [{"ran": plain.out_dir}]]
+    assert calls == [2, 1, 1]
