@@ -175,13 +175,15 @@ def _welch_df(a: Estimate, b: Estimate) -> float:
 
 def runs_needed(a: Estimate, b: Estimate, min_effect: float) -> int | None:
     """The runs per side at which, with the spread and the difference seen now, the interval would
-    either exclude 1 beyond the minimum effect or fit inside it; None beyond MAX_RUNS_NEEDED."""
+    either exclude 1 beyond the minimum effect or fit inside it; None beyond MAX_RUNS_NEEDED.
+    Always more than either side has: the runs already there did not decide it (Welch's degrees of
+    freedom, which the verdict used, are fewer than this pooled estimate's when the spreads differ)."""
     if a.sd is None or b.sd is None:
         return None
     change = abs(a.mean / b.mean - 1)
     room = change if change >= min_effect else min_effect - change
     rel_sd = math.sqrt(a.sd**2 + b.sd**2) / b.mean
-    for n in range(2, MAX_RUNS_NEEDED + 1):
+    for n in range(max(2, a.n + 1, b.n + 1), MAX_RUNS_NEEDED + 1):
         if t95(2 * n - 2) * rel_sd / math.sqrt(n) < room:
             return n
     return None

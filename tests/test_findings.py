@@ -101,6 +101,9 @@ def test_runs_needed_is_the_first_run_count_that_decides():
     # Simulated with that many runs at the same spread, the difference is claimed.
     big = [Estimate(m, s * 40.0 * math.sqrt(3) / math.sqrt(n), n - 1, n, "runs") for m, s in ((1080.0, 1), (1000.0, 1))]
     assert difference(big[0], big[1], 0.05).verdict == "higher"
+    # Undecided at 3 + 3 runs with one side far noisier (Welch's df near 2): never "3 runs would decide it".
+    lopsided = difference(Estimate(1400.0, 120.0, 2, 3, "runs"), Estimate(1000.0, 2.0, 2, 3, "runs"), 0.05)
+    assert lopsided.verdict == INCONCLUSIVE and lopsided.runs_needed is not None and lopsided.runs_needed > 3
 
 
 # ---- the rules ----------------------------------------------------------------------------------
