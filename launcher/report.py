@@ -504,7 +504,9 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
     if finished:
         state.reported = fingerprint
         state.save()
-    return f"{written.tables}\n\nFindings (the full section is in report.md):\n{_claims(written.findings)}\n\nreport: {written.path}"
+    measured = any(c.status is CellStatus.done for c in state.cells)
+    claims = _claims(written.findings) if measured else "nothing was measured: no cell finished"
+    return f"{written.tables}\n\nFindings (the full section is in report.md):\n{claims}\n\nreport: {written.path}"
 
 
 def _claims(findings: str) -> str:

@@ -126,7 +126,7 @@ def test_ctrl_c_stops_the_running_cell_at_a_step_boundary_and_starts_no_other(tm
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_a_signal_to_the_launcher_alone_stops_its_ranks_too(tmp_path, signum):
+def test_a_signal_to_the_launcher_alone_stops_its_ranks_too(tmp_path, capsys, signum):
     # Only the launcher is signalled (a wrapper's kill, a closed terminal): its ranks must not be orphaned.
     proc = start(tmp_path, "steps=4000,4001")
     wait_for_step(tmp_path, "00-", 2, proc)
@@ -143,6 +143,12 @@ def test_a_signal_to_the_launcher_alone_stops_its_ranks_too(tmp_path, signum):
     runs = mlflow_runs(tmp_path)
     assert {status for status, _ in runs.values()} == {"KILLED"}, runs
     assert "Traceback" not in out
+    # status afterwards: every cell cancelled, and nothing claimed of what was never measured.
+    from launcher import status
+
+    status.main([str(sweep)])
+    said = capsys.readouterr().out
+    assert "(2 cancelled)" in said and "nothing was measured: no cell finished" in said, said
 
 
 def test_resubmit_failed_resumes_an_interrupted_cell_from_its_checkpoint(tmp_path):
