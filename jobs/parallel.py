@@ -307,15 +307,22 @@ def release_unsynced_grads(model: nn.Module) -> None:
 
 
 def room_for_unsynced_grads(model: nn.Module, device: torch.device) -> bool:
-    """Whether ``device`` has free memory for the whole model's unsharded gradients, which a
-    backward under FSDP2's ``no_sync`` holds until its end (always True off CUDA, and for DDP,
-    whose gradients are whole anyway)."""
+    """Whether every rank's ``device`` has free memory for the whole model's unsharded gradients,
+    which a backward under FSDP2's ``no_sync`` holds until its end (always True off CUDA, and for
+    DDP, whose gradients are whole anyway).
+
+    Sync point (FSDP on CUDA only): one all-reduce of one integer, so that every rank takes the
+    same decision: a pass under FSDP all-gathers parameters, and a rank that skipped it while its
+    peers ran it would leave them waiting in that collective."""
     params = list(_fsdp_params(model))
     if device.type != "cuda" or not params:
         return True
     needed = sum(p.numel() * p.element_size() for p in model.parameters())  # global numel under DTensor
     free_bytes, _ = torch.cuda.mem_get_info(device)
-    return needed * 1.1 < free_bytes
+    room = torch.tensor([int(needed * 1.1 < free_bytes)])  # a CPU tensor: the gloo side of the group
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(room, op=torch.distributed.ReduceOp.MIN)
+    return bool(room.item())
 
 
 def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSpec, *, device: torch.device,

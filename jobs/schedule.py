@@ -160,7 +160,7 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
             request = stop.agreed()
             periodic = schedule.every_steps > 0 and step % schedule.every_steps == 0 and step < total
             if request or periodic:
-                saved_in_window += bool(periodic and measuring and step < total)
+                saved_in_window += bool(periodic and measuring)
                 logged_through = _save_or_stop(trainer, env, device, out_dir, hooks, history, step, restarts,
                                                logged_through, request, extended, schedule.save_on_stop)
         hooks.on_window("end")

@@ -476,3 +476,22 @@ def test_gpu_test_module_sets_up_its_ranks_on_any_box(monkeypatch, tmp_path, n_g
     finally:
         monkeypatch.undo()
         importlib.reload(gpu_tests)
+
+
+# ---- GPU review 3, G2: the straggler probe where the unsharded gradients do not fit ---------------
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_the_straggler_probe_needs_room_for_the_unsharded_gradients(cuda, strategy):
+    """Under FSDP a probe pass holds the whole model's gradients unsharded: with less free GPU memory
+    than that the probe is skipped (agreed by every rank); DDP's gradients are whole anyway."""
+    spec = model_spec("gpt2-small")
+    strat = StrategySpec(**STRATEGIES[strategy])
+    prec = PrecisionSpec(name=Precision.bf16, mode=PrecisionMode.autocast)
+    with fake_cuda.fake_world(GPUS_PER_NODE), cuda.tensors():
+        built = models.build_for(spec, CUDA0, sharded=strat.name is Strategy.fsdp)
+        par = parallel.parallelize(built, strat, prec, device=CUDA0, num_nodes=1, tasks_per_node=GPUS_PER_NODE)
+        full_bytes = sum(p.numel() * p.element_size() for p in par.model.parameters())
+        cuda.free_bytes = 2 * full_bytes
+        assert parallel.room_for_unsynced_grads(par.model, CUDA0)
+        cuda.free_bytes = full_bytes // 2
+        assert parallel.room_for_unsynced_grads(par.model, CUDA0) is (strategy == "ddp")
