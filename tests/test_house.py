@@ -87,3 +87,28 @@ def test_bench_uses_no_private_name_of_jobs():
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 # jobs.sinks.MlflowSink._x or worker._x: any chain that starts at jobs or one of its modules
                 assert _root(node) not in jobs_modules, f"{path.relative_to(ROOT)} uses .{node.attr} of jobs/"
+
+
+def _layout_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("## Layout of the code\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_layout_names_every_module_and_only_what_exists():
+    """The README's code layout cannot drift: every module of launcher/ and jobs/ (and every
+    script) is named in its directory's entry, and every path the section names exists."""
+    import re
+
+    section = _layout_section()
+    entries = dict(re.findall(r"^    (\S+/)\s+(.*(?:\n {21}.*)*)", section, flags=re.M))
+    for folder in ("launcher", "jobs"):
+        text = entries[f"{folder}/"]
+        modules = [p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"]
+        modules += [p.name for p in (ROOT / folder).iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+        missing = [m for m in modules if not re.search(rf"(?<![\w/]){re.escape(m)}\b", text)]
+        assert not missing, f"README's layout does not name {folder}/{missing}"
+    scripts = [p.name for p in (ROOT / "scripts").iterdir() if p.is_file()]
+    assert not [s for s in scripts if s not in entries["scripts/"]], entries["scripts/"]
+    for path in re.findall(r"\b[\w.-]+/[\w./-]*", section):
+        if path.startswith(("launcher/", "jobs/", "scripts/", "slurm/", "docker/", "bench/", "tests/")):
+            assert (ROOT / path.rstrip("/")).exists(), f"README's layout names {path}, which does not exist"
