@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.findings import STATE_TOLERANCE
-from launcher.rows import grouped, num, settings
+from launcher.rows import grouped, md_cell, num, settings
 from launcher.stats import HIGHER, INCONCLUSIVE, LOWER, MIN_EFFECT, SAME, Diff, Floor, difference, estimate
 
 IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
@@ -181,12 +181,12 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
         for d in m.deltas:
             change = "-" if d.change is None else f"{d.change:+.1%}"
             verdict = f"**{d.verdict}**" if d.verdict == REGRESSION else d.verdict
-            lines.append(f"| {_md(name)} | {d.metric} | {_fmt(d.a)} | {_fmt(d.b)} | {change} | {verdict} | "
-                         f"{_md(d.note)} |")
+            lines.append(f"| {md_cell(name)} | {d.metric} | {_fmt(d.a)} | {_fmt(d.b)} | {change} | {verdict} | "
+                         f"{md_cell(d.note)} |")
     if result.only_a:
-        lines += ["", "Only in A: " + ", ".join(_md(_name(r)) for r in result.only_a)]
+        lines += ["", "Only in A: " + ", ".join(md_cell(_name(r)) for r in result.only_a)]
     if result.only_b:
-        lines += ["", "Only in B: " + ", ".join(_md(_name(r)) for r in result.only_b)]
+        lines += ["", "Only in B: " + ", ".join(md_cell(_name(r)) for r in result.only_b)]
     bad = result.regressions()
     lines += ["", f"{len(bad)} regression(s) beyond the noise and the threshold of {result.threshold:.0%}"
               + (": " + "; ".join(f"{m.name} {d.metric}" + (f" {d.change:+.1%}" if d.change is not None else
@@ -206,7 +206,4 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
         lines.append(f"{len(undecided)} inconclusive: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 
-
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.rows import grouped, num, peak_memory_gib, series_labels, settings
+from launcher.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
 from launcher.stats import (
     HIGHER,
     INCONCLUSIVE,
@@ -47,7 +47,7 @@ STATE_TOLERANCE = 0.01  # model state is counted exactly: below 1% is the same l
 # Known choices in the order that makes the first one the baseline of a comparison.
 _ORDER = {"strategy": ["ddp", "fsdp", "zero2", "hsdp", "fsdp_noshard", "fsdp_offload"],
           "precision": ["fp32", "bf16", "fp16"]}
-AXES = ("strategy", "precision")
+AXES = {"strategy": "Strategies", "precision": "Precisions"}  # compared one at a time, the others equal
 MAX_SHOWN = 60  # comparisons per axis in the markdown; the ones with a verdict come first
 
 
@@ -202,17 +202,14 @@ def _table(comps: list[Comparison]) -> list[str]:
              "model state A/B |", "|---:|---|---|---:|---|---|---:|---:|"]
     shown = sorted(comps, key=lambda c: not c.claimed)[:MAX_SHOWN]
     for c in [c for c in comps if c in shown]:
-        lines.append(f"| {c.world_size} | {_md(c.context or '-')} | {_md(c.a_label)} vs {_md(c.b_label)} | "
-                     f"{throughput_text(c.throughput)} | {_md(verdict_text(c))} | {_md(c.noise)} | "
+        lines.append(f"| {c.world_size} | {md_cell(c.context or '-')} | {md_cell(c.a_label)} vs {md_cell(c.b_label)} | "
+                     f"{throughput_text(c.throughput)} | {md_cell(verdict_text(c))} | {md_cell(c.noise)} | "
                      f"{memory_text(c.peak)} | {state_text(c.state_ratio)} |")
     if len(comps) > len(shown):
         lines.append("")
         lines.append(f"{len(comps) - len(shown)} more comparison(s) without a claim are not shown.")
     return lines
 
-
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def _bullets(comps: list[Comparison]) -> list[str]:
@@ -263,7 +260,7 @@ def scaling(units: list[dict[str, Any]], floor: Floor | None = None) -> list[str
                 text += " (no noise estimate)"
             parts.append(text)
         if parts:
-            lines.append(f"- {_md(labels.get(key, key))}: against {base['world_size']} rank(s), "
+            lines.append(f"- {md_cell(labels.get(key, key))}: against {base['world_size']} rank(s), "
                          + ", ".join(parts) + ".")
     return lines
 
@@ -283,7 +280,7 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
         fastest = max(members, key=lambda u: est[id(u)].mean)
         ef = est[id(fastest)]
         where = f"{ws} rank(s)" + (f", {model}" if multi_model else "")
-        text = f"- **{where}**: fastest **{_md(_name(fastest))}** at {ef.mean:,.1f} samples/s"
+        text = f"- **{where}**: fastest **{md_cell(_name(fastest))}** at {ef.mean:,.1f} samples/s"
         if ef.half_width is not None:
             text += f" (±{ef.half_width / ef.mean:.1%})"
         verdicts = {id(u): difference(est[id(u)], ef, MIN_EFFECT["throughput"]).verdict
@@ -291,9 +288,9 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
         same = [u for u in members if verdicts.get(id(u)) == SAME]
         undecided = [u for u in members if verdicts.get(id(u)) == INCONCLUSIVE]
         if same:
-            text += "; not measurably faster than " + ", ".join(_md(_name(u)) for u in same)
+            text += "; not measurably faster than " + ", ".join(md_cell(_name(u)) for u in same)
         if undecided:
-            text += "; inconclusive against " + ", ".join(_md(_name(u)) for u in undecided)
+            text += "; inconclusive against " + ", ".join(md_cell(_name(u)) for u in undecided)
         text += "."
         near = [u for u in members if est[id(u)].mean >= (1 - margin) * ef.mean or u in same]
         within = f"within {margin:.0%} of it or not measurably slower" if same else f"within {margin:.0%} of it"
@@ -312,7 +309,7 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
             pm_l, pm_f = peak_memory_gib(lean), peak_memory_gib(fastest)
             mem = (f"peak {pm_l:.2f} GiB against {pm_f:.2f} GiB" if pm_l is not None and pm_f is not None
                    else "less model state per rank")
-            text += (f" Most memory-efficient {within}: **{_md(_name(lean))}** ({mem}, "
+            text += (f" Most memory-efficient {within}: **{md_cell(_name(lean))}** ({mem}, "
                      f"{el.mean / ef.mean:.0%} of the fastest's throughput).")
         lines.append(text)
     return lines
@@ -337,7 +334,7 @@ def stragglers(rows: list[dict[str, Any]]) -> list[str]:
         spread = row.get("step_time_rank_spread")
         if rank:
             how = f": {spread:.2f}x the median rank's step time" if isinstance(spread, (int, float)) else ""
-            out.append(f"- {_md(row['cell'])}: rank {_md(rank)} is a straggler{how}. The whole job runs at its "
+            out.append(f"- {md_cell(row['cell'])}: rank {md_cell(rank)} is a straggler{how}. The whole job runs at its "
                        f"pace; look at that host (thermals, a noisy neighbour, a slow link).")
     return out
 
@@ -370,16 +367,16 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
     flagged = [u for u in units if _interference(u)]
     noiseless = [u for u in units if (e := estimate(u, "throughput", floor)) is not None and e.se is None]
     if failed:
-        lines.append("Left out (no result): " + ", ".join(f"{_md(u['cell'])} ({_why(u)})" for u in failed) + ".")
+        lines.append("Left out (no result): " + ", ".join(f"{md_cell(u['cell'])} ({_why(u)})" for u in failed) + ".")
     if flagged:
-        lines.append("⚠ Interference: " + "; ".join(f"{_md(u['cell'])}: {_md(_interference(u))}" for u in flagged)
+        lines.append("⚠ Interference: " + "; ".join(f"{md_cell(u['cell'])}: {md_cell(_interference(u))}" for u in flagged)
                      + ". Their comparisons are shown but not claimed, and they are not recommended.")
     if noiseless:
         lines.append(f"{len(noiseless)} configuration(s) ran once and this cluster has no noise floor: nothing is "
                      "claimed about them. Set runs=3 or more, or measure a noise floor (README, Reading the report).")
     if failed or flagged or noiseless:
         lines.append("")
-    for axis, title in (("strategy", "Strategies"), ("precision", "Precisions")):
+    for axis, title in AXES.items():
         comps = comparisons(units, axis, floor)
         lines += [f"### {title}", ""]
         if not comps:

@@ -24,7 +24,7 @@ from jobs import mlflow_entry
 from launcher import compare, findings, interference, noisefloor, plots, reconcile, runs, stats, tracking
 from launcher.cli import guarded
 from launcher.failures import FIXES
-from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, num, peak_memory_gib, ranked
+from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, md_cell, num, peak_memory_gib, ranked
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
 
 REPORT_FILE = "report.md"
@@ -252,9 +252,6 @@ def columns(rows: Sequence[dict[str, Any]], floor: stats.Floor | None = None) ->
     return [c for c in cols if not c.optional or any(num(c.value(r)) is not None for r in rows)]
 
 
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
 
 def table(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str:
     """Markdown ranking table: per world size (fewest ranks first), best throughput first; cells
@@ -264,7 +261,7 @@ def table(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str:
     lines = ["| " + " | ".join(c.title for c in cols) + " |",
              "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
     for r in ranked(rows):
-        lines.append("| " + " | ".join(_md(c.fmt(c.value(r))) for c in cols) + " |")
+        lines.append("| " + " | ".join(md_cell(c.fmt(c.value(r))) for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -341,9 +338,9 @@ def _environment(rows: Sequence[dict[str, Any]], extra: dict[str, str]) -> str:
                               ("TF32 matmul", "cuda_matmul_allow_tf32", False), ("TF32 cuDNN", "cudnn_allow_tf32", False),
                               ("threads per rank", "num_threads", False)):
         values = _distinct(rows, key, split)
-        lines.append(f"| {title} | {_md(', '.join(values) or '-')} |")
+        lines.append(f"| {title} | {md_cell(', '.join(values) or '-')} |")
     for title, value in extra.items():
-        lines.append(f"| {title} | {_md(value)} |")
+        lines.append(f"| {title} | {md_cell(value)} |")
     return "\n".join(lines)
 
 
@@ -356,8 +353,8 @@ def _failures(rows: Sequence[dict[str, Any]]) -> str:
     for r in bad:
         error = r.get("error") or ("no result" if r.get("status") == "done" else "-")
         cls = r.get("failure_class")
-        lines.append(f"| {_md(cell_label(r, multi_sweep))} | {_md(r.get('status'))} | {_md(cls or '-')} | "
-                     f"{_md(error)} | {_md(FIXES.get(cls, '-') if cls else '-')} |")
+        lines.append(f"| {md_cell(cell_label(r, multi_sweep))} | {md_cell(r.get('status'))} | {md_cell(cls or '-')} | "
+                     f"{md_cell(error)} | {md_cell(FIXES.get(cls, '-') if cls else '-')} |")
     return "\n".join(lines)
 
 
@@ -398,7 +395,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
         for (model, ws) in sorted({(str(r.get("model")), r.get("world_size") or 0) for r in units}):
             peers = [r for r in units if str(r.get("model")) == model and (r.get("world_size") or 0) == ws]
             best = max(peers, key=lambda r: r["throughput_samples_per_s"])
-            parts.append(f"Best at {ws} rank(s){f' ({model})' if multi_model else ''}: **{_md(best['cell'])}** at "
+            parts.append(f"Best at {ws} rank(s){f' ({model})' if multi_model else ''}: **{md_cell(best['cell'])}** at "
                          f"{_rate(best['throughput_samples_per_s'])} samples/s "
                          f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).")
             parts.append("")
@@ -415,7 +412,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     except Exception as exc:  # a plotting problem must not cost the measured table
         print(f"report: plots failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         made = []
-        parts += [f"Plots failed: {_md(type(exc).__name__)}: {_md(exc)}", ""]
+        parts += [f"Plots failed: {md_cell(type(exc).__name__)}: {md_cell(exc)}", ""]
     for path, caption in made:
         report.plots.append(path)
         parts += [f"![{path.stem}]({PLOTS_DIR}/{path.name})", "", f"*{caption}*", ""]

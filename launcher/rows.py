@@ -187,3 +187,8 @@ def joined_label(names: Sequence[str], skip: tuple[str, ...] = ("seed=", "run=")
 
 def _series_without_seed(row: dict[str, Any]) -> str:
     return repr((row.get("model"), sorted((k, v) for k, v in settings(row).items() if k not in ("seed", "nodes"))))
+
+
+def md_cell(text: Any) -> str:
+    """A value as one markdown table cell: its pipes escaped, its lines joined."""
+    return str(text).replace("|", "\\|").replace("\n", " ")

@@ -211,14 +211,6 @@ REGISTRY: dict[str, Callable[[ModelSpec], nn.Module]] = {
 }
 
 
-def _import_target(path: str) -> Callable[..., nn.Module]:
-    """Resolve a dotted path such as ``torch.nn.Linear`` (nested attributes allowed)."""
-    try:
-        return locate(path)
-    except InstantiationError as exc:
-        raise ValueError(f"model.target={path!r}: {exc}") from exc
-
-
 def _build_hf(spec: ModelSpec) -> nn.Module:
     from jobs.models.hf import build_hf
 
