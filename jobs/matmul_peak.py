@@ -91,14 +91,15 @@ def measure(device, precision: str, math: str | None = None, n: int = DEFAULT_N,
         return {"missing": f"{getattr(device, 'type', device)} ranks: no matmul peak is measured off CUDA"}
     import torch
 
+    before = metrics.precision_settings(torch)
+    matmul_tf32_before = before["cuda_matmul_allow_tf32"] == "True"
     if math is None:
-        flags = metrics.precision_settings(torch)
         math = precision if precision != "fp32" else metrics.fp32_math(
-            flags["cuda_matmul_allow_tf32"] == "True", False, flags["float32_matmul_precision"], False)
+            matmul_tf32_before, False, before["float32_matmul_precision"], False)
     # fp32 matmuls run in TF32 exactly when the cell's main ops do (an fp32 matmul otherwise).
     tf32 = precision == "fp32" and math == "tf32"
     try:
-        with matmul_tf32(torch, tf32 or metrics.precision_settings(torch)["cuda_matmul_allow_tf32"] == "True"):
+        with matmul_tf32(torch, tf32 or matmul_tf32_before):
             timed = _time_matmul(torch, device, precision, n, warmup, iterations)
             flags = metrics.precision_settings(torch)  # in force while timing
     except Exception as exc:  # an optional figure must not fail the job

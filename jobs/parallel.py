@@ -314,8 +314,7 @@ def room_for_unsynced_grads(model: nn.Module, device: torch.device) -> bool:
     Sync point (FSDP on CUDA only): one all-reduce of one integer, so that every rank takes the
     same decision: a pass under FSDP all-gathers parameters, and a rank that skipped it while its
     peers ran it would leave them waiting in that collective."""
-    params = list(_fsdp_params(model))
-    if device.type != "cuda" or not params:
+    if device.type != "cuda" or next(_fsdp_params(model), None) is None:
         return True
     needed = sum(p.numel() * p.element_size() for p in model.parameters())  # global numel under DTensor
     free_bytes, _ = torch.cuda.mem_get_info(device)

@@ -205,5 +205,3 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
                             if all(needed) else "some would need more runs than is practical"))
         lines.append(f"{len(undecided)} inconclusive: " + "; ".join(parts) + ".")
     return "\n".join(lines)
-
-

@@ -211,7 +211,6 @@ def _table(comps: list[Comparison]) -> list[str]:
     return lines
 
 
-
 def _bullets(comps: list[Comparison]) -> list[str]:
     """One sentence per claimed throughput difference, with memory and model state beside it."""
     out = []
