@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jobs import mlflow_entry
+from jobs import cell_run, mlflow_entry
 
 
 def _clean(value: Any) -> Any:
@@ -72,6 +72,10 @@ class JsonlSink(NullSink):
             for rec in records:
                 f.write(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n")
 
+    def log_start(self, start_s: float) -> None:
+        """The attempt's start (epoch seconds): the job's run starts at the first one (jobs/cell_run.py)."""
+        self._write([{"kind": "start", "time": start_s}])
+
     def log_steps(self, records: list[dict[str, Any]]) -> None:
         self._write({"kind": "step", **r} for r in records)
 
@@ -92,20 +96,18 @@ class JsonlSink(NullSink):
         self._write([{"kind": "status", "status": status, "error": error, "time": time.time()}])
 
 
-# Where the launcher writes a cell's MLflow run id when it creates the run after submitting the
-# cell's job (Slurm): the id does not exist yet when the job is submitted.
-RUN_ID_FILE = "mlflow_run_id"
 
 
 class MlflowSink(NullSink):
-    """Logs to an existing run (created by the launcher) through an explicit MlflowClient.
+    """Logs to the cell's run through an explicit MlflowClient.
 
     Everything is kept in memory and written at :meth:`finish`: one ``log_batch`` (metrics and
     tags) and one ``set_terminated``, two store transactions per job instead of one per call
     (5-20 ms each on SQLite, most of the worker's telemetry time). MLflow is imported only then,
     after the measured window: importing it and opening the store took rank 0 about 2 s before its
-    first step, while every other rank waited. The run id is given, or read at finish from
-    ``run_id_file``. A job killed before finish loses nothing: JSONL has it all and
+    first step, while every other rank waited. The run id is given, or found at finish in
+    ``cell_dir``, where the run is created then if nobody has yet, starting at the job's start
+    (jobs/cell_run.py). A job killed before finish loses nothing: JSONL has it all and
     ``python -m launcher.sync`` replays it.
     """
 
@@ -114,14 +116,18 @@ class MlflowSink(NullSink):
     TAG_BATCH = 100
     RETRIES = 3
 
-    def __init__(self, tracking_uri: str, run_id: str | None = None, run_id_file: Path | None = None) -> None:
-        self.tracking_uri, self.run_id, self.run_id_file = tracking_uri, run_id, run_id_file
+    def __init__(self, tracking_uri: str, run_id: str | None = None, cell_dir: Path | None = None) -> None:
+        self.tracking_uri, self.run_id, self.cell_dir = tracking_uri, run_id, cell_dir
         self._metrics: list[tuple] = []  # (key, value, timestamp_ms, step)
         self._tags: dict[str, str] = {}
 
-    def _resolve_run_id(self) -> str | None:
-        if not self.run_id and self.run_id_file is not None and Path(self.run_id_file).exists():
-            self.run_id = Path(self.run_id_file).read_text().strip() or None
+    def _resolve_run_id(self, client) -> str | None:
+        if not self.run_id and self.cell_dir is not None:
+            start_s = cell_run.first_start_s(Path(self.cell_dir) / cell_run.METRICS_FILE) or time.time()
+            try:
+                self.run_id = cell_run.open_run(client, Path(self.cell_dir), start_s)
+            except Exception as exc:  # best-effort: launcher.sync creates it from the same template
+                print(f"[mlflow] could not create the run in {self.tracking_uri}: {exc}", file=sys.stderr)
         return self.run_id
 
     def client(self):
@@ -169,15 +175,15 @@ class MlflowSink(NullSink):
         self._send(status)
 
     def _send(self, status: str | None) -> None:
-        run_id = self._resolve_run_id()
-        if not run_id:
-            print(f"[mlflow] no run id (none given, none in {self.run_id_file}): the metrics stay in metrics.jsonl; "
-                  "python -m launcher.sync replays them once the run exists.", file=sys.stderr)
-            return
         try:
             client = self.client()
         except Exception as exc:  # best-effort, as every call below
             print(f"[mlflow] cannot open {self.tracking_uri}: {exc}", file=sys.stderr)
+            return
+        run_id = self._resolve_run_id(client)
+        if not run_id:
+            print(f"[mlflow] no run id (none given, no run template in {self.cell_dir}): the metrics stay in "
+                  "metrics.jsonl; python -m launcher.sync replays them once the run exists.", file=sys.stderr)
             return
         from mlflow.entities import Metric, RunTag
 
@@ -190,7 +196,8 @@ class MlflowSink(NullSink):
             batch_metrics, metrics = metrics[:room], metrics[room:]
             self._try("log_batch", client.log_batch, run_id, metrics=batch_metrics, tags=batch_tags)
         if status:
-            self._try("set_terminated", client.set_terminated, run_id, status)
+            # The run ends when its job does: now, on the job's last rank-0 step.
+            self._try("set_terminated", client.set_terminated, run_id, status, end_time=int(time.time() * 1000))
 
 
 class FanOut(NullSink):

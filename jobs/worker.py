@@ -9,26 +9,28 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.cell_run import METRICS_FILE
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
 from jobs.heartbeat import Heartbeat
 from jobs.mlflow_entry import TAG_MAX_CHARS
 from jobs.preempt import Preempted, listen
-from jobs.sinks import RUN_ID_FILE, FanOut, JsonlSink, MlflowSink, NullSink
+from jobs.sinks import FanOut, JsonlSink, MlflowSink, NullSink
 from jobs.spec import Precision, RunSpec, Strategy
 
 RESULT_FILE = "result.json"
-METRICS_FILE = "metrics.jsonl"
 
 
 def main(spec: RunSpec, on_window=None) -> dict[str, Any]:
     """Run one cell on this rank. ``on_window(event)``: a timing hook, called with "start" when the
     measured window opens (after its barrier) and "end" after its last step (bench/ uses it)."""
+    started_s = time.time()  # the job's start as its MLflow run shows it (jobs/cell_run.py)
     listen()  # a stop request sent while the model is built still stops the job (jobs/preempt.py)
     env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
     import torch
@@ -40,9 +42,10 @@ def main(spec: RunSpec, on_window=None) -> dict[str, Any]:
     sink: NullSink = NullSink()
     if env.is_head:
         jsonl = JsonlSink(out / METRICS_FILE)
+        jsonl.log_start(started_s)
         sinks: list = [jsonl]
-        if spec.tracking_uri:  # the run id comes with the spec, or later in a file (Slurm: created after sbatch)
-            sinks.append(MlflowSink(spec.tracking_uri, spec.run_id, out / RUN_ID_FILE))
+        if spec.tracking_uri:  # the run id comes with the spec, or is found (or made) in the cell's directory
+            sinks.append(MlflowSink(spec.tracking_uri, spec.run_id, out))
         sink = FanOut(*sinks, logged_steps=jsonl.logged_steps())
     heartbeat = Heartbeat(out, env.rank, env.hostname, stall_timeout_s=spec.collective_timeout_s)
     try:

@@ -495,7 +495,8 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
             # The findings are the parent run's description (shown on its page in the MLflow UI).
             tracking.describe_parent(state.tracking_uri, state.parent_run_id, "## Findings\n\n" + written.findings,
                                      [written.cells_csv] if written.cells_csv else [])
-            tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots, parent_status)
+            tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots, parent_status,
+                                  runs.sweep_end_s(state))
         except Exception as exc:  # the report is on disk; a tracking outage must not hide it
             print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
     if finished:

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import yaml
 
-from jobs import mlflow_entry
+from jobs import cell_run, mlflow_entry
 from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
-from jobs.sinks import RUN_ID_FILE, read_records
+from jobs.sinks import read_records
 from launcher import tracking
 from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
 
@@ -33,6 +34,7 @@ def sync_run(client, run_id: str, records: list[dict]) -> int:
     tags: dict[str, str] = {}
     status: str | None = None
     error: str | None = None
+    end_s: float | None = None
     for rec in records:
         kind = rec.get("kind")
         if kind == "step":
@@ -51,7 +53,7 @@ def sync_run(client, run_id: str, records: list[dict]) -> int:
         elif kind == "tags":
             tags.update({k: str(v) for k, v in rec.items() if k != "kind"})
         elif kind == "status":
-            status, error = rec.get("status"), rec.get("error")
+            status, error, end_s = rec.get("status"), rec.get("error"), rec.get("time")
     have: set[tuple[str, int]] = set()
     for key in {k for k, _ in wanted}:
         have.update((key, m.step) for m in client.get_metric_history(run_id, key))
@@ -66,8 +68,8 @@ def sync_run(client, run_id: str, records: list[dict]) -> int:
     new_tags = [RunTag(k, v[:TAG_MAX_CHARS]) for k, v in tags.items() if run.data.tags.get(k) != v[:TAG_MAX_CHARS]]
     if new_tags:
         client.log_batch(run_id, tags=new_tags)
-    if status and run.info.status == "RUNNING":
-        client.set_terminated(run_id, status)
+    if status and run.info.status == "RUNNING":  # it ends when its job wrote that it ended
+        client.set_terminated(run_id, status, end_time=int(1000 * (end_s or time.time())))
     return len(missing)
 
 
@@ -108,7 +110,7 @@ def finish_cell(state: SweepState, cell: CellState) -> None:
         if cell.status.terminal:
             tracking.attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell),
                                            state.path / "submitit", cell.job_id)
-        settle_run(client, client.get_run(cell.run_id), cell)
+        settle_run(client, client.get_run(cell.run_id), cell, lambda: job_end_s(state, cell))
     except Exception as exc:  # a tracking outage must not break status; the next refresh retries
         print(f"[mlflow] could not update run {cell.run_id}: {exc}", file=sys.stderr)
 
@@ -137,11 +139,12 @@ def run_tags(cell: CellState) -> tuple[dict[str, str], list[str]]:
     return tags, drop
 
 
-def settle_run(client, run, cell: CellState) -> bool:
+def settle_run(client, run, cell: CellState, end_s: Callable[[], float] = time.time) -> bool:
     """Make one run agree with its cell: status (KILLED for a cancelled cell, RUNNING again for a
     requeued one), failure and cancel tags, Slurm's restarts. A run still RUNNING whose cell has
     ended was left open by processes that are gone: it is closed with ``closed_by`` saying so.
-    Writes nothing when they already agree; returns whether anything was written."""
+    A run it ends ends at ``end_s()``, the job's end. Writes nothing when they already agree; returns
+    whether anything was written."""
     run_id, have = run.info.run_id, run.data.tags
     tags, drop = run_tags(cell)
     earlier = [f"{k}={have[k]}" for k in FAILURE_TAGS if k in drop and have.get(k)]
@@ -163,7 +166,7 @@ def settle_run(client, run, cell: CellState) -> bool:
             client.delete_tag(run_id, key)
             changed = True
     if cell.status.terminal and run.info.status != wanted:
-        client.set_terminated(run_id, wanted)
+        client.set_terminated(run_id, wanted, end_time=int(1000 * end_s()))
         changed = True
     elif not cell.status.terminal and run.info.status in ("FINISHED", "FAILED", "KILLED"):
         client.update_run(run_id, status="RUNNING")  # requeued or resubmitted: it logs on into this run
@@ -192,7 +195,7 @@ def settle(state: SweepState) -> int:
         for run in page:
             cell = by_id.get(run.info.run_id)
             if cell is not None and cell.status is not CellStatus.planned:
-                changed += settle_run(client, run, cell)
+                changed += settle_run(client, run, cell, functools.partial(job_end_s, state, cell))
         token = page.token
         if not token:
             return changed
@@ -219,39 +222,83 @@ def runs_lock(state: SweepState, wait: bool = True) -> Iterator[bool]:
 
 
 def ensure_runs(state: SweepState, wait: bool = True) -> int:
-    """Create whatever MLflow runs the sweep lacks: the parent, then a child per cell without one.
-    Idempotent and resumable; returns how many child runs it created (0 when another process holds
-    the lock and wait=False)."""
+    """The sweep's MLflow runs as far as its jobs have gone: the parent (it starts with the sweep),
+    every cell's run template, and the run of every cell whose job has started (or has ended without
+    starting), created at the job's own start time (jobs/cell_run.py). Idempotent and resumable;
+    returns how many cell runs it created (0 when another process holds the lock and wait=False)."""
     if not state.tracking_uri:
         return 0
     with runs_lock(state, wait) as mine:
         if not mine:
             return 0
-        state.adopt_runs()  # what another creator finished meanwhile
+        state.adopt_runs()  # what another creator (a rank 0 at its job's end included) finished meanwhile
         missing = [c for c in state.cells if not c.run_id]
         if state.parent_run_id and not missing:
             return 0
+        opened = [c for c in missing if job_start_s(state, c) is not None]
+        if state.parent_run_id and not opened and all(cell_run.has_template(state.cell_dir(c)) for c in missing):
+            return 0  # nothing new: no MLflow call at all (a status of a queued sweep stays quick)
         tracker = tracking.SweepTracker(state.tracking_uri, state.experiment or "ddp-vs-fsdp")
         code = tracking.code_provenance()
         if not state.parent_run_id:
             state.experiment_id = tracker.experiment_id
             state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir,
                                                               "argv": " ".join(state.argv), "cluster": state.cluster,
-                                                              "cells": str(len(state.cells)), **code})
+                                                              "cells": str(len(state.cells)), **code},
+                                                 start_s=sweep_start_s(state))
             state.save_runs()
         for cell in missing:
-            tags = {"strategy": cell.strategy, "precision": cell.precision, "nodes": str(cell.nodes),
-                    "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name, **code}
-            if cell.job_id and state.cluster == "slurm":
-                tags["slurm_job_id"] = cell.job_id
-            metrics = {name: float(value) for name, value in (
-                ("predicted_model_state_bytes", cell.predicted_state_bytes),
-                ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}
-            cell.run_id = tracker.child(state.parent_run_id, cell.name, tracking.flatten(_resolved(state, cell)), tags,
-                                        metrics)
-            # The cell's rank 0 reads it from here when it logs, at the end of its job.
-            (state.cell_dir(cell) / RUN_ID_FILE).write_text(cell.run_id + "\n")
-        return len(missing)
+            if not cell_run.has_template(state.cell_dir(cell)):
+                write_template(state, cell, code)
+        for cell in opened:
+            cell.run_id = cell_run.open_run(tracker.client, state.cell_dir(cell), job_start_s(state, cell) or time.time())
+        return len(opened)
+
+
+def write_template(state: SweepState, cell: CellState, code: dict[str, str]) -> None:
+    """What the cell's run is created with, whoever creates it (jobs/cell_run.py)."""
+    tags = {"mlflow.parentRunId": str(state.parent_run_id), "strategy": cell.strategy, "precision": cell.precision,
+            "nodes": str(cell.nodes), "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name,
+            **code}
+    if cell.job_id and state.cluster == "slurm":
+        tags["slurm_job_id"] = cell.job_id
+    metrics = {name: float(value) for name, value in (
+        ("predicted_model_state_bytes", cell.predicted_state_bytes),
+        ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}
+    cell_run.write_template(state.cell_dir(cell), str(state.experiment_id), cell.name, tags,
+                            tracking.flatten(_resolved(state, cell)), metrics)
+
+
+def job_start_s(state: SweepState, cell: CellState) -> float | None:
+    """When the cell's job started (its first attempt), from its own records; a cell that ended
+    without a job starting (refused, cancelled while queued) starts where it was submitted. None
+    while its job has not started."""
+    started = cell_run.first_start_s(state.cell_dir(cell) / cell_run.METRICS_FILE)
+    if started is not None or not cell.status.terminal:
+        return started
+    return cell.submitted_at or time.time()
+
+
+def job_end_s(state: SweepState, cell: CellState) -> float:
+    """When the cell's job ended: its rank 0's end record; for a job killed before writing it, the
+    last sign of life of any of its ranks (records, heartbeats); else when it was submitted."""
+    cell_dir = state.cell_dir(cell)
+    _, ended = cell_run.job_times_s(read_records(cell_dir / cell_run.METRICS_FILE))
+    if ended is not None:
+        return ended
+    touched = [p.stat().st_mtime for p in (cell_dir / cell_run.METRICS_FILE, *cell_dir.glob("ranks/rank*.json"))
+               if p.exists()]
+    return max(touched, default=cell.submitted_at or time.time())
+
+
+def sweep_start_s(state: SweepState) -> float:
+    """The sweep's start: its first submission."""
+    return min((c.submitted_at for c in state.cells if c.submitted_at), default=time.time())
+
+
+def sweep_end_s(state: SweepState) -> float:
+    """The sweep's end: its last job's end."""
+    return max((job_end_s(state, c) for c in state.cells if c.status.terminal), default=time.time())
 
 
 def _resolved(state: SweepState, cell: CellState) -> dict:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.cell_run import RUN_ID_FILE
 from jobs.codec import from_plain, to_plain
-from jobs.sinks import RUN_ID_FILE
 from jobs.spec import Layout, RunSpec
 from launcher.schema import ClusterConfig
 

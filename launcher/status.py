@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.sinks import RUN_ID_FILE
+from jobs.cell_run import RUN_ID_FILE
 from launcher import report, submit
 from launcher.cli import guarded
 from launcher.failures import describe

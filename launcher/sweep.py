@@ -160,12 +160,13 @@ BACKGROUND_RUNS_ABOVE = 50
 
 
 def _create_runs(state: SweepState) -> None:
-    """The sweep's MLflow runs, inline (small sweeps, local sweeps) or in the background (large Slurm
-    sweeps); ranks read their run id when they log, at the end of their job, and status and sync
-    finish the work if the background process did not."""
-    if not state.tracking_uri or state.parent_run_id:
+    """The sweep's parent run and its cells' run templates, inline (small sweeps, local sweeps) or in
+    the background (large Slurm sweeps); a cell's run is created once its job has started, by its
+    rank 0 at the job's end or by status and sync, whichever comes first (jobs/cell_run.py)."""
+    if not state.tracking_uri:
         return
-    if state.cluster == "slurm" and len(state.cells) > BACKGROUND_RUNS_ABOVE:
+    first = not state.parent_run_id
+    if first and state.cluster == "slurm" and len(state.cells) > BACKGROUND_RUNS_ABOVE:
         pid = sync.start_in_background(state)
         print(f"MLflow: creating {len(state.cells)} cell run(s) in the background (pid {pid}, log "
               f"{state.path / sync.BACKGROUND_LOG}); launcher.status and launcher.sync finish it if it stops.",
@@ -174,8 +175,10 @@ def _create_runs(state: SweepState) -> None:
     try:
         sync.ensure_runs(state)
         state.save()
-        print(f"MLflow: parent run {state.parent_run_id}, {len(state.cells)} cell run(s) in {state.tracking_uri}",
-              flush=True)
+        opened = sum(1 for c in state.cells if c.run_id)
+        if first:
+                print(f"MLflow: parent run {state.parent_run_id} in {state.tracking_uri}; each cell's run is created "
+                  f"with its job's start time ({opened} of {len(state.cells)} so far)", flush=True)
     except Exception as exc:  # the jobs run anyway; their JSONL records hold everything
         print(f"[mlflow] could not create the runs in {state.tracking_uri}: {type(exc).__name__}: {exc}. "
               f"Each cell's metrics.jsonl has its results; launcher.sync creates the runs later.",
@@ -183,8 +186,8 @@ def _create_runs(state: SweepState) -> None:
 
 
 def _local_cell_ended(state: SweepState, cell: CellState) -> None:
-    """After each local cell: its one-line result, then its MLflow run brought up to date (the runs
-    are created after the first cell, while nothing runs, so the work never lands in a measurement)."""
+    """After each local cell: its one-line result, then its MLflow run created (at its job's start)
+    and brought up to date, while nothing runs, so the work never lands in a measurement."""
     if not (cell.error or "").startswith(submit.NOT_STARTED):  # cells an interrupt never started: no line
         print(f"    {progress_line(state, cell)}", file=sys.stderr if cell.status is CellStatus.failed else sys.stdout,
               flush=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import mlflow_entry
-from jobs.mlflow_entry import PARAM_MAX_CHARS, PARAMS_PER_BATCH, TAG_MAX_CHARS
+from jobs.mlflow_entry import TAG_MAX_CHARS
 from launcher.safety import mask
 from launcher.state import MLFLOW_STATUS, CellStatus
 
@@ -55,14 +55,15 @@ def compare_url(server_uri: str, run_ids: Sequence[str], experiment_ids: Sequenc
     return f"{server_uri.rstrip('/')}/#/compare-runs?runs={quote(runs)}&experiments={quote(experiments)}"
 
 
-def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], status: str) -> None:
+def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], status: str, end_s: float) -> None:
     """Attach the sweep's report (report.md at the top, plots under plots/ so its relative image
-    links hold in the artifact view) to the parent run, and end the run."""
+    links hold in the artifact view) to the parent run, and end the run where the sweep's last job
+    ended (not when someone asked for the report)."""
     client = mlflow_entry.client(uri)
     client.log_artifact(run_id, str(report))
     for p in plots:
         client.log_artifact(run_id, str(p), "plots")
-    client.set_terminated(run_id, status)
+    client.set_terminated(run_id, status, end_time=int(end_s * 1000))
 
 
 # MLflow 3's UI opens an experiment on the page its kind asks for: without this tag, on the GenAI
@@ -82,25 +83,10 @@ class SweepTracker:
             # An experiment made by an older version (or by hand): mark it too, once.
             self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
 
-    def parent(self, name: str, tags: dict[str, str]) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags})
-        return run.info.run_id
-
-    def child(self, parent_id: str, name: str, params: dict[str, Any], tags: dict[str, str],
-              metrics: dict[str, float] | None = None) -> str:
-        import time
-
-        from mlflow.entities import Metric, Param
-
-        run = self.client.create_run(
-            self.experiment_id, run_name=name, tags={"mlflow.parentRunId": parent_id, **tags}
-        )
-        items = [Param(k, str(v)[:PARAM_MAX_CHARS]) for k, v in params.items()]
-        for i in range(0, len(items), PARAMS_PER_BATCH):
-            self.client.log_batch(run.info.run_id, params=items[i : i + PARAMS_PER_BATCH])
-        if metrics:  # figures known before launch, e.g. the predicted model-state bytes
-            now_ms = int(time.time() * 1000)
-            self.client.log_batch(run.info.run_id, metrics=[Metric(k, v, now_ms, 0) for k, v in metrics.items()])
+    def parent(self, name: str, tags: dict[str, str], start_s: float) -> str:
+        """The sweep's parent run, starting at the sweep's start (its cells' runs: jobs/cell_run.py)."""
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags},
+                                     start_time=int(start_s * 1000))
         return run.info.run_id
 
 

@@ -54,6 +54,27 @@ def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, caps
     lines = [json.loads(x) for x in (state.cell_dir(state.cells[0]) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(6))
     assert Path(state.sweep_dir, "report.md").exists()
+    check_run_times(client, state)
+
+
+def check_run_times(client, state):
+    """Every cell's run spans its job, not the sweep's bookkeeping: it starts after the launcher
+    started the job's process and before its steps; it ends after its summary (written after the
+    last step) and before submitit wrote the job's result. Local cells run one after another, so their runs do not
+    overlap; the parent starts with the first job and ends where the last job ended."""
+    spans = []
+    for cell in state.cells:
+        run = client.get_run(cell.run_id).info
+        records = [json.loads(x) for x in (state.cell_dir(cell) / "metrics.jsonl").read_text().splitlines()]
+        summary_ms = 1000 * next(r["time"] for r in records if r["kind"] == "summary")  # after the last step
+        steps_ms = sum(r["step_time_ms"] for r in records if r["kind"] == "step")
+        result_pkl = next(Path(state.sweep_dir, "submitit").glob(f"{cell.job_id}_0_result.pkl"))
+        assert 1000 * cell.submitted_at <= run.start_time <= summary_ms - steps_ms, (cell.name, run.start_time)
+        assert summary_ms <= run.end_time <= 1000 * result_pkl.stat().st_mtime, (cell.name, run.end_time)
+        spans.append((run.start_time, run.end_time))
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans
+    parent = client.get_run(state.parent_run_id).info
+    assert parent.start_time <= spans[0][0] and parent.end_time == max(end for _, end in spans), (parent, spans)
 
 
 def test_emulated_nodes_get_node_ranks_and_the_cells_setup_and_memory_limit(tmp_path, fast_overrides):

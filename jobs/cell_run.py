@@ -1,0 +1,115 @@
+"""A cell's MLflow run, created once its job has started, at the job's own start time.
+
+MLflow cannot move a run's start after creating it, and a run created at submission would start
+when the cell was queued (or, locally, when the sweep began), not when its job ran: the UI's
+Duration, its timeline and every sort by start time would show bookkeeping. So the launcher writes
+the run's template into the cell's directory (parent, name, tags, params, the figures known before
+launch) and the run itself is created by whoever first needs it after the job has started: the
+launcher (status, sync, the end of a local cell) or the job's rank 0 when it logs, at its end. A
+lock in the cell's directory makes that happen once; the run id lands in ``RUN_ID_FILE``.
+
+The job's times are its own records in ``metrics.jsonl``: a ``start`` record written by rank 0 as
+each attempt begins (the first is the job's start: a requeued job keeps it) and the ``status``
+record written as it ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from jobs.mlflow_entry import PARAM_MAX_CHARS, PARAMS_PER_BATCH
+
+METRICS_FILE = "metrics.jsonl"  # the job's records, written by rank 0 (jobs/sinks.py)
+RUN_ID_FILE = "mlflow_run_id"
+TEMPLATE_FILE = "mlflow_run.json"
+LOCK_FILE = "mlflow_run.lock"
+
+
+def write_template(cell_dir: Path, experiment_id: str, run_name: str, tags: dict[str, str],
+                   params: dict[str, Any], metrics: dict[str, float]) -> None:
+    """What the cell's run is created with (the launcher writes it when it creates the parent run)."""
+    template = {"experiment_id": experiment_id, "run_name": run_name, "tags": tags,
+                "params": {k: str(v)[:PARAM_MAX_CHARS] for k, v in params.items()}, "metrics": metrics}
+    _write_atomically(Path(cell_dir) / TEMPLATE_FILE, json.dumps(template))
+
+
+def has_template(cell_dir: Path) -> bool:
+    return (Path(cell_dir) / TEMPLATE_FILE).exists()
+
+
+def run_id(cell_dir: Path) -> str | None:
+    path = Path(cell_dir) / RUN_ID_FILE
+    return (path.read_text().strip() or None) if path.exists() else None
+
+
+def job_times_s(records: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(the job's first start, its last end) in epoch seconds, from its metrics.jsonl records; None
+    where the job left no such record (never started; killed before it could write its end)."""
+    start_s = end_s = None
+    for rec in records:
+        kind = rec.get("kind")
+        if kind == "start" and start_s is None:
+            start_s = float(rec["time"])
+        elif kind == "status" and rec.get("time") is not None:
+            end_s = float(rec["time"])
+    return start_s, end_s
+
+
+def first_start_s(metrics_file: Path) -> float | None:
+    """The job's start from the first line of its records (where a fresh job writes it), without
+    reading the rest: a status of a thousand cells reads one line of each."""
+    try:
+        with Path(metrics_file).open() as f:
+            first = json.loads(f.readline() or "{}")
+    except (OSError, ValueError):
+        return None
+    return float(first["time"]) if first.get("kind") == "start" else None
+
+
+def open_run(client, cell_dir: Path, start_s: float) -> str | None:
+    """The cell's run id: the existing one, or a run created now from the template, starting at
+    ``start_s``. None when there is no template (the launcher has not written it yet)."""
+    cell_dir = Path(cell_dir)
+    with _locked(cell_dir / LOCK_FILE):
+        existing = run_id(cell_dir)
+        if existing or not has_template(cell_dir):
+            return existing
+        template = json.loads((cell_dir / TEMPLATE_FILE).read_text())
+        run = client.create_run(template["experiment_id"], start_time=int(start_s * 1000), tags=template["tags"],
+                                run_name=template["run_name"])
+        _log_known(client, run.info.run_id, template, int(start_s * 1000))
+        _write_atomically(cell_dir / RUN_ID_FILE, run.info.run_id + "\n")
+        return run.info.run_id
+
+
+def _log_known(client, run_id: str, template: dict[str, Any], at_ms: int) -> None:
+    from mlflow.entities import Metric, Param
+
+    params = [Param(k, v) for k, v in template["params"].items()]
+    for i in range(0, len(params), PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
+    if template["metrics"]:  # figures known before launch, e.g. the predicted model-state bytes
+        client.log_batch(run_id, metrics=[Metric(k, float(v), at_ms, 0) for k, v in template["metrics"].items()])
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    # POSIX record locks (lockf) hold across the nodes of a shared file system, where flock may not.
+    with open(path, "a") as handle:
+        fcntl.lockf(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.lockf(handle, fcntl.LOCK_UN)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
