@@ -101,7 +101,15 @@ def finish_cell(state: SweepState, cell: CellState) -> None:
     """A cell whose status changed: once it has ended, replay what its ranks could not log and attach
     its files; then make its run's status and tags agree with the cell's (best-effort: the next
     status or sync retries)."""
-    if not (state.tracking_uri and cell.run_id):
+    if not state.tracking_uri:
+        return
+    cell.run_id = cell.run_id or cell_run.run_id(state.cell_dir(cell))  # its rank 0 may have created it
+    if not cell.run_id and cell.status.terminal:
+        try:
+            ensure_runs(state)  # a job that ended without creating its run (killed, or never started)
+        except Exception as exc:  # a tracking outage must not break status; the next refresh retries
+            print(f"[mlflow] could not create the run of {cell.name}: {exc}", file=sys.stderr)
+    if not cell.run_id:
         return
     if cell.status.terminal:
         sync_cell(state, cell)

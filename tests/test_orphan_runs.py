@@ -50,7 +50,10 @@ def test_runs_left_running_by_a_killed_local_sweep_are_closed_with_the_reason(tm
         launcher.wait(timeout=30)
     state = SweepState.load(sweep_dir)
     client = MlflowClient(tracking_uri=state.tracking_uri)
-    assert client.get_run(state.cells[1].run_id).info.status == "RUNNING"  # what the kill left behind
+    # What the kill left behind: the parent RUNNING, and no run yet for the killed cell (a cell's run
+    # is created at its job's start by whoever needs it first: here, the next status).
+    assert state.cells[1].run_id is None
+    assert client.get_run(state.parent_run_id).info.status == "RUNNING"
 
     assert status.main([str(sweep_dir)]) == 1
     print(capsys.readouterr().out)
@@ -62,6 +65,8 @@ def test_runs_left_running_by_a_killed_local_sweep_are_closed_with_the_reason(tm
                                                                           for r in runs.values()}
     killed = runs[state.cells[1].run_id]
     assert killed.info.status == "FAILED" and "processes are gone" in killed.data.tags["closed_by"]
+    first = json.loads((state.cell_dir(state.cells[1]) / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["kind"] == "start" and killed.info.start_time == int(1000 * first["time"])  # when its job began
     assert runs[state.cells[0].run_id].info.status == "FINISHED"
     assert runs[state.parent_run_id].info.status == "FAILED"
     assert (sweep_dir / "report.md").exists()

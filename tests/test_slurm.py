@@ -82,6 +82,32 @@ def test_nodes_sweep_gets_per_point_allocations(tmp_path, capsys):
     assert all(r.data.metrics.get("throughput_samples_per_s", 0) > 0 for r in children)
     assert {r.data.tags["hostnames"] for r in children if r.data.tags["nodes"] == "2"} <= {
         f"node{a},node{b}" for a in range(1, 5) for b in range(a + 1, 5)}
+    check_run_spans_job(client, state, state.cells)
+
+
+# A run starts when its rank 0 begins (after Slurm started the job, and the job's Python its
+# imports) and ends as rank 0 logs its end, before Slurm records the job's end. sacct keeps whole
+# seconds; the slack allows for the start-up of a Python process on loaded cores.
+JOB_START_SLACK_S = 60
+
+
+def check_run_spans_job(client, state, cells, records: str | None = None):
+    """Each cell's MLflow run starts and ends with its Slurm job as sacct reports it (the first
+    start of a requeued job, its last end)."""
+    out = records or subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,Start,End", "-j",
+                                     ",".join(c.job_id for c in cells)], capture_output=True, text=True,
+                                    check=True).stdout
+    spans: dict[str, list[float]] = {}
+    for job_id, start, end in (line.split("|") for line in out.splitlines() if line):
+        first = spans.setdefault(job_id, [datetime.fromisoformat(start).timestamp(), 0.0])
+        first[1] = datetime.fromisoformat(end).timestamp()
+    for cell in cells:
+        run = client.get_run(cell.run_id).info
+        start_s, end_s = spans[cell.job_id]
+        print(f"{cell.name}: job {cell.job_id} sacct {start_s:.0f}..{end_s:.0f}, "
+              f"MLflow run {run.start_time / 1000:.3f}..{run.end_time / 1000:.3f}")
+        assert start_s <= run.start_time / 1000 <= start_s + JOB_START_SLACK_S, (cell.name, start_s, run.start_time)
+        assert run.start_time < run.end_time <= 1000 * (end_s + 1), (cell.name, end_s, run.end_time)
 
 
 def test_concurrent_jobs_on_the_same_nodes_do_not_collide(tmp_path):
@@ -286,6 +312,10 @@ def test_a_node_taken_down_mid_cell_is_requeued_then_done_and_not_resubmitted(tm
     assert run.info.status == "FINISHED" and run.data.tags["restarts"] == "1"
     assert "failure_class" not in run.data.tags and "error" not in run.data.tags
     assert run.data.tags["requeued_after"].startswith("NODE_FAIL on node")
+    # The run spans both attempts: from the first start (the one the node failure ended) to the last end.
+    check_run_spans_job(MlflowClient(tracking_uri=state.tracking_uri), state, [cell], subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,Start,End", "-j", cell.job_id],
+        capture_output=True, text=True, check=True).stdout)
     first_job = cell.job_id
     assert status.main([state.sweep_dir, "--resubmit-failed"]) == 0
     out = capsys.readouterr().out

@@ -20,7 +20,7 @@ def test_server_down_during_run_then_sync_restores_every_step(tmp_path, fast_ove
                                 f"output_root={tmp_path}", f"sweep_dir={tmp_path / 'sweep'}"], multirun=True)
         cells = plan(compose(points, swept))
         state = sweep.prepare(cells, ["test"])
-        ensure_runs(state)  # experiment and runs exist on the server
+        ensure_runs(state)  # the experiment, the parent run and the cells' run templates exist
         state.save()
         cell = state.cells[0]
         server.stop()  # down for the whole job
@@ -31,6 +31,8 @@ def test_server_down_during_run_then_sync_restores_every_step(tmp_path, fast_ove
 
         server.start()
         client = MlflowClient(tracking_uri=server.uri)
+        assert cell.run_id is None and ensure_runs(state) == 1  # created now, starting when its job started
+        assert client.get_run(cell.run_id).info.start_time == int(1000 * records[0]["time"])
         assert client.get_metric_history(cell.run_id, "loss") == []  # nothing reached it during the outage
         added = sync_sweep(state)
         assert added[cell.name] > 8
