@@ -72,6 +72,26 @@ def first_start_s(metrics_file: Path) -> float | None:
     return float(first["time"]) if first.get("kind") == "start" else None
 
 
+# What people compare first, in this order. MLflow's compare page orders a run's metrics as they
+# were first logged, and its parallel-coordinates chart opens on the first one shared by every
+# run: so every logger sends these first (view_order), before the step series and the figures
+# known before launch.
+HEADLINE_METRICS = ("throughput_samples_per_s_per_device", "step_time_ms_p50", "peak_mem_allocated_gib",
+                    "peak_rss_gib", "model_state_bytes", "comm_share", "mfu", "throughput_samples_per_s")
+
+
+def view_order(key: str) -> int:
+    """Sort key (stable sorts keep the steps in order): the headline metrics first, in their order."""
+    return HEADLINE_METRICS.index(key) if key in HEADLINE_METRICS else len(HEADLINE_METRICS)
+
+
+def known_metrics(cell_dir: Path) -> dict[str, float]:
+    """The figures the launcher knew before launch (predicted model-state bytes...): logged after the
+    job's own, so that they never lead the compare page."""
+    path = Path(cell_dir) / TEMPLATE_FILE
+    return dict(json.loads(path.read_text())["metrics"]) if path.exists() else {}
+
+
 def open_run(client, cell_dir: Path, start_s: float) -> str | None:
     """The cell's run id: the existing one, or a run created now from the template, starting at
     ``start_s``. None when there is no template (the launcher has not written it yet)."""
@@ -83,19 +103,17 @@ def open_run(client, cell_dir: Path, start_s: float) -> str | None:
         template = json.loads((cell_dir / TEMPLATE_FILE).read_text())
         run = client.create_run(template["experiment_id"], start_time=int(start_s * 1000), tags=template["tags"],
                                 run_name=template["run_name"])
-        _log_known(client, run.info.run_id, template, int(start_s * 1000))
+        _log_params(client, run.info.run_id, template)
         _write_atomically(cell_dir / RUN_ID_FILE, run.info.run_id + "\n")
         return run.info.run_id
 
 
-def _log_known(client, run_id: str, template: dict[str, Any], at_ms: int) -> None:
-    from mlflow.entities import Metric, Param
+def _log_params(client, run_id: str, template: dict[str, Any]) -> None:
+    from mlflow.entities import Param
 
     params = [Param(k, v) for k, v in template["params"].items()]
     for i in range(0, len(params), PARAMS_PER_BATCH):
         client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
-    if template["metrics"]:  # figures known before launch, e.g. the predicted model-state bytes
-        client.log_batch(run_id, metrics=[Metric(k, float(v), at_ms, 0) for k, v in template["metrics"].items()])
 
 
 @contextmanager

@@ -187,7 +187,7 @@ class MlflowSink(NullSink):
             return
         from mlflow.entities import Metric, RunTag
 
-        metrics = [Metric(*m) for m in self._metrics]
+        metrics = [Metric(*m) for m in sorted(self._metrics, key=lambda m: cell_run.view_order(m[0]))]
         tags = [RunTag(k, v) for k, v in self._tags.items()]
         self._metrics, self._tags = [], {}
         while metrics or tags:

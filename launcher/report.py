@@ -492,8 +492,12 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
         ended = {c.status for c in state.cells} - {CellStatus.done}
         parent_status = "FINISHED" if not ended else "KILLED" if ended == {CellStatus.cancelled} else "FAILED"
         try:
-            # The findings are the parent run's description (shown on its page in the MLflow UI).
-            tracking.describe_parent(state.tracking_uri, state.parent_run_id, "## Findings\n\n" + written.findings,
+            # The parent run's description (its page in the MLflow UI): links to the report and the compare
+            # page, the ranking table, the findings.
+            links = tracking.parent_links(str(state.experiment_id), state.parent_run_id,
+                                          [c.run_id for c in state.cells if c.run_id])
+            tracking.describe_parent(state.tracking_uri, state.parent_run_id,
+                                     f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
                                      [written.cells_csv] if written.cells_csv else [])
             tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots, parent_status,
                                   runs.sweep_end_s(state))

@@ -25,8 +25,9 @@ from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
 STEP_KEYS_SKIP = ("kind", "step", "time")
 
 
-def sync_run(client, run_id: str, records: list[dict]) -> int:
-    """Log every JSONL point missing from the run; returns how many points were added."""
+def sync_run(client, run_id: str, records: list[dict], known: dict[str, float] | None = None) -> int:
+    """Log every JSONL point missing from the run, then the figures ``known`` before launch (the
+    headline metrics first: jobs/cell_run.view_order); returns how many points were added."""
     from mlflow.entities import Metric, RunTag
 
     wanted: dict[tuple[str, int], float] = {}
@@ -54,11 +55,14 @@ def sync_run(client, run_id: str, records: list[dict]) -> int:
             tags.update({k: str(v) for k, v in rec.items() if k != "kind"})
         elif kind == "status":
             status, error, end_s = rec.get("status"), rec.get("error"), rec.get("time")
+    for key, value in (known or {}).items():
+        wanted.setdefault((key, 0), float(value))
     have: set[tuple[str, int]] = set()
     for key in {k for k, _ in wanted}:
         have.update((key, m.step) for m in client.get_metric_history(run_id, key))
     now_ms = int(time.time() * 1000)
-    missing = [Metric(k, v, stamps_ms.get((k, s), now_ms), s) for (k, s), v in sorted(wanted.items())
+    missing = [Metric(k, v, stamps_ms.get((k, s), now_ms), s) for (k, s), v in
+               sorted(wanted.items(), key=lambda item: (cell_run.view_order(item[0][0]), item[0]))
                if (k, s) not in have]
     for i in range(0, len(missing), METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=missing[i : i + METRICS_PER_BATCH])
@@ -79,7 +83,7 @@ def sync_cell(state: SweepState, cell) -> int:
         return 0
     try:
         return sync_run(mlflow_entry.client(state.tracking_uri), cell.run_id,
-                        read_records(state.cell_dir(cell) / "metrics.jsonl"))
+                        read_records(state.cell_dir(cell) / "metrics.jsonl"), cell_run.known_metrics(state.cell_dir(cell)))
     except Exception as exc:  # the records stay on disk; the next sync picks them up
         print(f"[mlflow] sync of {cell.name} failed, will retry on the next status/sync: {exc}", file=sys.stderr)
         return 0
@@ -93,7 +97,8 @@ def sync_sweep(state: SweepState) -> dict[str, int]:
     added = {}
     for cell in state.cells:
         if cell.run_id:
-            added[cell.name] = sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"))
+            added[cell.name] = sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"),
+                                        cell_run.known_metrics(state.cell_dir(cell)))
     return added
 
 

@@ -47,12 +47,34 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
-def compare_url(server_uri: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
-    """The MLflow UI's compare-runs page for these runs (the route MLflow's UI links to)."""
+def compare_route(run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
+    """The MLflow UI's compare-runs page for these runs, relative to wherever the UI is served (the
+    route MLflow's UI links to itself)."""
     from urllib.parse import quote
 
     runs, experiments = json.dumps(list(run_ids)), json.dumps(sorted(set(experiment_ids)))
-    return f"{server_uri.rstrip('/')}/#/compare-runs?runs={quote(runs)}&experiments={quote(experiments)}"
+    return f"#/compare-runs?runs={quote(runs)}&experiments={quote(experiments)}"
+
+
+def compare_url(server_uri: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
+    return f"{server_uri.rstrip('/')}/{compare_route(run_ids, experiment_ids)}"
+
+
+# MLflow's compare page struggles above about a hundred runs (mlflow#21841): beyond, the report is the view.
+COMPARE_PAGE_MAX_RUNS = 100
+
+
+def parent_links(experiment_id: str, parent_run_id: str, cell_run_ids: Sequence[str]) -> str:
+    """One markdown line for the top of the parent run's description: its report, one click away,
+    and the compare page of its cells' runs (links relative to the UI, so they hold behind any host)."""
+    report = f"[report.md](#/experiments/{experiment_id}/runs/{parent_run_id}/artifacts)"
+    if not cell_run_ids:
+        return f"**Report:** {report}"
+    if len(cell_run_ids) > COMPARE_PAGE_MAX_RUNS:
+        return (f"**Report:** {report} (with {len(cell_run_ids)} cell runs, MLflow's compare page is slow; the "
+                f"report ranks them all)")
+    compare = f"[compare the {len(cell_run_ids)} cell runs]({compare_route(cell_run_ids, [experiment_id])})"
+    return f"**Report:** {report} · {compare}"
 
 
 def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], status: str, end_s: float) -> None:

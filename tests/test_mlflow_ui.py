@@ -1,12 +1,12 @@
 """A sweep logged to a real ``mlflow server``, looked at through MLflow's own UI in headless Chromium:
-the compare-runs page for the sweep's cell runs must render the runs and their metrics.
+the experiment page must open on its runs, and the compare page of a 4-cell sweep lead with the
+headline metrics.
 
 Needs Debian's chromium (``apt-get install -y --no-install-recommends chromium``); skipped without
 it, or when the MLflow server does not come up.
 """
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -93,9 +93,24 @@ def mlflow_server(tmp_path):
         log.close()
 
 
-def test_compare_page_shows_the_sweeps_runs(mlflow_server, tmp_path):
-    code = main(["-m", "strategy=ddp,fsdp", *FAST, f"output_root={tmp_path}", f"sweep_dir={tmp_path / 'sweep'}",
-                 f"tracking.uri={mlflow_server}"])
+def _screenshot(url: str, shot: Path, profile: Path) -> str:
+    """Headless Chromium's picture of ``url`` (kept in ``shot``) and its DOM once rendered."""
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--screenshot={shot}", "--window-size=1600,2400",
+           # Virtual time runs the page's fetches and renders to completion, then the page is captured.
+           "--virtual-time-budget=20000", "--dump-dom", url]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    with Image.open(shot) as img:  # not a blank page: a rendered table and plot have many distinct colours
+        assert img.size == (1600, 2400)
+        assert len(img.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 100
+    return done.stdout
+
+
+def test_the_experiment_opens_on_its_runs_and_the_compare_page_leads_with_the_headline(mlflow_server, tmp_path):
+    code = main(["-m", "strategy=ddp,fsdp", "batch_size=4,8", *FAST, f"output_root={tmp_path}",
+                 f"sweep_dir={tmp_path / 'sweep'}", f"tracking.uri={mlflow_server}"])
     state = SweepState.load(tmp_path / "sweep")
     assert code == 0, [(c.name, c.status, c.error) for c in state.cells]
     client = MlflowClient(tracking_uri=mlflow_server)
@@ -103,28 +118,24 @@ def test_compare_page_shows_the_sweeps_runs(mlflow_server, tmp_path):
     assert client.get_run(state.parent_run_id).info.status == "FINISHED"
     assert "report.md" in {a.path for a in client.list_artifacts(state.parent_run_id)}
 
-    run_ids = [c.run_id for c in state.cells]
-    url = compare_url(mlflow_server, run_ids, [state.experiment_id])
-    shot = tmp_path / "mlflow-compare.png"
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--screenshot={shot}",
-           "--window-size=1600,2400",
-           # Virtual time runs the page's fetches and renders to completion, then the page is captured.
-           "--virtual-time-budget=20000", "--dump-dom", url]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
-    shutil.copy(shot, state.path / shot.name)  # kept beside the sweep's report.md
-    dom = done.stdout
+    # The experiment page: the runs table (a training experiment), not the GenAI overview of traces.
+    dom = _screenshot(f"{mlflow_server}/#/experiments/{state.experiment_id}", state.path / "mlflow-experiment.png",
+                      tmp_path / "chromium-profile")
+    assert "Detect issues in your traces" not in dom
+    assert all(cell.name in dom for cell in state.cells), dom[-2000:]
 
-    assert "Comparing 2 Runs" in dom, dom[-2000:]
+    # The compare page of the four cell runs, the way the parent's description links to it.
+    run_ids = [c.run_id for c in state.cells]
+    dom = _screenshot(compare_url(mlflow_server, run_ids, [state.experiment_id]), state.path / "mlflow-compare.png",
+                      tmp_path / "chromium-profile")
+    assert "Comparing 4 Runs" in dom, dom[-2000:]
     for cell in state.cells:
         assert cell.run_id in dom and cell.name in dom
-    # The metrics table renders only the rows in view; some of the runs' metric names must be there.
-    logged = set(client.get_run(run_ids[0]).data.metrics)
-    assert "throughput_samples_per_s" in logged
-    assert len([m for m in logged if f">{m}<" in dom]) >= 3, sorted(logged)
-    # Not a blank page: a rendered table and plot have many distinct colours.
-    with Image.open(shot) as img:
-        assert img.size == (1600, 2400)
-        assert len(img.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 100
+    # Its metrics table (and the parallel-coordinates chart, which opens on the first metric) leads
+    # with samples/s per device, then step time: before the step series and the predictions.
+    logged = client.get_run(run_ids[0]).data.metrics
+    assert list(logged)[:2] == ["throughput_samples_per_s_per_device", "step_time_ms_p50"], list(logged)[:5]
+    rows = [dom.find(f">{m}<") for m in ("throughput_samples_per_s_per_device", "step_time_ms_p50", "loss",
+                                           "predicted_model_state_bytes")]
+    assert -1 not in rows[:3] and rows[:3] == sorted(rows[:3]), rows
+    assert rows[3] == -1 or rows[3] > rows[0], rows

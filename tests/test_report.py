@@ -108,9 +108,14 @@ def test_parent_run_holds_the_report_and_is_finished(sweep):
     assert parent.info.status == "FINISHED"
     top = {a.path for a in client.list_artifacts(sweep.parent_run_id)}
     assert {"report.md", "plots", "cells.csv"} <= top
-    # The findings are the run's description.
+    # The run's description: the report and the cells' compare page one click away, the ranking, the findings.
     note = parent.data.tags["mlflow.note.content"]
-    assert note.startswith("## Findings") and "### Recommendation" in note
+    links, rest = note.split("\n\n## Results\n\n", 1)
+    assert f"[report.md](#/experiments/{sweep.experiment_id}/runs/{sweep.parent_run_id}/artifacts)" in links
+    assert f"[compare the {len(sweep.cells)} cell runs](#/compare-runs?runs=" in links
+    assert all(c.run_id in links for c in sweep.cells)
+    table, found = rest.split("\n\n## Findings\n\n", 1)
+    assert all(c.name in table for c in sweep.cells) and "### Recommendation" in found
     plots = {a.path for a in client.list_artifacts(sweep.parent_run_id, "plots")}
     assert plots == {"plots/throughput.png", "plots/memory.png", "plots/scaling.png"}
     # Artifacts live beside the SQLite store, not in whatever directory the tests started in.
