@@ -250,8 +250,11 @@ def print_jobs(state: SweepState, limit: int = 20) -> None:
 def _print_mlflow(state: SweepState) -> None:
     if not (state.tracking_uri and state.parent_run_id):
         return
+    where = mask("", tracking.ui_url(state.tracking_uri, tracking.experiment_route(str(state.experiment_id))))
+    start = "" if state.tracking_uri.startswith(("http://", "https://")) else \
+        f"mlflow ui --backend-store-uri {mask('', state.tracking_uri)}, then open "
     print(f"MLflow: {state.tracking_uri} (experiment {state.experiment}, parent run {state.parent_run_id})\n"
-          f"Open the UI with: mlflow ui --backend-store-uri {mask('', state.tracking_uri)}", flush=True)
+          f"Open the UI: {start}{where}", flush=True)
 
 
 def write_resolved_config(path: Path, cell: Cell) -> None:

@@ -67,7 +67,7 @@ COMPARE_PAGE_MAX_RUNS = 100
 def parent_links(experiment_id: str, parent_run_id: str, cell_run_ids: Sequence[str]) -> str:
     """One markdown line for the top of the parent run's description: its report, one click away,
     and the compare page of its cells' runs (links relative to the UI, so they hold behind any host)."""
-    report = f"[report.md](#/experiments/{experiment_id}/runs/{parent_run_id}/artifacts)"
+    report = f"[report.md](#/experiments/{experiment_id}/runs/{parent_run_id}/artifacts?{TRAINING_WORKFLOW})"
     if not cell_run_ids:
         return f"**Report:** {report}"
     if len(cell_run_ids) > COMPARE_PAGE_MAX_RUNS:
@@ -88,10 +88,25 @@ def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], sta
     client.set_terminated(run_id, status, end_time=int(end_s * 1000))
 
 
-# MLflow 3's UI opens an experiment on the page its kind asks for: without this tag, on the GenAI
-# overview (traces, latency); with it, on the runs table, which is where sweeps are compared.
+# MLflow 3's UI opens an experiment on the page its kind asks for: the GenAI overview (traces,
+# latency) or the runs table, which is where sweeps are compared. Earlier 3.x UIs read the kind from
+# this experiment tag; 3.17's reads it from its workflow switch ("GenAI" / "Model training"), kept
+# in the browser and GenAI by default, unless the link says which: experiment_route does.
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 EXPERIMENT_TAGS = {EXPERIMENT_KIND_TAG: TRAINING_KIND}
+TRAINING_WORKFLOW = "workflowType=machine_learning"
+
+
+def experiment_route(experiment_id: str) -> str:
+    """The experiment's page in the MLflow UI, opening on its runs (relative to where the UI is served)."""
+    return f"#/experiments/{experiment_id}?{TRAINING_WORKFLOW}"
+
+
+def ui_url(tracking_uri: str, route: str) -> str:
+    """Where a person opens ``route``: on the tracking server itself, or on a local ``mlflow ui``
+    (its default address) for a database or file store."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/{route}"
 
 
 class SweepTracker:
