@@ -1,0 +1,65 @@
+"""The CPU worker image, built by the project's own script and used: the main job runs inside it.
+
+Needs root, podman, runc and mmdebstrap (Debian's packages; scripts/build-cpu-image installs them
+where apt reaches Debian's mirrors) and a torch CPU wheel on local disk; skipped with the reason
+where any is missing. The first build takes about 2.5 minutes; later ones reuse the cached layers.
+"""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.state import CellStatus, SweepState
+from tests.conftest import FAST
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+BUILD_TIMEOUT_S = 600
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (mmdebstrap and podman's rootful storage)"
+    tools = [t for t in ("podman", "runc", "mmdebstrap") if not shutil.which(t)]
+    if tools:
+        return (f"{', '.join(tools)} not installed: apt-get install -y podman runc mmdebstrap, then "
+                f"scripts/build-cpu-image builds the image")
+    return None
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("image")
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "build-cpu-image")], capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT_S, env={**os.environ, "WORK_DIR": str(work)})
+    if done.returncode != 0 and "torch" in done.stderr and "wheel" in done.stderr:
+        pytest.skip(f"no torch CPU wheel on local disk: {done.stderr[-500:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_the_main_job_runs_inside_the_cpu_image(image, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [*PODMAN, "run", "--rm", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768",
+           "-v", f"{out}:{out}", "-w", str(out), image,
+           "ddp-fsdp-bench", "-m", *FAST, "strategy=ddp,fsdp", f"output_root={out}", f"sweep_dir={out / 'sweep'}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = SweepState.load(out / "sweep")
+    assert [c.status for c in state.cells] == [CellStatus.done, CellStatus.done]
+    assert (out / "sweep" / "report.md").exists() and (out / "mlflow.db").exists()
+    # The ranks ran the image's Python, not this checkout's.
+    versions = subprocess.run([*PODMAN, "run", "--rm", image, "python", "-c", "import sys, torch; "
+                               "print(sys.executable, torch.__version__)"], capture_output=True, text=True,
+                              timeout=120).stdout.split()
+    assert versions[1].endswith("+cpu") and not versions[0].startswith(str(ROOT))
