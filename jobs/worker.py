@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -491,8 +492,8 @@ def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -
 def _provenance(torch, device) -> dict[str, str]:
     """Versions and the environment variables that change what a benchmark measures (the rank
     layout, Slurm's variables included, is jobs/dist.py's alone and is tagged from DistEnv)."""
-    tags = {"python_version": platform.python_version(), "cuda_version": str(torch.version.cuda),
-            "hostname_rank0": platform.node()}
+    tags = {"python_version": platform.python_version(), "python_executable": sys.executable,
+            "cuda_version": str(torch.version.cuda), "hostname_rank0": platform.node()}
     if device.type == "cuda":
         tags["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         tags["device_count"] = str(torch.cuda.device_count())

@@ -50,6 +50,7 @@ class ContainerRuntime(enum.Enum):
     none = "none"
     pyxis = "pyxis"  # srun --container-image (enroot)
     apptainer = "apptainer"  # apptainer exec <image> python ...
+    oci = "oci"  # srun --container=<OCI bundle directory>: Slurm's own OCI support (oci.conf, runc)
 
 
 @dataclass
@@ -57,6 +58,22 @@ class ContainerConfig:
     runtime: ContainerRuntime = ContainerRuntime.none
     image: str | None = None
     mounts: list[str] = field(default_factory=list)
+
+
+def _check_oci_bundle(container: ContainerConfig) -> None:
+    """Slurm's OCI mode runs each task in a bundle directory on a shared file system: one the login
+    node cannot see is one the nodes will not run, so it is refused here, before sbatch."""
+    import os
+
+    bundle = str(container.image)
+    if not os.path.isfile(os.path.join(bundle, "config.json")):
+        raise ConfigError("cluster.container.image", bundle, "is not an OCI bundle (a directory with config.json and "
+                          "rootfs/), which cluster.container.runtime=oci runs each task in.",
+                          "make one from the worker image: scripts/oci-bundle localhost/ddp-fsdp-bench:cpu "
+                          "/shared/bundles/cpu /shared (see docker/README.md), and give its directory.")
+    if container.mounts:
+        raise ConfigError("cluster.container.mounts", container.mounts, "is not read in the oci mode: the bundle's "
+                          "config.json holds its mounts.", "pass the directories to scripts/oci-bundle instead.")
 
 
 @dataclass
@@ -206,6 +223,8 @@ class Config(TrainSpec):
             raise ConfigError("cluster.container.image", None,
                               f"cluster.container.runtime={c.container.runtime.value} needs an image.",
                               "set cluster.container.image to the worker image (see docker/).")
+        if c.container.runtime is ContainerRuntime.oci:
+            _check_oci_bundle(c.container)
 
     def _validate_precision_mode(self) -> None:
         """Settings that only FSDP's parameter casting reads."""

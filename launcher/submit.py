@@ -56,6 +56,8 @@ def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> d
     if cluster.container.runtime is ContainerRuntime.pyxis:
         params["srun_args"] += [f"--container-image={cluster.container.image}",
                                 *(f"--container-mounts={m}" for m in cluster.container.mounts)]
+    if cluster.container.runtime is ContainerRuntime.oci:  # the bundle's config.json holds its mounts
+        params["srun_args"] += [f"--container={cluster.container.image}"]
     return params
 
 
@@ -65,7 +67,7 @@ def python_command(cluster: ClusterConfig) -> str:
         binds = " ".join(f"--bind {shlex.quote(m)}" for m in cluster.container.mounts)
         gpu = " --nv" if cluster.gpus_per_node else ""
         return f"apptainer exec{gpu} {binds} {shlex.quote(cluster.container.image or '')} {cluster.python or 'python'}"
-    if cluster.container.runtime is ContainerRuntime.pyxis:
+    if cluster.container.runtime in (ContainerRuntime.pyxis, ContainerRuntime.oci):
         return cluster.python or "python"
     return python
 

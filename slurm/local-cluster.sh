@@ -421,6 +421,7 @@ write_config() {
     render_slurm_conf >"$CONF.tmp"
     mv -f "$CONF.tmp" "$CONF"
     : >"$ETC/plugstack.conf"
+    write_oci_conf
 
     (
         umask 077
@@ -445,6 +446,29 @@ EOF
     )
     chmod 0600 "$DBD_CONF.tmp"
     mv -f "$DBD_CONF.tmp" "$DBD_CONF"
+}
+
+# Slurm's own OCI containers (srun --container=BUNDLE, an OCI bundle directory) run through runc
+# where it is installed; without oci.conf Slurm treats --container as advice and runs on the host.
+# Each task's container is named node.user.job.step.task; runc keeps their state under DIR.
+# Tasks start through oci-run.sh, which gives each its rank variables (Slurm 22.05 leaves them out).
+write_oci_conf() {
+    if ! command -v runc >/dev/null; then
+        rm -f "$ETC/oci.conf"
+        return
+    fi
+    local runc here
+    runc="$(command -v runc) --root=$DIR/oci-state"
+    here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+    mkdir -p "$DIR/oci-state"
+    cat >"$ETC/oci.conf.tmp" <<EOF
+# Written by slurm/local-cluster.sh on every \`up\`; edits are overwritten.
+RunTimeQuery="$runc state %n.%u.%j.%s.%t"
+RunTimeKill="$runc kill -a %n.%u.%j.%s.%t SIGTERM"
+RunTimeDelete="$runc delete --force %n.%u.%j.%s.%t"
+RunTimeRun="$here/oci-run.sh $DIR/oci-state %b %n %t %n.%u.%j.%s.%t"
+EOF
+    mv -f "$ETC/oci.conf.tmp" "$ETC/oci.conf"
 }
 
 # slurm.conf for the knobs in effect (needs $ETC/first-job-id).

@@ -5,6 +5,7 @@ where apt reaches Debian's mirrors) and a torch CPU wheel on local disk; skipped
 where any is missing. The first build takes about 2.5 minutes; later ones reuse the cached layers.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.__main__ import main
 from launcher.state import CellStatus, SweepState
 from tests.conftest import FAST
 
@@ -63,3 +65,33 @@ def test_the_main_job_runs_inside_the_cpu_image(image, tmp_path):
                                "print(sys.executable, torch.__version__)"], capture_output=True, text=True,
                               timeout=120).stdout.split()
     assert versions[1].endswith("+cpu") and not versions[0].startswith(str(ROOT))
+
+
+def test_a_slurm_cell_runs_in_the_image_through_slurms_oci_support(image, tmp_path):
+    """cluster.container.runtime=oci: every task of the cell starts inside an OCI bundle made from
+    the image (scripts/oci-bundle), through the test cluster's own oci.conf and runc."""
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        pytest.skip("no Slurm cluster: run the tests with scripts/test (it starts slurm/local-cluster.sh)")
+    if not (Path(conf).parent / "oci.conf").exists():
+        pytest.skip("the Slurm cluster has no oci.conf: slurm/local-cluster.sh writes one where runc is installed")
+    bundle = tmp_path / "bundle"
+    made = subprocess.run(["bash", str(ROOT / "scripts" / "oci-bundle"), image, str(bundle), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    code = main(["-m", *FAST, "strategy=ddp,fsdp", "nodes=2", "cluster=slurm", "cluster.timeout_min=10", "wait=true",
+                 "cluster.container.runtime=oci", f"cluster.container.image={bundle}", f"output_root={tmp_path / 'out'}",
+                 f"sweep_dir={tmp_path / 'out' / 'sweep'}"])
+    state = SweepState.load(tmp_path / "out" / "sweep")
+    assert code == 0 and [c.status for c in state.cells] == [CellStatus.done] * 2, [(c.name, c.error) for c in state.cells]
+    script = next((state.path / "submitit").glob("*_submission.sh")).read_text()
+    assert f"--container={bundle}" in script
+    for cell in state.cells:
+        result = json.loads((state.cell_dir(cell) / "result.json").read_text())
+        # Both ranks, on two nodes, ran the image's Python (its venv), not this checkout's.
+        assert result["tags"]["python_executable"] == "/opt/venv/bin/python", result["tags"]
+        assert len(set(result["rank_hosts"])) == 2
+    acct = subprocess.run(["sacct", "-n", "-P", "-o", "JobID,JobName,State,NodeList,Start,End", "-j",
+                           ",".join(c.job_id for c in state.cells)], capture_output=True, text=True, check=True)
+    print(acct.stdout)
+    assert "COMPLETED" in acct.stdout
