@@ -107,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
               f"Fix: write overrides as key=value (see --help).", file=sys.stderr)
         return 2
     if plan_only:
-        from launcher import preview, submit
+        from launcher import preview
+        from launcher.cluster.backends import backend_for
 
-        size = submit.max_array_size_for([plan.cell_state(c) for c in cells]) if cells[0].config.cluster.name.value \
-            == "slurm" else None
+        size = backend_for(cells[0].config.cluster.name.value).max_array_size([plan.cell_state(c) for c in cells])
         print(preview.render(cells, predicted, size))
         return 0
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import statistics
 from datetime import datetime
 from pathlib import Path
@@ -28,13 +27,6 @@ from launcher.stats import METRICS, Floor, run_values
 
 FLOOR_FILE = "noise-floor.json"
 MIN_RUNS = 3
-
-
-def cluster_key(cluster: str, partition: str | None = None, gpu_type: str | None = None) -> str:
-    """Where a floor holds: this machine for the local cluster, the partition (and GPU type) on Slurm."""
-    if cluster == "local":
-        return f"local:{socket.gethostname()}"
-    return f"{cluster}:{partition or 'default'}" + (f":{gpu_type}" if gpu_type else "")
 
 
 def measure(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from typing import Any
 from jobs import mlflow_entry
 from launcher import compare, findings, interference, noisefloor, plots, reconcile, runs, stats, tracking
 from launcher.cli import guarded
+from launcher.cluster.backends import backend_for
 from launcher.failures import FIXES
 from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, md_cell, num, peak_memory_gib, ranked
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
@@ -462,7 +463,7 @@ def write_sweep_report(state: SweepState) -> Report:
 
 def floor_key(state: SweepState) -> str:
     first = state.cells[0].cluster if state.cells else None
-    return noisefloor.cluster_key(state.cluster, getattr(first, "partition", None), getattr(first, "gpu_type", None))
+    return backend_for(state.cluster).noise_floor_key(getattr(first, "partition", None), getattr(first, "gpu_type", None))
 
 
 def finalize(state: SweepState, force: bool = True) -> str | None:

@@ -19,6 +19,7 @@ from jobs import mlflow_entry
 from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
 from jobs.sinks import RUN_ID_FILE, read_records
 from launcher import tracking
+from launcher.cluster.backends import backend_for
 from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
@@ -239,11 +240,11 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
                                                               "argv": " ".join(state.argv), "cluster": state.cluster,
                                                               "cells": str(len(state.cells)), **code})
             state.save_runs()
+        backend = backend_for(state.cluster)
         for cell in missing:
             tags = {"strategy": cell.strategy, "precision": cell.precision, "nodes": str(cell.nodes),
                     "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name, **code}
-            if cell.job_id and state.cluster == "slurm":
-                tags["slurm_job_id"] = cell.job_id
+            tags.update(backend.job_tags(cell))
             metrics = {name: float(value) for name, value in (
                 ("predicted_model_state_bytes", cell.predicted_state_bytes),
                 ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}

@@ -1,4 +1,5 @@
-"""The one submission path: every run, resume and resubmission of cells goes through :func:`submit`.
+"""Submission with submitit, for the backends (launcher/cluster/): every run, resume and resubmission
+of cells goes through ``Backend.submit``, which ends here.
 
 The only module that talks to submitit. Each cell carries its own resolved cluster settings
 (``CellState.cluster``) and layout; cells share a job array only when everything sbatch would be
@@ -25,7 +26,7 @@ from jobs.codec import to_plain
 from jobs.spec import Layout
 from launcher import memlimit
 from launcher.schema import ClusterConfig, ContainerRuntime
-from launcher.state import CellState, CellStatus, SweepState, this_process
+from launcher.state import CellState, CellStatus, SweepState
 
 if TYPE_CHECKING:
     from launcher.interrupt import Interrupts
@@ -85,26 +86,8 @@ def groups(cells: Sequence[CellState], max_array_size: int | None) -> list[list[
     return [g[i : i + size] for g in by_key.values() for i in range(0, len(g), size)]
 
 
-def submit(state: SweepState, cells: Sequence[CellState], *,
-           after_local_cell: Callable[[CellState], None] | None = None,
-           interrupts: Interrupts | None = None) -> None:
-    """Submit ``cells`` of ``state`` with each cell's own settings; the state is saved as jobs get ids.
-
-    Slurm: one sbatch per group, returning at once. Local: each cell runs to its end before the next
-    starts, then ``after_local_cell`` is called (tracking, progress); a signal stops them
-    (``interrupts``, or handlers of this call's own: launcher/interrupt.py).
-    """
-    for cell in cells:
-        for stale in state.cell_dir(cell).glob("error-rank*.txt"):
-            stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
-    state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
-    if state.cluster == "slurm":
-        _submit_slurm(state, cells, max_array_size_for(cells))
-    else:
-        _run_local(state, cells, after_local_cell, interrupts)
-
-
-def _submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: int | None) -> None:
+def submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: int | None) -> None:
+    """One sbatch per group, returning at once (launcher.cluster.slurm)."""
     from jobs.worker import Worker
 
     calls = groups(cells, max_array_size)
@@ -153,11 +136,13 @@ def max_array_size_for(cells: Sequence[CellState]) -> int | None:
     return max_array_size()
 
 
-def _run_local(state: SweepState, cells: Sequence[CellState], after_local_cell: Callable[[CellState], None] | None,
-               interrupts: Interrupts | None = None) -> None:
-    """Each cell to its end, one after another. Ctrl-C, SIGTERM or SIGHUP stop the running cell at a
-    step boundary and start no further cell (launcher/interrupt.py); the cells stopped or never
-    started are cancelled, and ``after_local_cell`` sees them too (their MLflow runs end KILLED)."""
+def run_local(state: SweepState, cells: Sequence[CellState], after_each_cell: Callable[[CellState], None] | None,
+              interrupts: Interrupts | None = None) -> None:
+    """Each cell to its end, one after another (launcher.cluster.local), then ``after_each_cell``
+    (tracking, progress). Ctrl-C, SIGTERM or SIGHUP (``interrupts``, or handlers of this call's own)
+    stop the running cell at a step boundary and start no further cell (launcher/interrupt.py); the
+    cells stopped or never started are cancelled, and ``after_each_cell`` sees them too (their MLflow
+    runs end KILLED)."""
     from launcher.interrupt import Interrupts
 
     own = interrupts is None
@@ -169,12 +154,12 @@ def _run_local(state: SweepState, cells: Sequence[CellState], after_local_cell: 
             if stops.requested:
                 break
             _run_local_cell(state, cell, stops)
-            if after_local_cell is not None:
-                after_local_cell(cell)
+            if after_each_cell is not None:
+                after_each_cell(cell)
         if stops.requested:
             for cell in _abandon(state, cells, stops.reason):
-                if after_local_cell is not None:
-                    after_local_cell(cell)
+                if after_each_cell is not None:
+                    after_each_cell(cell)
             print(f"{stops.reason}: the sweep stopped; {_stopped_summary(cells)}.\nResume with: python -m "
                   f"launcher.status {state.sweep_dir} --resubmit-failed", file=sys.stderr, flush=True)
 

@@ -70,6 +70,31 @@ def test_submitit_is_used_by_one_module_of_the_launcher():
     assert users == ["submit.py"]
 
 
+BACKEND_NAMES = {"slurm", "local"}
+
+
+def _backend_comparisons(path: Path) -> list[int]:
+    """Lines of ``path`` that compare something with a backend's name (==, !=, in, is, ...)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            names = [e for o in operands for e in (o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [o])]
+            if any(isinstance(n, ast.Constant) and n.value in BACKEND_NAMES for n in names):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_backend_modules_compare_backend_names():
+    """What differs between clusters is asked of the backend (launcher/cluster/base.py), never decided
+    by comparing ``state.cluster`` with a name. Scoped to launcher/: jobs/dist.py reads submitit's
+    ``SUBMITIT_EXECUTOR == "local"`` to find the rank environment, which is the worker's own concern."""
+    backends = {ROOT / "launcher" / "cluster" / f"{name}.py" for name in (*BACKEND_NAMES, "backends")}
+    found = {str(p.relative_to(ROOT)): _backend_comparisons(p) for p in (ROOT / "launcher").rglob("*.py")
+             if p not in backends}
+    assert not {path: lines for path, lines in found.items() if lines}
+
+
 def _root(node: ast.expr) -> str | None:
     while isinstance(node, ast.Attribute):
         node = node.value

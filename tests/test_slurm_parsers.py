@@ -9,7 +9,10 @@ import pytest
 
 from jobs.spec import Layout
 from launcher import reconcile
-from launcher.interference import Allocation, overlaps
+from launcher import slurm as slurm_commands
+from launcher.cluster import slurm as slurm_backend
+from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation
+from launcher.interference import overlaps
 from launcher.schema import ClusterConfig, ContainerConfig, ContainerRuntime
 from launcher.slurm import expand_array_ids, merge_records, parse_max_array_size, parse_sacct_times, parse_states
 from launcher.state import CellState, CellStatus, SweepState, slurm_status
@@ -112,9 +115,9 @@ def test_container_parameters_for_pyxis_and_apptainer():
 
 def test_a_job_unknown_to_queue_and_accounting_becomes_lost_after_a_grace_period(tmp_path):
     state = SweepState(name="s", sweep_dir=str(tmp_path), cluster="slurm", argv=[], cells=[_cell(0), _cell(1)])
-    for cell, age_s in zip(state.cells, (5.0, reconcile.LOST_AFTER_S + 5), strict=True):
+    for cell, age_s in zip(state.cells, (5.0, slurm_backend.LOST_AFTER_S + 5), strict=True):
         cell.job_id, cell.status, cell.submitted_at = "99", CellStatus.pending, time.time() - age_s
-        reconcile._follow_slurm(state, cell, None)
+        slurm_backend._follow(state, cell, None)
     assert state.cells[0].status is CellStatus.pending  # accounting may lag
     assert state.cells[1].status is CellStatus.lost
 
@@ -182,7 +185,7 @@ def _slurm_sweep(tmp_path, n=1, job_ids=("46562236",)):
 
 
 def _follow(monkeypatch, state, sacct_text, squeue_text):
-    monkeypatch.setattr(reconcile, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
+    monkeypatch.setattr(slurm_commands, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
     return reconcile.refresh(state)
 
 
@@ -233,7 +236,7 @@ def test_a_pending_array_task_cancelled_by_hand_is_cancelled_at_once(tmp_path, m
 
     cancelled = status.cancel(state)
     assert [c.index for c in cancelled] == [0, 1, 2, 4]
-    assert "left the queue" in state.cells[3].error and state.cells[0].error == reconcile.CANCELLED_BY_LAUNCHER
+    assert "left the queue" in state.cells[3].error and state.cells[0].error == CANCELLED_BY_LAUNCHER
 
 
 def test_a_task_cancelled_before_accounting_folded_its_array_is_cancelled(tmp_path, monkeypatch):
