@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from launcher import plan, preflight
-    from launcher.safety import mask
+    from launcher.masking import mask
 
     try:
         extra = plan.search_path(config_dirs)

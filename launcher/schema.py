@@ -38,7 +38,7 @@ from jobs.spec import (
     image_folder_classes,
     token_file_samples,
 )
-from launcher.safety import check_cluster
+from launcher.shellsafe import check_cluster
 
 
 class ClusterKind(enum.Enum):

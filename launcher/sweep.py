@@ -16,8 +16,8 @@ from launcher import fit, report, status, submit, sync, tracking
 from launcher.cluster.backends import backend_for
 from launcher.failures import SUBMIT_REFUSED
 from launcher.interrupt import Interrupts, stop_waiting
+from launcher.masking import mask
 from launcher.plan import Cell, SweepError, cell_state, run_spec
-from launcher.safety import mask
 from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, this_process
 
 
