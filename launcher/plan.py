@@ -18,7 +18,6 @@ from typing import Any, cast
 
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
 from launcher.schema import ClusterKind, Config, did_you_mean, field_type, non_finite, schema_keys, unknown_keys
-from launcher.state import CellState
 
 # Package data: found next to this module in a checkout, an editable install and a wheel alike.
 CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))
@@ -401,14 +400,6 @@ def _check_uniform(cells: list[Cell]) -> None:
                 raise SweepError(f"[{c.name}] {key.split('.')[0]} differs between grid points: a sweep runs on one "
                                  f"cluster, logs to one store and writes one directory. Fix: sweep "
                                  f"{key.split('.')[0]} in separate commands.")
-
-
-def cell_state(cell: Cell) -> CellState:
-    """The cell as the sweep document keeps it: name, directory, its own cluster settings and layout."""
-    cfg = cell.config
-    return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
-                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=model_label(cfg),
-                     cluster=cfg.cluster, layout=cell.layout, run=cell.run)
 
 
 def model_label(cfg: Config) -> str:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher import fit, submit
-from launcher.plan import Cell, cell_state
+from launcher.plan import Cell
 from launcher.schema import ClusterKind
+from launcher.state import cell_state
 
 
 def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_size: int | None = None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from jobs.codec import from_plain, to_plain
 from jobs.sinks import RUN_ID_FILE
 from jobs.spec import Layout, RunSpec
+from launcher.plan import Cell, model_label
 from launcher.schema import ClusterConfig
 
 STATE_FILE = "sweep.json"
@@ -145,6 +146,14 @@ class CellState:
     @property
     def world_size(self) -> int:
         return self.layout.world_size
+
+
+def cell_state(cell: Cell) -> CellState:
+    """The cell as the sweep document keeps it: name, directory, its own cluster settings and layout."""
+    cfg = cell.config
+    return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
+                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=model_label(cfg),
+                     cluster=cfg.cluster, layout=cell.layout, run=cell.run)
 
 
 @dataclass

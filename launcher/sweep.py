@@ -17,8 +17,8 @@ from launcher.cluster.backends import backend_for
 from launcher.failures import SUBMIT_REFUSED
 from launcher.interrupt import Interrupts, stop_waiting
 from launcher.masking import mask
-from launcher.plan import Cell, SweepError, cell_state, run_spec
-from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, this_process
+from launcher.plan import Cell, SweepError, run_spec
+from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, cell_state, this_process
 
 
 def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None,

@@ -5,7 +5,8 @@ import pytest
 from jobs.spec import InputKind, Precision, Sharding, Strategy
 from launcher import submit
 from launcher.__main__ import main
-from launcher.plan import CONF_DIR, SweepError, cell_state, compose, expand, plan, search_path
+from launcher.plan import CONF_DIR, SweepError, compose, expand, plan, search_path
+from launcher.state import cell_state
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
 # Options that need more than their own file to be valid (refused on CPU, or need a node count).
