@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher import fit, submit
-from launcher.plan import Cell
-from launcher.schema import ClusterKind
+from launcher.cluster import submit
+from launcher.plan import fit
+from launcher.plan.grid import Cell
+from launcher.plan.schema import ClusterKind
 from launcher.state import cell_state
 
 

@@ -19,8 +19,8 @@ from typing import Any
 from jobs.codec import from_plain, to_plain
 from jobs.sinks import RUN_ID_FILE
 from jobs.spec import Layout, RunSpec
-from launcher.plan import Cell, model_label
-from launcher.schema import ClusterConfig
+from launcher.plan.grid import Cell, model_label
+from launcher.plan.schema import ClusterConfig
 
 STATE_FILE = "sweep.json"
 SPEC_FILE = "spec.json"
@@ -129,8 +129,8 @@ class CellState:
     status: CellStatus = CellStatus.planned
     error: str | None = None
     failure_class: str | None = None
-    interference: str | None = None  # what else its measurement saw (launcher/interference.py)
-    predicted_state_bytes: int | None = None  # per rank, before launch (launcher/fit.py)
+    interference: str | None = None  # what else its measurement saw (launcher/cluster/colocation.py)
+    predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
     predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/fit.activation_bytes)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
@@ -168,7 +168,7 @@ class SweepState:
     parent_run_id: str | None = None
     cells: list[CellState] = field(default_factory=list)
     # "host:pid" of the process that last submitted cells: a planned cell whose submitter is gone
-    # will never be submitted (launcher/reconcile.py says so instead of leaving it planned).
+    # will never be submitted (launcher/track/reconcile.py says so instead of leaving it planned).
     submitter: str | None = None
     # The cells' statuses when report.md was last written (report.finalize writes it again on change).
     reported: str | None = None

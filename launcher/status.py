@@ -2,7 +2,7 @@
 
 Works from any later shell and any working directory: everything it needs is in the sweep
 document (sweep.json), each cell's directory (spec.json, result.json, error files) and Slurm's
-accounting. One sacct and one squeue call per refresh (launcher/reconcile.py), so it answers in about
+accounting. One sacct and one squeue call per refresh (launcher/track/reconcile.py), so it answers in about
 a second for a thousand cells; a finished sweep is finished once (report.finalize).
 """
 
@@ -14,15 +14,15 @@ import time
 from pathlib import Path
 
 from jobs.sinks import RUN_ID_FILE
-from launcher import report
 from launcher.cli import guarded
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER
-from launcher.failures import describe
-from launcher.reconcile import refresh
-from launcher.runs import ensure_runs, finish_cell
+from launcher.cluster.failures import describe
+from launcher.report import report
 from launcher.state import CellState, CellStatus, StateError, SweepState
-from launcher.tracking import reopen
+from launcher.track.reconcile import refresh
+from launcher.track.runs import ensure_runs, finish_cell
+from launcher.track.tracking import reopen
 
 __all__ = ["cancel", "main", "refresh", "render", "resubmit", "resubmit_flagged", "wait"]
 

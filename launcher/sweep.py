@@ -12,13 +12,17 @@ from datetime import datetime
 from pathlib import Path
 
 from jobs.codec import to_plain
-from launcher import fit, report, status, submit, sync, tracking
+from launcher import status, sync
+from launcher.cluster import submit
 from launcher.cluster.backends import backend_for
-from launcher.failures import SUBMIT_REFUSED
-from launcher.interrupt import Interrupts, stop_waiting
+from launcher.cluster.failures import SUBMIT_REFUSED
+from launcher.cluster.interrupt import Interrupts, stop_waiting
 from launcher.masking import mask
-from launcher.plan import Cell, SweepError, run_spec
+from launcher.plan import fit
+from launcher.plan.grid import Cell, SweepError, run_spec
+from launcher.report import report
 from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, cell_state, this_process
+from launcher.track import tracking
 
 
 def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None,

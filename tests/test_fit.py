@@ -1,4 +1,4 @@
-"""launcher.fit's per-rank prediction against what the worker measures, on real gloo ranks.
+"""launcher.plan.fit's per-rank prediction against what the worker measures, on real gloo ranks.
 
 For each strategy, one spawn of real ranks (2, or 4 as 2 nodes x 2 for hsdp) loops over the
 project models. Inside the ranks every model goes through the worker's own sequence
@@ -213,7 +213,7 @@ def _error(predicted: int, measured: int) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(LAYOUTS))
 def test_prediction_within_5_percent_of_measured(tmp_path, strategy):
-    from launcher import fit
+    from launcher.plan import fit
 
     specs = _specs(tmp_path, strategy)
     measured = _measure(specs, strategy)

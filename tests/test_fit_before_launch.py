@@ -16,10 +16,10 @@ import torch
 from jobs.loop import loss_fn
 from jobs.models import build_model
 from jobs.spec import InputKind, ModelSpec
-from launcher import fit
 from launcher.__main__ import main
+from launcher.cluster.slurm_commands import parse_sinfo
+from launcher.plan import fit
 from launcher.preflight import parse_gpu_query
-from launcher.slurm import parse_sinfo
 
 
 def real_saved_bytes(spec: ModelSpec, batch_size: int) -> int:
@@ -130,11 +130,12 @@ def test_a_cell_too_big_for_its_gpu_type_is_refused_before_submission(tmp_path, 
 @needs_slurm
 def test_the_sbatch_script_asks_for_the_gpu_type(tmp_path):
     """cluster.gpu_type reaches sbatch as --gpus-per-node=<type>:<n> (what --plan prints)."""
-    from launcher import plan, preview
+    from launcher import preview
+    from launcher.plan import grid
 
-    points, swept = plan.expand(["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
+    points, swept = grid.expand(["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
                                  "cluster.gpu_type=a10g", "runs=1", f"output_root={tmp_path}"], False)
-    cells = plan.plan(plan.compose(points, swept))
+    cells = grid.plan(grid.compose(points, swept))
     assert "#SBATCH --gpus-per-node=a10g:8" in preview.render(cells, {}, max_array_size=1000)
 
 

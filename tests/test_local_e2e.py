@@ -59,7 +59,7 @@ def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, caps
 def test_emulated_nodes_get_node_ranks_and_the_cells_setup_and_memory_limit(tmp_path, fast_overrides):
     """Two emulated nodes; the cell's setup line runs before its ranks, and a memory limit that the
     cell fits in (where this machine allows memory cgroups) lets it finish and is removed after."""
-    from launcher import memlimit
+    from launcher.cluster import memlimit
 
     marker = tmp_path / "setup-ran"
     limit = [] if memlimit.problem() else ["cluster.mem_gb=4"]
@@ -124,7 +124,7 @@ def test_a_flagged_cell_is_rerun_alone_into_a_new_run_and_keeps_its_first_attemp
     assert code == 0
     cell = state.cells[0]
     first_run, first_job = cell.run_id, cell.job_id
-    # As launcher/interference.py records it when another job shared the cell's cores.
+    # As launcher/cluster/colocation.py records it when another job shared the cell's cores.
     cell.interference = "other processes used 40% of its cores during the measured window"
     state.save()
     again = status.resubmit_flagged(SweepState.load(state.sweep_dir))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from launcher.state import CellState, SweepState, this_process
 
 if TYPE_CHECKING:
-    from launcher.interrupt import Interrupts
+    from launcher.cluster.interrupt import Interrupts
 
 # {job id: (start s, end s, hosts)} of jobs whose start and end the cluster recorded.
 JobTimes = dict[str, tuple[float, float, list[str]]]
@@ -82,7 +82,7 @@ class Backend(ABC):
 
     @abstractmethod
     def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
-        """Where a measured noise floor holds (launcher.noisefloor)."""
+        """Where a measured noise floor holds (launcher.report.noisefloor)."""
 
     def worker_tracking_uri(self, state: SweepState) -> str | None:
         """The MLflow store the ranks log to, None when the launcher logs for them."""

@@ -13,13 +13,13 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from launcher import submit
+from launcher.cluster import submit
 from launcher.cluster.base import Allocation, Backend, JobTimes, alive
-from launcher.failures import classify, first_failure
+from launcher.cluster.failures import classify, first_failure
 from launcher.state import CellState, CellStatus, SweepState
 
 if TYPE_CHECKING:
-    from launcher.interrupt import Interrupts
+    from launcher.cluster.interrupt import Interrupts
 
 
 class LocalBackend(Backend):

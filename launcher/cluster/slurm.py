@@ -20,15 +20,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from launcher import slurm as slurm_commands
-from launcher import submit
+from launcher.cluster import slurm_commands, submit
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, Backend, JobTimes
-from launcher.failures import classify, first_failure
-from launcher.slurm import JobRecord, first_word
+from launcher.cluster.failures import classify, first_failure
+from launcher.cluster.slurm_commands import JobRecord, first_word
 from launcher.state import CellState, CellStatus, SweepState, slurm_status
 
 if TYPE_CHECKING:
-    from launcher.interrupt import Interrupts
+    from launcher.cluster.interrupt import Interrupts
 
 # A submitted job that neither squeue nor sacct knows after this long is lost (accounting lags the
 # queue by a second or two; a purged or never-recorded job stays unknown for good).

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import JobTimes, alive
-from launcher.runs import finish_cell
 from launcher.state import CellState, CellStatus, SweepState
+from launcher.track.runs import finish_cell
 
 
 @dataclass

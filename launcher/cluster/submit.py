@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.codec import to_plain
 from jobs.spec import Layout
-from launcher import memlimit
-from launcher.schema import ClusterConfig, ContainerRuntime
+from launcher.cluster import memlimit
+from launcher.plan.schema import ClusterConfig, ContainerRuntime
 from launcher.state import CellState, CellStatus, SweepState
 
 if TYPE_CHECKING:
-    from launcher.interrupt import Interrupts
+    from launcher.cluster.interrupt import Interrupts
 
 
 def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: 
 def _refused(state: SweepState, group: Sequence[CellState], exc: Exception) -> None:
     """Cells sbatch refused are failed with sbatch's own words and what to do: the sweep can be fixed
     and run again (same command, same sweep_dir) or resubmitted; none stays planned."""
-    from launcher.failures import SUBMIT_REFUSED
+    from launcher.cluster.failures import SUBMIT_REFUSED
 
     said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
     for cell in group:
@@ -131,7 +131,7 @@ def max_array_size_for(cells: Sequence[CellState]) -> int | None:
     configured = [c.cluster.max_array_size for c in cells if c.cluster.max_array_size]
     if configured:
         return min(configured)
-    from launcher.slurm import max_array_size
+    from launcher.cluster.slurm_commands import max_array_size
 
     return max_array_size()
 
@@ -140,10 +140,10 @@ def run_local(state: SweepState, cells: Sequence[CellState], after_each_cell: Ca
               interrupts: Interrupts | None = None) -> None:
     """Each cell to its end, one after another (launcher.cluster.local), then ``after_each_cell``
     (tracking, progress). Ctrl-C, SIGTERM or SIGHUP (``interrupts``, or handlers of this call's own)
-    stop the running cell at a step boundary and start no further cell (launcher/interrupt.py); the
+    stop the running cell at a step boundary and start no further cell (launcher/cluster/interrupt.py); the
     cells stopped or never started are cancelled, and ``after_each_cell`` sees them too (their MLflow
     runs end KILLED)."""
-    from launcher.interrupt import Interrupts
+    from launcher.cluster.interrupt import Interrupts
 
     own = interrupts is None
     stops = interrupts if interrupts is not None else Interrupts()
@@ -237,7 +237,7 @@ def _stopped_summary(cells: Sequence[CellState]) -> str:
 def _record_local_failure(state: SweepState, cell: CellState, exc: Exception, cgroup: Path | None) -> None:
     """The first failure and its class; the cell's memory cgroup is what sacct is on Slurm: an OOM kill
     it counted is decisive, whatever the other ranks then reported."""
-    from launcher.failures import classify, first_failure
+    from launcher.cluster.failures import classify, first_failure
 
     cell_dir = state.cell_dir(cell)
     cell.status = CellStatus.failed
@@ -302,7 +302,7 @@ def _own_session_executor():
     In the terminal's process group, a Ctrl-C reaches the controller too, which then kills its
     ranks within a second (SIGINT, then SIGKILL): no checkpoint, and a step counter that stops
     mid-window. Apart, only the launcher gets it, and stops the ranks at a step boundary
-    (launcher/interrupt.py); the whole cell is also one process group to kill.
+    (launcher/cluster/interrupt.py); the whole cell is also one process group to kill.
     """
     import submitit
     from submitit.local.local import LocalJob

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
-from launcher.schema import ClusterKind, Config, did_you_mean, field_type, non_finite, schema_keys, unknown_keys
+from launcher.plan.schema import (
+    ClusterKind,
+    Config,
+    did_you_mean,
+    field_type,
+    non_finite,
+    schema_keys,
+    unknown_keys,
+)
 
 # Package data: found next to this module in a checkout, an editable install and a wheel alike.
 CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))
@@ -63,7 +71,7 @@ def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from launcher.schema import register
+    from launcher.plan.schema import register
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -184,7 +192,7 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from launcher.schema import register
+    from launcher.plan.schema import register
 
     register()
     parser = OverridesParser.create()

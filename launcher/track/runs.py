@@ -18,9 +18,9 @@ import yaml
 from jobs import mlflow_entry
 from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
 from jobs.sinks import RUN_ID_FILE, read_records
-from launcher import tracking
 from launcher.cluster.backends import backend_for
 from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
+from launcher.track import tracking
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
 
