@@ -131,7 +131,7 @@ class CellState:
     failure_class: str | None = None
     interference: str | None = None  # what else its measurement saw (launcher/cluster/colocation.py)
     predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
-    predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/fit.activation_bytes)
+    predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
     # Slurm's requeues of the current job (node failure, preemption), from its accounting records,

@@ -224,7 +224,7 @@ def test_prediction_within_5_percent_of_measured(tmp_path, strategy):
     shapes = {}
     for (name, optimizer), spec in specs.items():
         if name not in shapes:
-            shapes[name] = fit.parameter_shapes(spec.model)
+            shapes[name] = fit.analyse(spec.model, spec.train.batch_size, None, False)[0]
         pred = fit.predict(shapes[name], spec.strategy, spec.layout, spec.train.optimizer)
         if _stepped_here(name, strategy):
             got = measured[name, optimizer]

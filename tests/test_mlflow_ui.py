@@ -5,6 +5,7 @@ Needs Debian's chromium (``apt-get install -y --no-install-recommends chromium``
 it, or when the MLflow server does not come up.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -21,7 +23,6 @@ from PIL import Image
 
 from launcher.__main__ import main
 from launcher.state import SweepState
-from launcher.track.tracking import compare_url
 from tests.conftest import FAST
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -91,6 +92,12 @@ def mlflow_server(tmp_path):
     finally:
         _stop(proc)
         log.close()
+
+
+def compare_url(server_uri: str, run_ids: list[str], experiment_ids: list[str]) -> str:
+    """The MLflow UI's compare-runs page for these runs (the route MLflow's UI links to)."""
+    runs, experiments = json.dumps(list(run_ids)), json.dumps(sorted(set(experiment_ids)))
+    return f"{server_uri.rstrip('/')}/#/compare-runs?runs={quote(runs)}&experiments={quote(experiments)}"
 
 
 def test_compare_page_shows_the_sweeps_runs(mlflow_server, tmp_path):

@@ -47,14 +47,6 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
-def compare_url(server_uri: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
-    """The MLflow UI's compare-runs page for these runs (the route MLflow's UI links to)."""
-    from urllib.parse import quote
-
-    runs, experiments = json.dumps(list(run_ids)), json.dumps(sorted(set(experiment_ids)))
-    return f"{server_uri.rstrip('/')}/#/compare-runs?runs={quote(runs)}&experiments={quote(experiments)}"
-
-
 def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], status: str) -> None:
     """Attach the sweep's report (report.md at the top, plots under plots/ so its relative image
     links hold in the artifact view) to the parent run, and end the run."""
