@@ -64,6 +64,10 @@ class Backend(ABC):
         """The most cells one submission may hold (None: no limit)."""
 
     @abstractmethod
+    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+        """How ``cells`` would be submitted (``--plan``), as lines; nothing is submitted or written."""
+
+    @abstractmethod
     def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
         """Move each submitted cell to the state its job is in now; the jobs' start, end and hosts
         where the cluster recorded them (the co-location check reads them)."""

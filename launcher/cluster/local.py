@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.cluster import submit
@@ -33,6 +34,9 @@ class LocalBackend(Backend):
 
     def max_array_size(self, cells: Sequence[CellState]) -> int | None:
         return None
+
+    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+        return [f"local: {len(cells)} job(s), one after another on this machine (submitit LocalExecutor)."]
 
     def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
         for cell in cells:

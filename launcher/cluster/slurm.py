@@ -18,6 +18,7 @@ from __future__ import annotations
 import pwd
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.cluster import slurm_commands, submit
@@ -48,6 +49,16 @@ class SlurmBackend(Backend):
 
     def max_array_size(self, cells: Sequence[CellState]) -> int | None:
         return submit.max_array_size_for(cells)
+
+    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+        """Each sbatch call with the script submitit would write for it."""
+        calls = submit.groups(cells, max_array_size)
+        lines = [f"slurm: {len(calls)} sbatch call(s)" + (f" (arrays split at MaxArraySize {max_array_size})"
+                                                         if max_array_size else "") + ":"]
+        for i, group in enumerate(calls, 1):
+            lines += ["", f"--- sbatch call {i}: array of {len(group)}: cells {', '.join(str(c.index) for c in group)}",
+                      submit.sbatch_script(group, folder, "<sweep name>").rstrip()]
+        return lines
 
     def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
         """One sacct call (every accounting record of every job: requeues included) and one squeue
