@@ -7,17 +7,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    """Modules of ``package`` that ``path`` imports, at the top or inside functions: for
-    ``from a.b import c``, both ``a.b`` and ``a.b.c`` (import_graph keeps the ones that are modules)."""
+def _imports(path: Path, package: str, modules: set[str]) -> set[str]:
+    """The ``modules`` of ``package`` that ``path`` imports, at the top or inside functions. From
+    ``from a.b import c``: ``a.b.c`` when it is a module, else ``a.b``."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith(package + "."):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+            names = {f"{node.module}.{a.name}" for a in node.names}
+            found.update(names & modules if names <= modules else {node.module, *(names & modules)})
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith(package + "."))
-    return found
+    return found & modules
 
 
 def _module_name(path: Path) -> str:
@@ -30,8 +30,7 @@ def import_graph(package: str) -> dict[str, set[str]]:
     """Every module of ``package`` and its subpackages -> the modules of ``package`` it imports.
     A package (its __init__) counts as a module too, except the root, which imports nothing."""
     modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py") if _module_name(p) != package}
-    return {name: {m for m in _imports(path, package) if m in modules and m != name}
-            for name, path in modules.items()}
+    return {name: _imports(path, package, set(modules)) - {name} for name, path in modules.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
