@@ -102,12 +102,12 @@ Measured before the changes on this machine (same methods): the 16-cell Slurm su
 in ~2x torchrun's time (MLflow before submission in the launcher, and again in rank 0 before the
 process group); telemetry was ~1.4% of the window (four SQLite transactions of 12-19 ms each).
 
-- `launcher/plan.py`: Hydra composes once per distinct set of config-group choices; each point's
+- `launcher/plan/grid.py`: Hydra composes once per distinct set of config-group choices; each point's
   value overrides (`nodes=2`, `seed=1`) are applied to a copy by the function Hydra's own
   compose applies them with. Same configs (checked against per-point composition, errors
   included); 4 compositions instead of 16 for the grid above (~65 ms each).
 - `launcher/__main__.py`, `launcher/sweep.py`: MLflow runs are created after submission
-  (`sweep.create_runs`): on Slurm right after sbatch has accepted every job, locally once the
+  (`sweep._create_runs`): on Slurm right after sbatch has accepted every job, locally once the
   first cell has ended (while nothing runs, so the work never lands in a measurement). Each run
   id also goes to `<cell dir>/mlflow_run_id`. Local ranks log no MLflow themselves: the launcher
   already replays each finished cell's `metrics.jsonl` into its run (`launcher.sync`), so rank 0

@@ -127,7 +127,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     submitted: list[str] = []
     busy: list[float] = []
 
-    # The launcher's fit cache (launcher/fitcache.py) starts empty: the untimed first run analyses
+    # The launcher's fit cache (launcher/plan/fitcache.py) starts empty: the untimed first run analyses
     # the model (torch imported) and its time is row 4d; the timed runs read the cache, as a repeated
     # grid does.
     cache = work / "cache"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.common import PYTHON, REPO, Row, Settings, ratio_of_medians
 from bench.slurm_submit import Shim, default_partition, read_log, run_plugin_until_accepted, scancel, unavailable
-from launcher.slurm import max_array_size
+from launcher.cluster.slurm_commands import max_array_size
 
 GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2", "runs=1"]
 CELLS = 1000

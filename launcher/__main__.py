@@ -1,7 +1,7 @@
 """``python -m launcher [-m] key=value ...``: compose -> validate -> plan -> submit.
 
-Thin on purpose: the work lives in plan.py (grid, validation, resources), sweep.py (tracking,
-submission, waiting) and report.py (the comparison table).
+Thin on purpose: the work lives in launcher/plan/ (grid, validation, resources), sweep.py
+(tracking, submission, waiting) and launcher/report/ (the comparison table).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ examples:
 
 
 def _groups() -> str:
-    from launcher.plan import CONF_DIR
+    from launcher.plan.grid import CONF_DIR
 
     lines = []
     for group in sorted(p for p in CONF_DIR.iterdir() if p.is_dir()):
@@ -91,15 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}; nothing was submitted. Fix: see python -m launcher --help.", file=sys.stderr)
         return 2
 
-    from launcher import plan, preflight
-    from launcher.safety import mask
+    from launcher import preflight
+    from launcher.masking import mask
+    from launcher.plan import grid
 
     try:
-        extra = plan.search_path(config_dirs)
-        points, swept = plan.expand(overrides, multirun, extra)
-        cells = plan.plan(plan.compose(points, swept, extra=extra))
+        extra = grid.search_path(config_dirs)
+        points, swept = grid.expand(overrides, multirun, extra)
+        cells = grid.plan(grid.compose(points, swept, extra=extra))
         predicted = preflight.check(cells)
-    except plan.SweepError as exc:
+    except grid.SweepError as exc:
         print(f"error: invalid configuration; nothing was submitted.\n{mask('', str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # Hydra's parser errors on malformed overrides
@@ -107,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
               f"Fix: write overrides as key=value (see --help).", file=sys.stderr)
         return 2
     if plan_only:
-        from launcher import preview, submit
+        from launcher import preview
+        from launcher.cluster.backends import backend_for
+        from launcher.state import cell_state
 
-        size = submit.max_array_size_for([plan.cell_state(c) for c in cells]) if cells[0].config.cluster.name.value \
-            == "slurm" else None
+        size = backend_for(cells[0].config.cluster.name.value).max_array_size([cell_state(c) for c in cells])
         print(preview.render(cells, predicted, size))
         return 0
 
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return sweep.run(cells, ["python -m launcher", *args], predicted,
                          allow_concurrent="--allow-concurrent" in args)
-    except plan.SweepError as exc:
+    except grid.SweepError as exc:
         print(f"error: {exc}\nnothing was submitted.", file=sys.stderr)
         return 2
 

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from jobs.codec import to_plain
 from jobs.spec import ConfigError, ModelSpec
-from launcher import fit, fitcache, memlimit
-from launcher.plan import Cell, SweepError
-from launcher.schema import ClusterKind, Config
-from launcher.tracking import check_reachable, default_uri
+from launcher.cluster import memlimit
+from launcher.plan import fit, fitcache
+from launcher.plan.grid import Cell, SweepError
+from launcher.plan.schema import ClusterKind, Config
+from launcher.track.tracking import check_reachable, default_uri
 
 
 def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
@@ -33,7 +34,7 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     _local_memory(cells, errors)
     _refuse(errors)
     if cells[0].config.cluster.name is ClusterKind.slurm:
-        from launcher.slurm import check_partitions
+        from launcher.cluster.slurm_commands import check_partitions
 
         errors += check_partitions(cells)  # also resolves cluster.gpu_mem_gib from the partition's GPU type
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
@@ -54,7 +55,7 @@ _RUN_IN_NAME = re.compile(r"^\[(.*?) run=\d+\]")
 
 
 def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
-    """Each distinct model and batch shape is analysed once (or read from launcher/fitcache.py):
+    """Each distinct model and batch shape is analysed once (or read from launcher/plan/fitcache.py):
     built on the meta device, its parameter shapes, and one meta forward for the activations."""
     analyses: dict[str, tuple[list, int | None] | None] = {}
     predicted = {}

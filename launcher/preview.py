@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher import fit, submit
-from launcher.plan import Cell, cell_state
-from launcher.schema import ClusterKind
+from launcher.cluster.backends import backend_for
+from launcher.plan import fit
+from launcher.plan.grid import Cell
+from launcher.state import cell_state
 
 
 def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_size: int | None = None) -> str:
@@ -37,14 +38,6 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
 
 
 def _submissions(cells: list[Cell], max_array_size: int | None) -> list[str]:
-    if cells[0].config.cluster.name is ClusterKind.local:
-        return [f"local: {len(cells)} job(s), one after another on this machine (submitit LocalExecutor)."]
-    states = [cell_state(c) for c in cells]
-    calls = submit.groups(states, max_array_size)
-    lines = [f"slurm: {len(calls)} sbatch call(s)" + (f" (arrays split at MaxArraySize {max_array_size})"
-                                                     if max_array_size else "") + ":"]
     folder = Path(cells[0].config.output_root).resolve() / "<sweep>" / "submitit"
-    for i, group in enumerate(calls, 1):
-        lines += ["", f"--- sbatch call {i}: array of {len(group)}: cells {', '.join(str(c.index) for c in group)}",
-                  submit.sbatch_script(group, folder, "<sweep name>").rstrip()]
-    return lines
+    backend = backend_for(cells[0].config.cluster.name.value)
+    return backend.describe_submission([cell_state(c) for c in cells], folder, max_array_size)

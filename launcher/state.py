@@ -19,7 +19,8 @@ from typing import Any
 from jobs.cell_run import RUN_ID_FILE
 from jobs.codec import from_plain, to_plain
 from jobs.spec import Layout, RunSpec
-from launcher.schema import ClusterConfig
+from launcher.plan.grid import Cell, model_label
+from launcher.plan.schema import ClusterConfig
 
 STATE_FILE = "sweep.json"
 SPEC_FILE = "spec.json"
@@ -128,9 +129,9 @@ class CellState:
     status: CellStatus = CellStatus.planned
     error: str | None = None
     failure_class: str | None = None
-    interference: str | None = None  # what else its measurement saw (launcher/interference.py)
-    predicted_state_bytes: int | None = None  # per rank, before launch (launcher/fit.py)
-    predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/fit.activation_bytes)
+    interference: str | None = None  # what else its measurement saw (launcher/cluster/colocation.py)
+    predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
+    predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
     # Slurm's requeues of the current job (node failure, preemption), from its accounting records,
@@ -147,6 +148,14 @@ class CellState:
         return self.layout.world_size
 
 
+def cell_state(cell: Cell) -> CellState:
+    """The cell as the sweep document keeps it: name, directory, its own cluster settings and layout."""
+    cfg = cell.config
+    return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
+                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=model_label(cfg),
+                     cluster=cfg.cluster, layout=cell.layout, run=cell.run)
+
+
 @dataclass
 class SweepState:
     name: str
@@ -159,7 +168,7 @@ class SweepState:
     parent_run_id: str | None = None
     cells: list[CellState] = field(default_factory=list)
     # "host:pid" of the process that last submitted cells: a planned cell whose submitter is gone
-    # will never be submitted (launcher/reconcile.py says so instead of leaving it planned).
+    # will never be submitted (launcher/track/reconcile.py says so instead of leaving it planned).
     submitter: str | None = None
     # The cells' statuses when report.md was last written (report.finalize writes it again on change).
     reported: str | None = None

@@ -2,27 +2,27 @@
 
 Works from any later shell and any working directory: everything it needs is in the sweep
 document (sweep.json), each cell's directory (spec.json, result.json, error files) and Slurm's
-accounting. One sacct and one squeue call per refresh (launcher/reconcile.py), so it answers in about
+accounting. One sacct and one squeue call per refresh (launcher/track/reconcile.py), so it answers in about
 a second for a thousand cells; a finished sweep is finished once (report.finalize).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 from jobs.cell_run import RUN_ID_FILE
-from launcher import report, submit
 from launcher.cli import guarded
-from launcher.failures import describe
-from launcher.reconcile import CANCELLED_BY_LAUNCHER, refresh
-from launcher.runs import ensure_runs, finish_cell
+from launcher.cluster.backends import backend_for
+from launcher.cluster.base import CANCELLED_BY_LAUNCHER
+from launcher.cluster.failures import describe
+from launcher.report import report
 from launcher.state import CellState, CellStatus, StateError, SweepState
-from launcher.tracking import reopen
+from launcher.track.reconcile import refresh
+from launcher.track.runs import ensure_runs, finish_cell
+from launcher.track.tracking import reopen
 
 __all__ = ["cancel", "main", "refresh", "render", "resubmit", "resubmit_flagged", "wait"]
 
@@ -79,17 +79,7 @@ def cancel(state: SweepState) -> list[CellState]:
     cell waits for an accounting record that a never-started array task does not get."""
     refresh(state)
     active = [c for c in state.cells if not c.status.terminal]
-    ids = [c.job_id for c in active if c.job_id]
-    if state.cluster == "slurm":
-        from launcher.slurm import cancel as scancel
-
-        scancel(ids)
-    else:
-        for job_id in ids:
-            try:
-                os.kill(int(job_id), signal.SIGTERM)  # the local controller forwards it to its ranks
-            except (OSError, ValueError):
-                pass
+    backend_for(state.cluster).cancel([c.job_id for c in active if c.job_id])
     for cell in active:
         cell.status, cell.error, cell.failure_class = CellStatus.cancelled, CANCELLED_BY_LAUNCHER, None
         finish_cell(state, cell)
@@ -111,7 +101,7 @@ def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RESUBMITTED) -> 
         if state.tracking_uri and cell.run_id:
             reopen(state.tracking_uri, cell.run_id)
     if again:
-        submit.submit(state, again, after_local_cell=lambda cell: finish_cell(state, cell))
+        backend_for(state.cluster).submit(state, again, after_each_cell=lambda cell: finish_cell(state, cell))
     return again
 
 
@@ -150,13 +140,14 @@ def resubmit_flagged(state: SweepState) -> list[CellState]:
         cell.cluster.exclusive = True
     state.save()
     if flagged:
-        if state.tracking_uri and state.cluster == "slurm":
-            ensure_runs(state)
-        submit.submit(state, flagged, after_local_cell=lambda cell: _local_rerun_ended(state, cell))
+        backend = backend_for(state.cluster)
+        if backend.worker_tracking_uri(state):
+            ensure_runs(state)  # the ranks log into their runs themselves: the runs exist first
+        backend.submit(state, flagged, after_each_cell=lambda cell: _rerun_ended(state, cell))
     return flagged
 
 
-def _local_rerun_ended(state: SweepState, cell: CellState) -> None:
+def _rerun_ended(state: SweepState, cell: CellState) -> None:
     ensure_runs(state)
     finish_cell(state, cell)
 

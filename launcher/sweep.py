@@ -1,6 +1,6 @@
 """Run a planned sweep: its directory and document, submission, MLflow runs, waiting, the report.
 
-    prepare (new sweep, or resume of an existing sweep_dir) -> submit.submit (the one path)
+    prepare (new sweep, or resume of an existing sweep_dir) -> Backend.submit (the one path)
       -> create_runs -> [status.wait] -> report.finalize
 """
 
@@ -12,12 +12,17 @@ from datetime import datetime
 from pathlib import Path
 
 from jobs.codec import to_plain
-from launcher import fit, report, status, submit, sync, tracking
-from launcher.failures import SUBMIT_REFUSED
-from launcher.interrupt import Interrupts, stop_waiting
-from launcher.plan import Cell, SweepError, cell_state, run_spec
-from launcher.safety import mask
-from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, this_process
+from launcher import status, sync
+from launcher.cluster import submit
+from launcher.cluster.backends import backend_for
+from launcher.cluster.failures import SUBMIT_REFUSED
+from launcher.cluster.interrupt import Interrupts, stop_waiting
+from launcher.masking import mask
+from launcher.plan import fit
+from launcher.plan.grid import Cell, SweepError, run_spec
+from launcher.report import report
+from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, cell_state, this_process
+from launcher.track import tracking
 
 
 def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None,
@@ -28,15 +33,16 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     state = prepare(cells, argv, predicted or {})
     todo = [c for c in state.cells if c.status in (CellStatus.planned, *status.RESUBMITTED)]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
-    if state.cluster == "local":
-        # Handlers for the whole local life, MLflow's closing included: a second Ctrl-C always ends at once.
+    backend = backend_for(state.cluster)
+    if backend.runs_cells_in_foreground:
+        # Handlers for the whole life in the foreground, MLflow's closing included: a second Ctrl-C
+        # always ends at once.
         with Interrupts() as interrupts:
-            submit.submit(state, todo, after_local_cell=lambda cell: _local_cell_ended(state, cell),
-                          interrupts=interrupts)
+            backend.submit(state, todo, after_each_cell=lambda cell: _cell_ended(state, cell), interrupts=interrupts)
             if interrupts.requested:
                 return _interrupted(state, interrupts)
     else:
-        submit.submit(state, todo)
+        backend.submit(state, todo)
         _create_runs(state)
         print_jobs(state)
         if any(c.failure_class == SUBMIT_REFUSED for c in todo):
@@ -79,10 +85,10 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
         if state_bytes is not None:
             cs.predicted_state_bytes = state_bytes.total
             cs.predicted_activation_bytes = state_bytes.activations
-    # Local cells log no MLflow from their ranks: the launcher waits for each cell anyway and logs
-    # its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import on rank 0).
-    # Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.
-    worker_uri = None if state.cluster == "local" else state.tracking_uri
+    # Cells run in the foreground log no MLflow from their ranks: the launcher waits for each cell
+    # anyway and logs its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import
+    # on rank 0). Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.
+    worker_uri = backend_for(state.cluster).worker_tracking_uri(state)
     for cs, cell in zip(state.cells, cells, strict=True):
         state.save_spec(cs, run_spec(cell, sweep_dir, worker_uri, None))
         write_resolved_config(state.cell_dir(cs) / "config.yaml", cell)
@@ -105,12 +111,12 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
     state.submitter = this_process()
     again = [cs for cs in state.cells if cs.status in (CellStatus.planned, *status.RESUBMITTED)]
     by_name = {cell.name: cell for cell in cells}
+    worker_uri = backend_for(state.cluster).worker_tracking_uri(state)
     for cs in again:
         cs.status, cs.job_id, cs.error, cs.failure_class = CellStatus.planned, None, None, None
         # The command's settings now (a cluster.* setting fixed after sbatch refused it, say).
         cs.cluster, cs.layout = by_name[cs.name].config.cluster, by_name[cs.name].layout
-        state.save_spec(cs, run_spec(by_name[cs.name], sweep_dir, None if state.cluster == "local"
-                                     else state.tracking_uri, None))
+        state.save_spec(cs, run_spec(by_name[cs.name], sweep_dir, worker_uri, None))
         write_resolved_config(state.cell_dir(cs) / "config.yaml", by_name[cs.name])
         if state.tracking_uri and cs.run_id:
             tracking.reopen(state.tracking_uri, cs.run_id)
@@ -154,11 +160,6 @@ def _command(argv: list[str]) -> list[str]:
     return [a for a in argv if a != "--allow-concurrent"]
 
 
-# Above this many cells a Slurm sweep creates its MLflow runs in a background process: SQLite takes
-# ~60 ms per run, a minute for 1000 cells, and the login-node command should return in seconds.
-BACKGROUND_RUNS_ABOVE = 50
-
-
 def _create_runs(state: SweepState) -> None:
     """The sweep's parent run and its cells' run templates, inline (small sweeps, local sweeps) or in
     the background (large Slurm sweeps); a cell's run is created once its job has started, by its
@@ -166,7 +167,7 @@ def _create_runs(state: SweepState) -> None:
     if not state.tracking_uri:
         return
     first = not state.parent_run_id
-    if first and state.cluster == "slurm" and len(state.cells) > BACKGROUND_RUNS_ABOVE:
+    if first and backend_for(state.cluster).creates_runs_in_background(len(state.cells)):
         pid = sync.start_in_background(state)
         print(f"MLflow: creating {len(state.cells)} cell run(s) in the background (pid {pid}, log "
               f"{state.path / sync.BACKGROUND_LOG}); launcher.status and launcher.sync finish it if it stops.",
@@ -185,9 +186,9 @@ def _create_runs(state: SweepState) -> None:
               file=sys.stderr, flush=True)
 
 
-def _local_cell_ended(state: SweepState, cell: CellState) -> None:
-    """After each local cell: its one-line result, then its MLflow run created (at its job's start)
-    and brought up to date, while nothing runs, so the work never lands in a measurement."""
+def _cell_ended(state: SweepState, cell: CellState) -> None:
+    """After each cell run in the foreground: its one-line result, then its MLflow run created (at its
+    job's start) and brought up to date, while nothing runs, so the work never lands in a measurement."""
     if not (cell.error or "").startswith(submit.NOT_STARTED):  # cells an interrupt never started: no line
         print(f"    {progress_line(state, cell)}", file=sys.stderr if cell.status is CellStatus.failed else sys.stdout,
               flush=True)
@@ -197,7 +198,7 @@ def _local_cell_ended(state: SweepState, cell: CellState) -> None:
 
 
 def _interrupted(state: SweepState, interrupts: Interrupts) -> int:
-    """A local sweep stopped by a signal: its cells are cancelled (submit._run_local) and their runs
+    """A local sweep stopped by a signal: its cells are cancelled (submit.run_local) and their runs
     KILLED (finish_cell); the parent run ends KILLED too, each with the reason as a tag."""
     reason = f"interrupted by {interrupts.reason}"
     if state.tracking_uri and state.parent_run_id:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from launcher import report
 from launcher.cli import guarded
-from launcher.runs import BACKGROUND_LOG, ensure_runs, finish_cell, start_in_background, sync_run, sync_sweep
+from launcher.report import report
 from launcher.state import StateError, SweepState
+from launcher.track.runs import BACKGROUND_LOG, ensure_runs, finish_cell, start_in_background, sync_run, sync_sweep
 
 __all__ = ["BACKGROUND_LOG", "ensure_runs", "finish_cell", "main", "start_in_background", "sync_run", "sync_sweep"]
 

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from launcher import compare, report
+from launcher.report import compare, report
 from launcher.state import SweepState
 
 pytestmark = pytest.mark.slow

@@ -151,7 +151,7 @@ def test_a_missing_module_is_named_and_never_suggested_as_the_fix(tmp_path, caps
 
 
 def test_the_quoted_form_the_parse_error_suggests_is_accepted():
-    from launcher.plan import compose, expand
+    from launcher.plan.grid import compose, expand
 
     points, _ = expand(['cluster.exclude="node[2-4]"', "cluster=slurm"], multirun=False)
     assert points == [['cluster.exclude="node[2-4]"', "cluster=slurm"]]

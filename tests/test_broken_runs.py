@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from jobs.health import DIVERGED, LOSS_FROZEN, STEPS_SKIPPED, inspect
-from launcher.failures import FIXES
-from launcher.rows import throughput
+from launcher.cluster.failures import FIXES
+from launcher.report.rows import throughput
 
 
 class NanInitLM(torch.nn.Module):

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from jobs.spec import Layout
-from launcher import compare, report
-from launcher.schema import ClusterConfig
+from launcher.plan.schema import ClusterConfig
+from launcher.report import compare, report
 from launcher.state import CellState, CellStatus, SweepState
 
 GRID = [("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)]

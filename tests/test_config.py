@@ -3,9 +3,10 @@
 import pytest
 
 from jobs.spec import InputKind, Precision, Sharding, Strategy
-from launcher import submit
 from launcher.__main__ import main
-from launcher.plan import CONF_DIR, SweepError, cell_state, compose, expand, plan, search_path
+from launcher.cluster import submit
+from launcher.plan.grid import CONF_DIR, SweepError, compose, expand, plan, search_path
+from launcher.state import cell_state
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
 # Options that need more than their own file to be valid (refused on CPU, or need a node count).
@@ -107,10 +108,10 @@ FAST_PATH_CASES = [
 
 @pytest.mark.parametrize("overrides", FAST_PATH_CASES, ids=[" ".join(c) for c in FAST_PATH_CASES])
 def test_value_overrides_set_directly_give_hydras_own_config(overrides, monkeypatch):
-    import launcher.plan
+    import launcher.plan.grid
 
     fast = compose([overrides], [])[0].config
-    monkeypatch.setattr(launcher.plan, "_fast_apply", lambda base, parsed: None)
+    monkeypatch.setattr(launcher.plan.grid, "_fast_apply", lambda base, parsed: None)
     assert compose([overrides], [])[0].config == fast
 
 

@@ -12,7 +12,7 @@ from jobs.data import (
     synthetic_batches,
 )
 from jobs.spec import DataKind, DataSpec, InputKind, ModelSpec
-from launcher.plan import SweepError, compose, expand
+from launcher.plan.grid import SweepError, compose, expand
 from tests.ranks import TINY_CNN, TINY_GPT, make_spec, run_ranks
 
 CPU = torch.device("cpu")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.failures import CLASSES, FIXES, classify, describe, first_failure
+from launcher.cluster.failures import CLASSES, FIXES, classify, describe, first_failure
 
 # Literal first lines, as jobs/worker.py writes them ("rank R on HOST failed: Type: message").
 CUDA_OOM = ("rank 1 on gpu3 failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a "
@@ -213,8 +213,8 @@ class AllocatesAfterWarmup(torch.nn.Module):
 def test_real_host_oom_under_a_memory_limit_through_the_launcher(tmp_path, fast_overrides):
     """cluster.mem_gb on the local cluster is a real memory cgroup around the cell: rank 0 outgrows it,
     the kernel's OOM killer ends it, the job fails fast, and the cgroup's own count makes the class oom."""
-    from launcher import memlimit
     from launcher.__main__ import main
+    from launcher.cluster import memlimit
     from launcher.state import SweepState
 
     if memlimit.problem():

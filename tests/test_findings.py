@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from launcher import findings
-from launcher.rows import add_derived, grouped, ranked
-from launcher.stats import INCONCLUSIVE, Estimate, Floor, difference, estimate, runs_needed, t95
+from launcher.report import findings
+from launcher.report.rows import add_derived, grouped, ranked
+from launcher.report.stats import INCONCLUSIVE, Estimate, Floor, difference, estimate, runs_needed, t95
 
 
 def one(strategy="ddp", precision="fp32", nodes=1, tp=1000.0, cv=0.01, repeats=3, world=None, peak=10.0,

@@ -1,4 +1,4 @@
-"""launcher.fit's per-rank prediction against what the worker measures, on real gloo ranks.
+"""launcher.plan.fit's per-rank prediction against what the worker measures, on real gloo ranks.
 
 For each strategy, one spawn of real ranks (2, or 4 as 2 nodes x 2 for hsdp) loops over the
 project models. Inside the ranks every model goes through the worker's own sequence
@@ -213,7 +213,7 @@ def _error(predicted: int, measured: int) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(LAYOUTS))
 def test_prediction_within_5_percent_of_measured(tmp_path, strategy):
-    from launcher import fit
+    from launcher.plan import fit
 
     specs = _specs(tmp_path, strategy)
     measured = _measure(specs, strategy)
@@ -224,7 +224,7 @@ def test_prediction_within_5_percent_of_measured(tmp_path, strategy):
     shapes = {}
     for (name, optimizer), spec in specs.items():
         if name not in shapes:
-            shapes[name] = fit.parameter_shapes(spec.model)
+            shapes[name] = fit.analyse(spec.model, spec.train.batch_size, None, False)[0]
         pred = fit.predict(shapes[name], spec.strategy, spec.layout, spec.train.optimizer)
         if _stepped_here(name, strategy):
             got = measured[name, optimizer]

@@ -16,10 +16,10 @@ import torch
 from jobs.loop import loss_fn
 from jobs.models import build_model
 from jobs.spec import InputKind, ModelSpec
-from launcher import fit
 from launcher.__main__ import main
+from launcher.cluster.slurm_commands import parse_sinfo
+from launcher.plan import fit
 from launcher.preflight import parse_gpu_query
-from launcher.slurm import parse_sinfo
 
 
 def real_saved_bytes(spec: ModelSpec, batch_size: int) -> int:
@@ -48,6 +48,11 @@ def real_saved_bytes(spec: ModelSpec, batch_size: int) -> int:
     return sum(storages.values())
 
 
+def activation_estimate(spec: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int | None:
+    """The launcher's estimate, from the analysis preflight runs (fit.analyse)."""
+    return fit.analyse(spec, batch_size, low_dtype, checkpointing)[1]
+
+
 @pytest.mark.parametrize("spec, batch_size", [
     (ModelSpec(name="gpt_tiny", seq_len=64, vocab_size=512), 4),
     (ModelSpec(name="mlp", input=InputKind.image, image_size=16, num_classes=10), 8),
@@ -58,19 +63,19 @@ def real_saved_bytes(spec: ModelSpec, batch_size: int) -> int:
                config={"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 64}), 4),
 ])
 def test_activation_estimate_on_meta_matches_a_real_forward(spec, batch_size):
-    estimate = fit.activation_bytes(spec, batch_size, None, checkpointing=False)
+    estimate = activation_estimate(spec, batch_size, None, checkpointing=False)
     measured = real_saved_bytes(spec, batch_size)
     assert measured > 0 and abs(estimate - measured) / measured < 0.05, (estimate, measured)
 
 
 def test_activation_estimate_scales_with_batch_and_shrinks_with_checkpointing_and_low_precision():
     spec = ModelSpec(name="gpt_tiny", seq_len=64, vocab_size=512)
-    one, four = (fit.activation_bytes(spec, b, None, False) for b in (1, 4))
+    one, four = (activation_estimate(spec, b, None, False) for b in (1, 4))
     assert four == pytest.approx(4 * one, rel=0.02)
-    checkpointed = fit.activation_bytes(spec, 4, None, True)
+    checkpointed = activation_estimate(spec, 4, None, True)
     assert checkpointed < 0.7 * four  # only block inputs and one block's own tensors stay
     # Under autocast the matmul inputs are saved as bf16 copies; norms and the loss stay fp32.
-    assert fit.activation_bytes(spec, 4, "bfloat16", False) < 0.9 * four
+    assert activation_estimate(spec, 4, "bfloat16", False) < 0.9 * four
 
 
 @pytest.mark.parametrize("name, gib", [
@@ -130,11 +135,12 @@ def test_a_cell_too_big_for_its_gpu_type_is_refused_before_submission(tmp_path, 
 @needs_slurm
 def test_the_sbatch_script_asks_for_the_gpu_type(tmp_path):
     """cluster.gpu_type reaches sbatch as --gpus-per-node=<type>:<n> (what --plan prints)."""
-    from launcher import plan, preview
+    from launcher import preview
+    from launcher.plan import grid
 
-    points, swept = plan.expand(["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
+    points, swept = grid.expand(["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
                                  "cluster.gpu_type=a10g", "runs=1", f"output_root={tmp_path}"], False)
-    cells = plan.plan(plan.compose(points, swept))
+    cells = grid.plan(grid.compose(points, swept))
     assert "#SBATCH --gpus-per-node=a10g:8" in preview.render(cells, {}, max_array_size=1000)
 
 

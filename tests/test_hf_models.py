@@ -286,7 +286,7 @@ def test_model_hf_without_transformers_names_the_extra(monkeypatch):
 
 
 def test_model_hf_composes_from_the_command_line():
-    from launcher.plan import compose, expand
+    from launcher.plan.grid import compose, expand
 
     points, swept = expand(["model=hf", "model.arch=llama", "model.config.hidden_size=48",
                             "+model.config.rms_norm_eps=1e-05"], multirun=False)

@@ -7,24 +7,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    """Modules of ``package`` that ``path`` imports, at the top or inside functions."""
+def _imports(path: Path, package: str, modules: set[str]) -> set[str]:
+    """The ``modules`` of ``package`` that ``path`` imports, at the top or inside functions. From
+    ``from a.b import c``: ``a.b.c`` when it is a module, else ``a.b``."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == package:
-                found.update(f"{package}.{a.name}" for a in node.names)
-            elif node.module.startswith(package + "."):
-                found.add(node.module)
+        if isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith(package + "."):
+            names = {f"{node.module}.{a.name}" for a in node.names}
+            found.update(names & modules if names <= modules else {node.module, *(names & modules)})
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith(package + "."))
-    return found
+    return found & modules
+
+
+def _module_name(path: Path) -> str:
+    """``launcher/report/findings.py`` -> ``launcher.report.findings``; a package's __init__ is the package."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph(package: str) -> dict[str, set[str]]:
-    modules = {f"{package}.{p.stem}": p for p in (ROOT / package).glob("*.py") if p.stem != "__init__"}
-    return {name: {m for m in _imports(path, package) if m in modules and m != name}
-            for name, path in modules.items()}
+    """Every module of ``package`` and its subpackages -> the modules of ``package`` it imports.
+    A package (its __init__) counts as a module too, except the root, which imports nothing."""
+    modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py") if _module_name(p) != package}
+    return {name: _imports(path, package, set(modules)) - {name} for name, path in modules.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -55,6 +61,31 @@ def test_no_import_circles_in_launcher_or_jobs_even_through_function_level_impor
         assert _cycle(import_graph(package)) is None, _cycle(import_graph(package))
 
 
+# The launcher's layers in the order a sweep flows through them: a module imports its own layer and
+# the layers before it, never one after it.
+FLOW = [
+    ("launcher.plan",),  # the command -> cells
+    ("launcher.state", "launcher.masking", "launcher.cli"),  # the sweep document; what every command shares
+    ("launcher.cluster",),  # cells -> jobs: backends, submission, failures, co-location
+    ("launcher.track",),  # jobs -> MLflow runs, each cell's state
+    ("launcher.report",),  # runs -> rows, findings, the report
+    ("launcher.preflight", "launcher.preview", "launcher.status", "launcher.sync", "launcher.sweep",
+     "launcher.__main__"),  # the commands
+]
+
+
+def _layer(module: str) -> int:
+    return next(i for i, names in enumerate(FLOW) if any(module == n or module.startswith(n + ".") for n in names))
+
+
+def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
+    graph = import_graph("launcher")
+    unplaced = [m for m in graph if not any(m == n or m.startswith(n + ".") for names in FLOW for n in names)]
+    assert not unplaced, f"place {unplaced} in FLOW"
+    upward = [(m, i) for m, imported in graph.items() for i in sorted(imported) if _layer(i) > _layer(m)]
+    assert not upward, upward
+
+
 def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
     for path in (ROOT / "jobs").rglob("*.py"):
         text = path.read_text()
@@ -63,11 +94,36 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
 
 
 def test_submitit_is_used_by_one_module_of_the_launcher():
-    users = sorted(p.name for p in (ROOT / "launcher").glob("*.py") if "submitit" in
+    users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "launcher").rglob("*.py") if "submitit" in
                    {n.split(".")[0] for node in ast.walk(ast.parse(p.read_text()))
                     for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
                               [node.module or ""] if isinstance(node, ast.ImportFrom) else [])})
-    assert users == ["submit.py"]
+    assert users == ["launcher/cluster/submit.py"]
+
+
+BACKEND_NAMES = {"slurm", "local"}
+
+
+def _backend_comparisons(path: Path) -> list[int]:
+    """Lines of ``path`` that compare something with a backend's name (==, !=, in, is, ...)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            names = [e for o in operands for e in (o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [o])]
+            if any(isinstance(n, ast.Constant) and n.value in BACKEND_NAMES for n in names):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_backend_modules_compare_backend_names():
+    """What differs between clusters is asked of the backend (launcher/cluster/base.py), never decided
+    by comparing ``state.cluster`` with a name. Scoped to launcher/: jobs/dist.py reads submitit's
+    ``SUBMITIT_EXECUTOR == "local"`` to find the rank environment, which is the worker's own concern."""
+    backends = {ROOT / "launcher" / "cluster" / f"{name}.py" for name in (*BACKEND_NAMES, "backends")}
+    found = {str(p.relative_to(ROOT)): _backend_comparisons(p) for p in (ROOT / "launcher").rglob("*.py")
+             if p not in backends}
+    assert not {path: lines for path, lines in found.items() if lines}
 
 
 def _root(node: ast.expr) -> str | None:
@@ -96,12 +152,15 @@ def _layout_section() -> str:
 
 def test_the_readme_layout_names_every_module_and_only_what_exists():
     """The README's code layout cannot drift: every module of launcher/ and jobs/ (and every
-    script) is named in its directory's entry, and every path the section names exists."""
+    script) is named in its directory's entry, each package of launcher/ has an entry of its own
+    that names its modules, and every path the section names exists."""
     import re
 
     section = _layout_section()
     entries = dict(re.findall(r"^    (\S+/)\s+(.*(?:\n {21}.*)*)", section, flags=re.M))
-    for folder in ("launcher", "jobs"):
+    folders = ["launcher", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in (ROOT / "launcher").glob("*/__init__.py")]
+    for folder in folders:
+        assert f"{folder}/" in entries, f"README's layout has no entry for {folder}/"
         text = entries[f"{folder}/"]
         modules = [p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"]
         modules += [p.name for p in (ROOT / folder).iterdir() if p.is_dir() and (p / "__init__.py").exists()]

@@ -203,14 +203,14 @@ def test_a_second_ctrl_c_ends_at_once_and_leaves_no_process(tmp_path):
 
 
 def test_the_local_controller_gets_the_environment_submitit_gives_it():
-    # launcher/submit.py starts submitit's local controller itself (in a session of its own): with the
+    # launcher/cluster/submit.py starts submitit's local controller itself (in a session of its own): with the
     # same environment variables as submitit's own start_controller, checked against its source.
     import inspect
 
     from submitit.local import local
 
     source = inspect.getsource(local.start_controller)
-    ours = inspect.getsource(__import__("launcher.submit", fromlist=["_start_controller"])._start_controller)
+    ours = inspect.getsource(__import__("launcher.cluster.submit", fromlist=["_start_controller"])._start_controller)
     names = {word.split("=")[0] for word in source.replace("(", " ").replace(",", " ").split() if word.startswith("SUBMITIT_")}
     assert names and all(f"{name}=" in ours for name in names), names
 

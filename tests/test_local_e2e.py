@@ -72,7 +72,7 @@ def check_run_times(client, state):
         assert 1000 * cell.submitted_at <= run.start_time <= summary_ms - steps_ms, (cell.name, run.start_time)
         assert summary_ms <= run.end_time <= 1000 * result_pkl.stat().st_mtime, (cell.name, run.end_time)
         spans.append((run.start_time, run.end_time))
-    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)), spans
     parent = client.get_run(state.parent_run_id).info
     assert parent.start_time <= spans[0][0] and parent.end_time == max(end for _, end in spans), (parent, spans)
 
@@ -80,7 +80,7 @@ def check_run_times(client, state):
 def test_emulated_nodes_get_node_ranks_and_the_cells_setup_and_memory_limit(tmp_path, fast_overrides):
     """Two emulated nodes; the cell's setup line runs before its ranks, and a memory limit that the
     cell fits in (where this machine allows memory cgroups) lets it finish and is removed after."""
-    from launcher import memlimit
+    from launcher.cluster import memlimit
 
     marker = tmp_path / "setup-ran"
     limit = [] if memlimit.problem() else ["cluster.mem_gb=4"]
@@ -145,7 +145,7 @@ def test_a_flagged_cell_is_rerun_alone_into_a_new_run_and_keeps_its_first_attemp
     assert code == 0
     cell = state.cells[0]
     first_run, first_job = cell.run_id, cell.job_id
-    # As launcher/interference.py records it when another job shared the cell's cores.
+    # As launcher/cluster/colocation.py records it when another job shared the cell's cores.
     cell.interference = "other processes used 40% of its cores during the measured window"
     state.save()
     again = status.resubmit_flagged(SweepState.load(state.sweep_dir))

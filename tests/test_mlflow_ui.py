@@ -21,7 +21,7 @@ from PIL import Image
 
 from launcher.__main__ import main
 from launcher.state import SweepState
-from launcher.tracking import compare_url, experiment_route, ui_url
+from launcher.track.tracking import compare_url, experiment_route, ui_url
 from tests.conftest import FAST
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -10,9 +10,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from launcher import report
 from launcher.__main__ import main
-from launcher.failures import FIXES
+from launcher.cluster.failures import FIXES
+from launcher.report import report
 from launcher.state import SweepState
 from tests.conftest import FAST
 
@@ -159,7 +159,7 @@ def test_command_line_errors_name_the_fix(tmp_path, capsys):
 
 
 def test_launcher_does_not_import_matplotlib_at_start_up():
-    code = ("import sys, launcher.__main__, launcher.sweep, launcher.report, launcher.plots; "
+    code = ("import sys, launcher.__main__, launcher.sweep, launcher.report, launcher.report.plots; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent).returncode == 0
 
@@ -300,7 +300,7 @@ def test_a_thousand_cell_report_reads_per_series(tmp_path):
 
 
 def test_plots_cap_their_bars(tmp_path):
-    from launcher import plots
+    from launcher.report import plots
 
     rows = [_row(f"strategy=ddp nodes=1 bucket={i}", "ddp", 1, 1000.0 + i, series=f"b{i}") for i in range(90)]
     report.add_derived(rows)

@@ -14,9 +14,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from jobs.dist import expand_nodelist
-from launcher import report, status, sync
+from launcher import status, sync
 from launcher.__main__ import main
-from launcher.slurm import max_array_size
+from launcher.cluster.slurm_commands import max_array_size
+from launcher.report import report
 from launcher.state import CellStatus, SweepState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -8,12 +8,21 @@ import time
 import pytest
 
 from jobs.spec import Layout
-from launcher import reconcile
-from launcher.interference import Allocation, overlaps
-from launcher.schema import ClusterConfig, ContainerConfig, ContainerRuntime
-from launcher.slurm import expand_array_ids, merge_records, parse_max_array_size, parse_sacct_times, parse_states
+from launcher.cluster import slurm as slurm_backend
+from launcher.cluster import slurm_commands
+from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation
+from launcher.cluster.colocation import overlaps
+from launcher.cluster.slurm_commands import (
+    expand_array_ids,
+    merge_records,
+    parse_max_array_size,
+    parse_sacct_times,
+    parse_states,
+)
+from launcher.cluster.submit import group_key, groups, python_command, slurm_parameters
+from launcher.plan.schema import ClusterConfig, ContainerConfig, ContainerRuntime
 from launcher.state import CellState, CellStatus, SweepState, slurm_status
-from launcher.submit import group_key, groups, python_command, slurm_parameters
+from launcher.track import reconcile
 
 SACCT_STATES = """\
 46389281_0|COMPLETED
@@ -112,9 +121,9 @@ def test_container_parameters_for_pyxis_and_apptainer():
 
 def test_a_job_unknown_to_queue_and_accounting_becomes_lost_after_a_grace_period(tmp_path):
     state = SweepState(name="s", sweep_dir=str(tmp_path), cluster="slurm", argv=[], cells=[_cell(0), _cell(1)])
-    for cell, age_s in zip(state.cells, (5.0, reconcile.LOST_AFTER_S + 5), strict=True):
+    for cell, age_s in zip(state.cells, (5.0, slurm_backend.LOST_AFTER_S + 5), strict=True):
         cell.job_id, cell.status, cell.submitted_at = "99", CellStatus.pending, time.time() - age_s
-        reconcile._follow_slurm(state, cell, None)
+        slurm_backend._follow(state, cell, None)
     assert state.cells[0].status is CellStatus.pending  # accounting may lag
     assert state.cells[1].status is CellStatus.lost
 
@@ -142,7 +151,7 @@ def test_the_sweep_document_round_trips(tmp_path):
 
 
 def test_foreign_use_is_judged_only_over_a_long_enough_window():
-    from launcher.interference import foreign_use
+    from launcher.cluster.colocation import foreign_use
 
     busy = {"foreign_cpu_share": 0.4, "measured_steps": 100, "step_time_ms_p50": 50.0}  # a 5 s window
     assert foreign_use(busy) == "other processes used 40% of its cores during the measured window"
@@ -182,7 +191,7 @@ def _slurm_sweep(tmp_path, n=1, job_ids=("46562236",)):
 
 
 def _follow(monkeypatch, state, sacct_text, squeue_text):
-    monkeypatch.setattr(reconcile, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
+    monkeypatch.setattr(slurm_commands, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
     return reconcile.refresh(state)
 
 
@@ -228,12 +237,12 @@ def test_a_pending_array_task_cancelled_by_hand_is_cancelled_at_once(tmp_path, m
     assert [c.status for c in state.cells] == [CellStatus.pending] * 3 + [CellStatus.cancelled, CellStatus.pending]
     assert "left the queue before it started" in state.cells[3].error
     # A later --cancel keeps the reason of a cell that was already cancelled.
-    monkeypatch.setattr("launcher.slurm.cancel", lambda ids: None)
+    monkeypatch.setattr("launcher.cluster.slurm_commands.cancel", lambda ids: None)
     from launcher import status
 
     cancelled = status.cancel(state)
     assert [c.index for c in cancelled] == [0, 1, 2, 4]
-    assert "left the queue" in state.cells[3].error and state.cells[0].error == reconcile.CANCELLED_BY_LAUNCHER
+    assert "left the queue" in state.cells[3].error and state.cells[0].error == CANCELLED_BY_LAUNCHER
 
 
 def test_a_task_cancelled_before_accounting_folded_its_array_is_cancelled(tmp_path, monkeypatch):
@@ -273,14 +282,14 @@ gpu2|gpu|64|256000|gpu:h100:8(S:0-1)|ib|idle
 
 
 def _planned(*overrides):
-    from launcher import plan
+    from launcher.plan import grid
 
-    points, swept = plan.expand(["model=gpt_tiny", "runs=1", "cluster=slurm", *overrides], False)
-    return plan.plan(plan.compose(points, swept))[0]
+    points, swept = grid.expand(["model=gpt_tiny", "runs=1", "cluster=slurm", *overrides], False)
+    return grid.plan(grid.compose(points, swept))[0]
 
 
 def test_requests_are_checked_against_the_nodes_before_sbatch():
-    from launcher.slurm import check_capacity, parse_nodes
+    from launcher.cluster.slurm_commands import check_capacity, parse_nodes
 
     nodes = parse_nodes(SINFO_NODES)
     assert nodes["gpu1"].gpu_count("h100") == 8 and nodes["gpu1"].features == {"ib", "nvme"}
@@ -299,7 +308,7 @@ def test_requests_are_checked_against_the_nodes_before_sbatch():
 
 
 def test_accounts_and_qos_from_sacctmgr_and_the_enforcement_setting():
-    from launcher.slurm import parse_associations, parse_enforce
+    from launcher.cluster.slurm_commands import parse_associations, parse_enforce
 
     assert parse_enforce("AccountingStorageEnforce = none\nClusterName = localcluster\n") == set()
     assert parse_enforce("AccountingStorageEnforce = limits,qos\n") == {"limits", "qos", "associations"}
@@ -308,7 +317,7 @@ def test_accounts_and_qos_from_sacctmgr_and_the_enforcement_setting():
 
 
 def test_series_labels_show_every_value_they_group():
-    from launcher.rows import grouped, series_labels
+    from launcher.report.rows import grouped, series_labels
 
     rows = [{"cell": f"strategy=ddp cluster.timeout_min={t} nodes=1", "series": "s", "model": "m", "world_size": 1,
              "strategy": "ddp", "nodes": 1, "status": "done", "throughput_samples_per_s": 10.0 + t,
@@ -318,7 +327,7 @@ def test_series_labels_show_every_value_they_group():
 
 
 def test_a_cancelled_cell_keeps_its_numbers_out_of_every_mean():
-    from launcher.rows import grouped, throughput
+    from launcher.report.rows import grouped, throughput
 
     rows = [{"cell": f"strategy=ddp seed={s}", "series": "s", "model": "m", "world_size": 1, "strategy": "ddp",
              "nodes": 1, "status": st, "throughput_samples_per_s": tp, "settings": {"seed": str(s)}}

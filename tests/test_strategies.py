@@ -20,7 +20,7 @@ import pytest
 from jobs.data import POOL_STEPS
 from jobs.loop import scaled_lr
 from jobs.spec import LrScaling, WrapPolicy
-from launcher.plan import SweepError, compose, expand
+from launcher.plan.grid import SweepError, compose, expand
 from tests.ranks import TINY_CNN, RanksTimeout, make_spec, run_ranks
 
 slow = pytest.mark.slow

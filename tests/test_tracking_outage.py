@@ -5,8 +5,9 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from launcher import submit, sweep
-from launcher.plan import compose, expand, plan
+from launcher import sweep
+from launcher.cluster.backends import backend_for
+from launcher.plan.grid import compose, expand, plan
 from launcher.sync import ensure_runs, sync_sweep
 from tests.mlflow_server import MlflowServer, free_port
 
@@ -24,7 +25,7 @@ def test_server_down_during_run_then_sync_restores_every_step(tmp_path, fast_ove
         state.save()
         cell = state.cells[0]
         server.stop()  # down for the whole job
-        submit.submit(state, state.cells)
+        backend_for(state.cluster).submit(state, state.cells)
         assert cell.status == "done"  # the benchmark itself does not care about tracking
         records = [json.loads(x) for x in (state.cell_dir(cell) / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records if r["kind"] == "step"] == list(range(8))

@@ -93,7 +93,7 @@ def test_installed_wheel_runs_a_sweep_from_another_directory(venv, tmp_path):
     py = venv / "bin" / "python"
 
     # The packages and their configs resolve to the new environment, never to the checkout.
-    out = _run([py, "-c", "import jobs, launcher; from launcher.plan import CONF_DIR; "
+    out = _run([py, "-c", "import jobs, launcher; from launcher.plan.grid import CONF_DIR; "
                           "print(launcher.__file__); print(jobs.__file__); print(CONF_DIR)"], cwd=work, env=env)
     paths = [Path(line).resolve() for line in out.stdout.split()]
     assert len(paths) == 3

@@ -42,7 +42,7 @@ class StateBytes:
     grads: int
     optimizer: int
     param_count: int  # the whole model's
-    # An estimate (activation_bytes): what autograd keeps for backward at the end of the forward;
+    # An estimate (_activations): what autograd keeps for backward at the end of the forward;
     # None where the model's forward cannot run on fake tensors.
     activations: int | None = None
 
@@ -55,11 +55,6 @@ class StateBytes:
     def peak(self) -> int:
         """Model state plus the activation estimate: what must fit in the GPU's memory."""
         return self.total + (self.activations or 0)
-
-
-def parameter_shapes(model: ModelSpec) -> list[tuple[tuple[int, ...], int]]:
-    """(shape, bytes per element) of every parameter, from a meta-device build of the model."""
-    return _shapes(_meta_build(model))
 
 
 def analyse(model: ModelSpec, batch_size: int, low_dtype: str | None,
@@ -82,7 +77,7 @@ def _shapes(module) -> list[tuple[tuple[int, ...], int]]:
     return [(tuple(p.shape), p.element_size()) for p in module.parameters()]
 
 
-def activation_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int | None:
+def _activations(module, model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int | None:
     """An estimate of the bytes autograd keeps for backward after one forward (and loss) of
     ``batch_size`` samples: the largest moment of a step for activations.
 
@@ -95,10 +90,6 @@ def activation_bytes(model: ModelSpec, batch_size: int, low_dtype: str | None, c
     (FSDP's all-gathered parameters, allocator fragmentation) come on top. None when the forward
     cannot run on fake tensors (a model that reads a tensor's values, or asks its process group).
     """
-    return _activations(_meta_build(model), model, batch_size, low_dtype, checkpointing)
-
-
-def _activations(module, model: ModelSpec, batch_size: int, low_dtype: str | None, checkpointing: bool) -> int | None:
     try:
         return _saved_bytes(module, model, batch_size, low_dtype, checkpointing)
     except Exception:  # any user model: the estimate is optional, the launch is not refused for it

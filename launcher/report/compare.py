@@ -13,7 +13,7 @@ is matched by name, and the output says so (the fixed settings differ). The rest
 only in A or only in B.
 
 Verdicts, B against A (B is the newer run), each from the spread between independent runs
-(``runs``) on both sides, or the cluster's noise floor where a side ran once (launcher/stats.py):
+(``runs``) on both sides, or the cluster's noise floor where a side ran once (launcher/report/stats.py):
 * ``improvement`` or ``regression`` only when the 95% interval of the change excludes zero AND the
   change is at least the threshold (5% by default; 3% for peak memory);
 * ``no change`` when the whole interval lies within the threshold;
@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.findings import STATE_TOLERANCE
-from launcher.rows import grouped, md_cell, num, settings
-from launcher.stats import HIGHER, INCONCLUSIVE, LOWER, MIN_EFFECT, SAME, Diff, Floor, difference, estimate
+from launcher.report.findings import STATE_TOLERANCE
+from launcher.report.rows import grouped, md_cell, num, settings
+from launcher.report.stats import HIGHER, INCONCLUSIVE, LOWER, MIN_EFFECT, SAME, Diff, Floor, difference, estimate
 
 IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
 UNDECIDED = "inconclusive"

@@ -22,7 +22,7 @@ from typing import Any
 import jobs
 
 # The sources that decide a project model's parameters and what its forward and loss save, and the
-# analysis itself (launcher/fit.py).
+# analysis itself (launcher/plan/fit.py).
 _SOURCES = ("models", "spec.py", "loop.py")
 
 

@@ -38,7 +38,7 @@ from jobs.spec import (
     image_folder_classes,
     token_file_samples,
 )
-from launcher.safety import check_cluster
+from launcher.plan.shellsafe import check_cluster
 
 
 class ClusterKind(enum.Enum):
@@ -140,7 +140,7 @@ class Config(TrainSpec):
     # Submit cells predicted not to fit in cluster.gpu_mem_gib anyway.
     allow_oom: bool = False
     # Independent launches of every grid point (separate processes; on Slurm separate array tasks):
-    # the noise every claim is judged against is the spread between them (launcher/findings.py).
+    # the noise every claim is judged against is the spread between them (launcher/report/findings.py).
     runs: int = 3
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 

@@ -4,7 +4,7 @@ Every sweep report that holds configurations measured in at least ``MIN_RUNS`` i
 (all done, none flagged for interference) records the pooled between-run coefficient of variation
 of throughput, step time and peak memory for its cluster in ``noise-floor.json`` beside the sweep
 directories (the output root). A later report whose configurations ran once uses the newest
-floor of the same cluster as their noise (launcher/stats.py), and says so in every claim. The
+floor of the same cluster as their noise (launcher/report/stats.py), and says so in every claim. The
 dedicated measurement is ``python -m launcher -m +experiment=noise_floor`` (one configuration,
 8 runs); any sweep with ``runs >= 3`` refreshes it too.
 
@@ -17,24 +17,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from launcher.rows import grouped
-from launcher.stats import METRICS, Floor, run_values
+from launcher.report.rows import grouped
+from launcher.report.stats import METRICS, Floor, run_values
 
 FLOOR_FILE = "noise-floor.json"
 MIN_RUNS = 3
-
-
-def cluster_key(cluster: str, partition: str | None = None, gpu_type: str | None = None) -> str:
-    """Where a floor holds: this machine for the local cluster, the partition (and GPU type) on Slurm."""
-    if cluster == "local":
-        return f"local:{socket.gethostname()}"
-    return f"{cluster}:{partition or 'default'}" + (f":{gpu_type}" if gpu_type else "")
 
 
 def measure(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

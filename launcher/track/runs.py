@@ -19,8 +19,9 @@ import yaml
 from jobs import cell_run, mlflow_entry
 from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
 from jobs.sinks import read_records
-from launcher import tracking
+from launcher.cluster.backends import backend_for
 from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
+from launcher.track import tracking
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
 
@@ -272,9 +273,7 @@ def write_template(state: SweepState, cell: CellState, code: dict[str, str]) -> 
     """What the cell's run is created with, whoever creates it (jobs/cell_run.py)."""
     tags = {"mlflow.parentRunId": str(state.parent_run_id), "strategy": cell.strategy, "precision": cell.precision,
             "nodes": str(cell.nodes), "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name,
-            **code}
-    if cell.job_id and state.cluster == "slurm":
-        tags["slurm_job_id"] = cell.job_id
+            **code, **backend_for(state.cluster).job_tags(cell)}
     metrics = {name: float(value) for name, value in (
         ("predicted_model_state_bytes", cell.predicted_state_bytes),
         ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launcher.rows import GIB, MIB, cell_label, grouped, peak_memory_gib, ranked, series_labels
+from launcher.report.rows import GIB, MIB, cell_label, grouped, peak_memory_gib, ranked, series_labels
 
 DPI = 110
 # Readable at any sweep size: cells repeated over seeds are one bar (their mean), at most MAX_BARS

@@ -1,10 +1,10 @@
 """Findings: the decisions a sweep supports, stated with numbers and only where the noise allows.
 
-Pure functions over report rows (launcher/rows.py); no I/O. The statistics are launcher/stats.py's:
+Pure functions over report rows (launcher/report/rows.py); no I/O. The statistics are launcher/report/stats.py's:
 
 * **Noise between runs.** Each configuration's throughput, step time and peak memory have a 95%
   interval from the spread between its independent runs (``runs``, separate launches), or from the
-  cluster's noise floor where it ran once (launcher/noisefloor.py); windows inside one run never
+  cluster's noise floor where it ran once (launcher/report/noisefloor.py); windows inside one run never
   serve as the noise of a claim. Which noise each comparison used is in its row.
 * **Verdicts.** A difference is claimed only when its interval excludes zero and the change is at
   least the minimum effect (5% for throughput, 3% for peak memory); a difference whose whole
@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
-from launcher.stats import (
+from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
+from launcher.report.stats import (
     HIGHER,
     INCONCLUSIVE,
     LOWER,

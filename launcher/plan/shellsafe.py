@@ -56,18 +56,3 @@ def check_cluster(cluster) -> None:
                               "give one list entry per command, e.g. cluster.setup='[module load cuda, source venv/bin/activate]'.")
     if cluster.python is not None and CONTROL.search(cluster.python):
         raise ConfigError("cluster.python", cluster.python, "must be one line.", "give the interpreter's path.")
-
-
-SECRET_KEY = re.compile(r"(password|passwd|secret|token|api[_-]?key|credential)", re.IGNORECASE)
-URI_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.\-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@", re.IGNORECASE)
-MASK = "***"
-
-
-def mask(key: str, value: Any) -> Any:
-    """The one secret mask: values of secret-looking keys, and passwords inside URIs in any text
-    (error messages, resolved configs, MLflow params)."""
-    if SECRET_KEY.search(key) and value not in (None, ""):
-        return MASK
-    if isinstance(value, str):
-        return URI_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", value)
-    return value

@@ -1,6 +1,6 @@
 """Direct Slurm queries: partitions (sinfo), job states (sacct), cancellation (scancel).
 
-Submission itself goes through submitit only (launcher/submit.py).
+Submission itself goes through submitit only (launcher/cluster/submit.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from datetime import datetime
 from pathlib import Path
 
 from jobs.dist import expand_nodelist
-from launcher import fit
-from launcher.plan import Cell, SweepError
+from launcher.plan import fit
+from launcher.plan.grid import Cell, SweepError
 
 __all__ = ["JobRecord", "cancel", "check_partitions", "job_records", "job_states", "max_array_size", "partitions"]
 

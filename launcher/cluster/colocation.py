@@ -15,9 +15,8 @@ A flagged cell keeps its numbers, shows ``co-located`` in the report, gets the M
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from launcher.slurm import job_times
+from launcher.cluster.backends import backend_for
+from launcher.cluster.base import Allocation, JobTimes
 from launcher.state import CellState, CellStatus, SweepState
 
 # Above this share of its cores' time used by other processes, a cell's numbers are not its own.
@@ -26,14 +25,6 @@ FOREIGN_SHARE_LIMIT = 0.10
 MIN_WINDOW_S = 1.0
 # Overlaps shorter than this are start/stop jitter of back-to-back jobs, not shared measurement.
 MIN_OVERLAP_S = 1.0
-
-
-@dataclass(frozen=True)
-class Allocation:
-    cell: int
-    hosts: frozenset[str]
-    start_s: float  # epoch seconds
-    end_s: float
 
 
 def overlaps(allocations: list[Allocation], names: dict[int, str]) -> dict[int, str]:
@@ -72,37 +63,15 @@ def foreign_use(summary: dict) -> str | None:
     return "; ".join(parts) or None
 
 
-def _slurm_allocations(cells: list[CellState],
-                       times: dict[str, tuple[float, float, list[str]]] | None = None) -> list[Allocation]:
-    if times is None:
-        times = job_times([c.job_id for c in cells if c.job_id])
-    return [Allocation(c.index, frozenset(times[c.job_id][2]), times[c.job_id][0], times[c.job_id][1])
-            for c in cells if c.job_id in times]
-
-
-def _local_allocations(state: SweepState, cells: list[CellState]) -> list[Allocation]:
-    out = []
-    for cell in cells:
-        path = state.cell_dir(cell) / "result.json"
-        if not path.exists():
-            continue
-        result = state.read_result(cell)
-        start_s = result.get("first_step_unix_s")
-        if isinstance(start_s, (int, float)):
-            out.append(Allocation(cell.index, frozenset(result.get("rank_hosts") or []), start_s,
-                                  path.stat().st_mtime))
-    return out
-
-
 def _summary(state: SweepState, cell: CellState) -> dict:
     return state.read_result(cell).get("summary", {})
 
 
-def flag(state: SweepState, times: dict[str, tuple[float, float, list[str]]] | None = None) -> list[CellState]:
+def flag(state: SweepState, times: JobTimes | None = None) -> list[CellState]:
     """Set ``interference`` on every finished cell that measured something else too; returns them.
     ``times``: the jobs' start, end and hosts when the caller has read them from sacct already."""
     done = [c for c in state.cells if c.status is CellStatus.done]
-    allocations = _slurm_allocations(done, times) if state.cluster == "slurm" else _local_allocations(state, done)
+    allocations = backend_for(state.cluster).allocations(state, done, times)
     shared = overlaps(allocations, {c.index: c.name for c in state.cells})
     flagged = []
     for cell in done:

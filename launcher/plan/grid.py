@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
-from launcher.schema import ClusterKind, Config, did_you_mean, field_type, non_finite, schema_keys, unknown_keys
-from launcher.state import CellState
+from launcher.plan.schema import (
+    ClusterKind,
+    Config,
+    did_you_mean,
+    field_type,
+    non_finite,
+    schema_keys,
+    unknown_keys,
+)
 
 # Package data: found next to this module in a checkout, an editable install and a wheel alike.
 CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))
@@ -64,7 +71,7 @@ def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from launcher.schema import register
+    from launcher.plan.schema import register
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -185,7 +192,7 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from launcher.schema import register
+    from launcher.plan.schema import register
 
     register()
     parser = OverridesParser.create()
@@ -401,14 +408,6 @@ def _check_uniform(cells: list[Cell]) -> None:
                 raise SweepError(f"[{c.name}] {key.split('.')[0]} differs between grid points: a sweep runs on one "
                                  f"cluster, logs to one store and writes one directory. Fix: sweep "
                                  f"{key.split('.')[0]} in separate commands.")
-
-
-def cell_state(cell: Cell) -> CellState:
-    """The cell as the sweep document keeps it: name, directory, its own cluster settings and layout."""
-    cfg = cell.config
-    return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
-                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=model_label(cfg),
-                     cluster=cfg.cluster, layout=cell.layout, run=cell.run)
 
 
 def model_label(cfg: Config) -> str:

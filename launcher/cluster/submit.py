@@ -1,4 +1,5 @@
-"""The one submission path: every run, resume and resubmission of cells goes through :func:`submit`.
+"""Submission with submitit, for the backends (launcher/cluster/): every run, resume and resubmission
+of cells goes through ``Backend.submit``, which ends here.
 
 The only module that talks to submitit. Each cell carries its own resolved cluster settings
 (``CellState.cluster``) and layout; cells share a job array only when everything sbatch would be
@@ -23,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.codec import to_plain
 from jobs.spec import Layout
-from launcher import memlimit
-from launcher.schema import ClusterConfig, ContainerRuntime
-from launcher.state import CellState, CellStatus, SweepState, this_process
+from launcher.cluster import memlimit
+from launcher.plan.schema import ClusterConfig, ContainerRuntime
+from launcher.state import CellState, CellStatus, SweepState
 
 if TYPE_CHECKING:
-    from launcher.interrupt import Interrupts
+    from launcher.cluster.interrupt import Interrupts
 
 
 def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> dict[str, Any]:
@@ -87,26 +88,8 @@ def groups(cells: Sequence[CellState], max_array_size: int | None) -> list[list[
     return [g[i : i + size] for g in by_key.values() for i in range(0, len(g), size)]
 
 
-def submit(state: SweepState, cells: Sequence[CellState], *,
-           after_local_cell: Callable[[CellState], None] | None = None,
-           interrupts: Interrupts | None = None) -> None:
-    """Submit ``cells`` of ``state`` with each cell's own settings; the state is saved as jobs get ids.
-
-    Slurm: one sbatch per group, returning at once. Local: each cell runs to its end before the next
-    starts, then ``after_local_cell`` is called (tracking, progress); a signal stops them
-    (``interrupts``, or handlers of this call's own: launcher/interrupt.py).
-    """
-    for cell in cells:
-        for stale in state.cell_dir(cell).glob("error-rank*.txt"):
-            stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
-    state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
-    if state.cluster == "slurm":
-        _submit_slurm(state, cells, max_array_size_for(cells))
-    else:
-        _run_local(state, cells, after_local_cell, interrupts)
-
-
-def _submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: int | None) -> None:
+def submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: int | None) -> None:
+    """One sbatch per group, returning at once (launcher.cluster.slurm)."""
     from jobs.worker import Worker
 
     calls = groups(cells, max_array_size)
@@ -132,7 +115,7 @@ def _submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size:
 def _refused(state: SweepState, group: Sequence[CellState], exc: Exception) -> None:
     """Cells sbatch refused are failed with sbatch's own words and what to do: the sweep can be fixed
     and run again (same command, same sweep_dir) or resubmitted; none stays planned."""
-    from launcher.failures import SUBMIT_REFUSED
+    from launcher.cluster.failures import SUBMIT_REFUSED
 
     said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
     for cell in group:
@@ -150,17 +133,19 @@ def max_array_size_for(cells: Sequence[CellState]) -> int | None:
     configured = [c.cluster.max_array_size for c in cells if c.cluster.max_array_size]
     if configured:
         return min(configured)
-    from launcher.slurm import max_array_size
+    from launcher.cluster.slurm_commands import max_array_size
 
     return max_array_size()
 
 
-def _run_local(state: SweepState, cells: Sequence[CellState], after_local_cell: Callable[[CellState], None] | None,
-               interrupts: Interrupts | None = None) -> None:
-    """Each cell to its end, one after another. Ctrl-C, SIGTERM or SIGHUP stop the running cell at a
-    step boundary and start no further cell (launcher/interrupt.py); the cells stopped or never
-    started are cancelled, and ``after_local_cell`` sees them too (their MLflow runs end KILLED)."""
-    from launcher.interrupt import Interrupts
+def run_local(state: SweepState, cells: Sequence[CellState], after_each_cell: Callable[[CellState], None] | None,
+              interrupts: Interrupts | None = None) -> None:
+    """Each cell to its end, one after another (launcher.cluster.local), then ``after_each_cell``
+    (tracking, progress). Ctrl-C, SIGTERM or SIGHUP (``interrupts``, or handlers of this call's own)
+    stop the running cell at a step boundary and start no further cell (launcher/cluster/interrupt.py); the
+    cells stopped or never started are cancelled, and ``after_each_cell`` sees them too (their MLflow
+    runs end KILLED)."""
+    from launcher.cluster.interrupt import Interrupts
 
     own = interrupts is None
     stops = interrupts if interrupts is not None else Interrupts()
@@ -171,12 +156,12 @@ def _run_local(state: SweepState, cells: Sequence[CellState], after_local_cell: 
             if stops.requested:
                 break
             _run_local_cell(state, cell, stops)
-            if after_local_cell is not None:
-                after_local_cell(cell)
+            if after_each_cell is not None:
+                after_each_cell(cell)
         if stops.requested:
             for cell in _abandon(state, cells, stops.reason):
-                if after_local_cell is not None:
-                    after_local_cell(cell)
+                if after_each_cell is not None:
+                    after_each_cell(cell)
             print(f"{stops.reason}: the sweep stopped; {_stopped_summary(cells)}.\nResume with: python -m "
                   f"launcher.status {state.sweep_dir} --resubmit-failed", file=sys.stderr, flush=True)
 
@@ -254,7 +239,7 @@ def _stopped_summary(cells: Sequence[CellState]) -> str:
 def _record_local_failure(state: SweepState, cell: CellState, exc: Exception, cgroup: Path | None) -> None:
     """The first failure and its class; the cell's memory cgroup is what sacct is on Slurm: an OOM kill
     it counted is decisive, whatever the other ranks then reported."""
-    from launcher.failures import classify, first_failure
+    from launcher.cluster.failures import classify, first_failure
 
     cell_dir = state.cell_dir(cell)
     cell.status = CellStatus.failed
@@ -319,7 +304,7 @@ def _own_session_executor():
     In the terminal's process group, a Ctrl-C reaches the controller too, which then kills its
     ranks within a second (SIGINT, then SIGKILL): no checkpoint, and a step counter that stops
     mid-window. Apart, only the launcher gets it, and stops the ranks at a step boundary
-    (launcher/interrupt.py); the whole cell is also one process group to kill.
+    (launcher/cluster/interrupt.py); the whole cell is also one process group to kill.
     """
     import submitit
     from submitit.local.local import LocalJob

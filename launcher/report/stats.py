@@ -1,6 +1,6 @@
 """The statistics behind every claim: estimates from independent runs, intervals, verdicts.
 
-Pure functions over report rows (launcher/rows.py); no I/O.
+Pure functions over report rows (launcher/report/rows.py); no I/O.
 
 * **The unit of noise is an independent run** (a separate launch: its own processes, placement
   and memory layout; on Slurm its own array task). A configuration measured in ``n >= 2`` runs
@@ -8,7 +8,7 @@ Pure functions over report rows (launcher/rows.py); no I/O.
   of freedom. Each run's value already averages its measured windows, so the spread between runs
   contains the spread inside them: this is the two-level model read at its top level. Windows
   inside one run share its process and neighbours and are never the noise of a claim.
-* **A noise floor** (launcher/noisefloor.py), measured by running one configuration many times on
+* **A noise floor** (launcher/report/noisefloor.py), measured by running one configuration many times on
   the same cluster, stands in for a configuration measured once: the standard error of one run is
   the floor's between-run coefficient of variation times its value, with the floor's degrees of
   freedom. Without either, nothing is claimed.
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.rows import num, peak_memory_gib, throughput
+from launcher.report.rows import num, peak_memory_gib, throughput
 
 HIGHER, LOWER, SAME, INCONCLUSIVE = "higher", "lower", "same", "inconclusive"
 # The smallest change worth a claim, per metric (users asked "is it 5% faster?"); memory peaks
@@ -68,7 +68,7 @@ METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
 @dataclass(frozen=True)
 class Floor:
     """A cluster's measured between-run noise: per metric, the coefficient of variation of one
-    run's value, and its degrees of freedom (launcher/noisefloor.py keeps it)."""
+    run's value, and its degrees of freedom (launcher/report/noisefloor.py keeps it)."""
 
     cv: dict[str, float]
     df: int

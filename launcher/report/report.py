@@ -21,11 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from jobs import mlflow_entry
-from launcher import compare, findings, interference, noisefloor, plots, reconcile, runs, stats, tracking
 from launcher.cli import guarded
-from launcher.failures import FIXES
-from launcher.rows import GIB, MIB, WHERE_KEYS, add_derived, cell_label, grouped, md_cell, num, peak_memory_gib, ranked
+from launcher.cluster import colocation
+from launcher.cluster.backends import backend_for
+from launcher.cluster.failures import FIXES
+from launcher.report import compare, findings, noisefloor, plots, stats
+from launcher.report.rows import (
+    GIB,
+    MIB,
+    WHERE_KEYS,
+    add_derived,
+    cell_label,
+    grouped,
+    md_cell,
+    num,
+    peak_memory_gib,
+    ranked,
+)
 from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
+from launcher.track import reconcile, runs, tracking
 
 REPORT_FILE = "report.md"
 CELLS_FILE = "cells.csv"
@@ -69,7 +83,7 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
             row["predicted_model_state_bytes"] = cell.predicted_state_bytes
         if cell.predicted_activation_bytes is not None:
             row["predicted_activation_bytes"] = cell.predicted_activation_bytes
-        if cell.interference:  # launcher/interference.py: the cell measured something else too
+        if cell.interference:  # launcher/cluster/colocation.py: the cell measured something else too
             row["interference"] = cell.interference
         rows.append(row)
     add_derived(rows)
@@ -211,7 +225,7 @@ def _state_column(rows: Sequence[dict[str, Any]]) -> Column:
 
 
 def _status(row: dict) -> str:
-    """``done``, or ``co-located: <what else it measured>`` (launcher/interference.py)."""
+    """``done``, or ``co-located: <what else it measured>`` (launcher/cluster/colocation.py)."""
     if row.get("interference"):
         return f"co-located: {row['interference']}"
     return str(row.get("status"))
@@ -462,13 +476,13 @@ def write_sweep_report(state: SweepState) -> Report:
 
 def floor_key(state: SweepState) -> str:
     first = state.cells[0].cluster if state.cells else None
-    return noisefloor.cluster_key(state.cluster, getattr(first, "partition", None), getattr(first, "gpu_type", None))
+    return backend_for(state.cluster).noise_floor_key(getattr(first, "partition", None), getattr(first, "gpu_type", None))
 
 
 def finalize(state: SweepState, force: bool = True) -> str | None:
     """The one finishing step, reached by every path (the launcher with wait=true, ``launcher.status``
     with or without --wait, ``launcher.report`` and ``launcher.sync``): each cell reconciled with
-    Slurm (launcher/reconcile.py), the finished cells' interference flagged, the MLflow runs settled
+    Slurm (launcher/track/reconcile.py), the finished cells' interference flagged, the MLflow runs settled
     (statuses, failure and cancel tags, runs left RUNNING by processes that are gone closed), then
     report.md with its findings written and the parent run closed (FAILED if any cell did not
     finish, KILLED if those were all cancelled). The report is written when ``force``, or when every
@@ -476,7 +490,7 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
     report's path when it wrote one."""
     refreshed = reconcile.refresh(state)
     before = [c.interference for c in state.cells]
-    interference.flag(state, refreshed.times)  # before the rows: the findings leave flagged cells out
+    colocation.flag(state, refreshed.times)  # before the rows: the findings leave flagged cells out
     flags_changed = before != [c.interference for c in state.cells]
     finished = all(c.status.terminal for c in state.cells)
     fingerprint = json.dumps([[c.status.value, c.job_id, c.interference] for c in state.cells])

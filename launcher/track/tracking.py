@@ -13,7 +13,7 @@ from typing import Any
 
 from jobs import mlflow_entry
 from jobs.mlflow_entry import TAG_MAX_CHARS
-from launcher.safety import mask
+from launcher.masking import mask
 from launcher.state import MLFLOW_STATUS, CellStatus
 
 mlflow_entry.set_defaults()  # before anything imports MLflow

@@ -1,7 +1,7 @@
 """Ctrl-C, SIGTERM and SIGHUP while local cells run: stop them the way a preemption stops a job.
 
 A local cell's submitit controller and its ranks run in a session of their own
-(:func:`launcher.submit.local_executor`), so a Ctrl-C at the terminal, a wrapper's SIGTERM or a
+(:func:`launcher.cluster.submit.local_executor`), so a Ctrl-C at the terminal, a wrapper's SIGTERM or a
 closed terminal's SIGHUP reaches the launcher alone, and the launcher decides:
 
 - the first signal: the running cell's controller gets one SIGTERM and passes it to each rank; the

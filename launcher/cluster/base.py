@@ -1,0 +1,113 @@
+"""The interface every backend offers: what the rest of the launcher asks of a cluster.
+
+A backend is named in the sweep document (``SweepState.cluster``) and found with
+:func:`launcher.cluster.backends.backend_for`; adding one is adding a module that subclasses
+:class:`Backend`. No code outside the backend modules compares backend names (tests/test_house.py).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.state import CellState, SweepState, this_process
+
+if TYPE_CHECKING:
+    from launcher.cluster.interrupt import Interrupts
+
+# {job id: (start s, end s, hosts)} of jobs whose start and end the cluster recorded.
+JobTimes = dict[str, tuple[float, float, list[str]]]
+
+CANCELLED_BY_LAUNCHER = "cancelled by launcher.status --cancel"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where and when one cell's job held its hosts: the evidence of co-location."""
+
+    cell: int
+    hosts: frozenset[str]
+    start_s: float  # epoch seconds
+    end_s: float
+
+
+class Backend(ABC):
+    name: str
+    # Whether the launcher runs each cell to its end before the next starts (and so waits anyway).
+    runs_cells_in_foreground: bool
+    # Whether the ranks log into their MLflow run themselves (so the runs exist before submission).
+    ranks_log_to_tracking: bool
+
+    def submit(self, state: SweepState, cells: Sequence[CellState], *,
+               after_each_cell: Callable[[CellState], None] | None = None,
+               interrupts: Interrupts | None = None) -> None:
+        """The one submission path for every run, resume and resubmission of cells; the state is
+        saved as jobs get ids. ``after_each_cell`` is called after each cell a foreground backend ran
+        (tracking, progress); ``interrupts`` are the signal handlers of the caller, if it has any."""
+        for cell in cells:
+            for stale in state.cell_dir(cell).glob("error-rank*.txt"):
+                stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
+        state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
+        self._start(state, cells, after_each_cell, interrupts)
+
+    @abstractmethod
+    def _start(self, state: SweepState, cells: Sequence[CellState],
+               after_each_cell: Callable[[CellState], None] | None, interrupts: Interrupts | None) -> None:
+        """Hand ``cells`` to the cluster, each with its own settings."""
+
+    @abstractmethod
+    def max_array_size(self, cells: Sequence[CellState]) -> int | None:
+        """The most cells one submission may hold (None: no limit)."""
+
+    @abstractmethod
+    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+        """How ``cells`` would be submitted (``--plan``), as lines; nothing is submitted or written."""
+
+    @abstractmethod
+    def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
+        """Move each submitted cell to the state its job is in now; the jobs' start, end and hosts
+        where the cluster recorded them (the co-location check reads them)."""
+
+    @abstractmethod
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        """Ask the cluster to stop these jobs (their ranks get their signal, then their grace)."""
+
+    @abstractmethod
+    def allocations(self, state: SweepState, cells: Sequence[CellState], times: JobTimes | None) -> list[Allocation]:
+        """Where and when each finished cell ran; ``times`` when the caller has read them already."""
+
+    @abstractmethod
+    def job_tags(self, cell: CellState) -> dict[str, str]:
+        """The MLflow tags that name a cell's job in the cluster's own tools."""
+
+    @abstractmethod
+    def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
+        """Where a measured noise floor holds (launcher.report.noisefloor)."""
+
+    def worker_tracking_uri(self, state: SweepState) -> str | None:
+        """The MLflow store the ranks log to, None when the launcher logs for them."""
+        return state.tracking_uri if self.ranks_log_to_tracking else None
+
+    def creates_runs_in_background(self, cell_count: int) -> bool:
+        """Whether the sweep's MLflow runs are created by a background process, not inline."""
+        return False
+
+
+def alive(pid: str | None) -> bool:
+    """Whether process ``pid`` of this host still lives (a zombie does not)."""
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:
+        return True  # it exists, under another user
+    except (OSError, ValueError):
+        return False
+    try:  # a zombie (dead, its parent gone or not reaping) still answers signal 0
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

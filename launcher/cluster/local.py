@@ -1,0 +1,90 @@
+"""The local cluster: submitit's LocalExecutor, real processes on this machine, one cell at a time.
+
+Cells run one after another in the foreground: they share this machine's cores, and two
+benchmarks running at once would measure each other. The launcher waits for each cell anyway, so
+it logs each cell's records into MLflow itself as the cell ends (the ranks import no MLflow).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.cluster import submit
+from launcher.cluster.base import Allocation, Backend, JobTimes, alive
+from launcher.cluster.failures import classify, first_failure
+from launcher.state import CellState, CellStatus, SweepState
+
+if TYPE_CHECKING:
+    from launcher.cluster.interrupt import Interrupts
+
+
+class LocalBackend(Backend):
+    name = "local"
+    runs_cells_in_foreground = True
+    ranks_log_to_tracking = False
+
+    def _start(self, state: SweepState, cells: Sequence[CellState],
+               after_each_cell: Callable[[CellState], None] | None, interrupts: Interrupts | None) -> None:
+        submit.run_local(state, cells, after_each_cell, interrupts)
+
+    def max_array_size(self, cells: Sequence[CellState]) -> int | None:
+        return None
+
+    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+        return [f"local: {len(cells)} job(s), one after another on this machine (submitit LocalExecutor)."]
+
+    def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
+        for cell in cells:
+            if not cell.status.terminal:
+                _follow(state, cell)
+        return {}
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            try:
+                os.kill(int(job_id), signal.SIGTERM)  # the local controller forwards it to its ranks
+            except (OSError, ValueError):
+                pass
+
+    def allocations(self, state: SweepState, cells: Sequence[CellState], times: JobTimes | None) -> list[Allocation]:
+        """Each cell's first step to the moment its result was written, on the hosts its ranks reported."""
+        out = []
+        for cell in cells:
+            path = state.cell_dir(cell) / "result.json"
+            if not path.exists():
+                continue
+            result = state.read_result(cell)
+            start_s = result.get("first_step_unix_s")
+            if isinstance(start_s, (int, float)):
+                out.append(Allocation(cell.index, frozenset(result.get("rank_hosts") or []), start_s,
+                                      path.stat().st_mtime))
+        return out
+
+    def job_tags(self, cell: CellState) -> dict[str, str]:
+        return {}  # a local job id is a pid, which names nothing once the cell has ended
+
+    def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
+        return f"local:{socket.gethostname()}"
+
+
+def _follow(state: SweepState, cell: CellState) -> None:
+    """A local cell runs in the foreground of its launcher: a result means done; a live process
+    running; anything else is a cell whose processes are gone."""
+    if (state.cell_dir(cell) / "result.json").exists():
+        status = CellStatus.done
+    elif alive(cell.job_id):
+        status = CellStatus.running
+    else:
+        status = CellStatus.failed
+    if status is cell.status:
+        return
+    cell.status, cell.error, cell.failure_class = status, None, None
+    if status is CellStatus.failed:
+        cell.error = first_failure(state.cell_dir(cell)) or (
+            f"its process (pid {cell.job_id}) ended without a result: the launcher was stopped or killed")
+        cell.failure_class = classify(state.cell_dir(cell), None, cell.error)

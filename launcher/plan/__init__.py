@@ -1,0 +1,1 @@
+"""From the command to cells: the config schema, the grid, and what each cell needs (fit)."""
