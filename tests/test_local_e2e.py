@@ -66,11 +66,12 @@ def check_run_times(client, state):
     for cell in state.cells:
         run = client.get_run(cell.run_id).info
         records = [json.loads(x) for x in (state.cell_dir(cell) / "metrics.jsonl").read_text().splitlines()]
-        summary_ms = 1000 * next(r["time"] for r in records if r["kind"] == "summary")  # after the last step
-        steps_ms = sum(r["step_time_ms"] for r in records if r["kind"] == "step")
+        # MLflow keeps whole milliseconds: every bound below is one too.
+        summary_ms = int(1000 * next(r["time"] for r in records if r["kind"] == "summary"))  # after the last step
+        steps_ms = int(sum(r["step_time_ms"] for r in records if r["kind"] == "step"))
         result_pkl = next(Path(state.sweep_dir, "submitit").glob(f"{cell.job_id}_0_result.pkl"))
-        assert 1000 * cell.submitted_at <= run.start_time <= summary_ms - steps_ms, (cell.name, run.start_time)
-        assert summary_ms <= run.end_time <= 1000 * result_pkl.stat().st_mtime, (cell.name, run.end_time)
+        assert int(1000 * cell.submitted_at) <= run.start_time <= summary_ms - steps_ms, (cell.name, run.start_time)
+        assert summary_ms <= run.end_time <= int(1000 * result_pkl.stat().st_mtime), (cell.name, run.end_time)
         spans.append((run.start_time, run.end_time))
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)), spans
     parent = client.get_run(state.parent_run_id).info

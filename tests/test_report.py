@@ -111,7 +111,7 @@ def test_parent_run_holds_the_report_and_is_finished(sweep):
     # The run's description: the report and the cells' compare page one click away, the ranking, the findings.
     note = parent.data.tags["mlflow.note.content"]
     links, rest = note.split("\n\n## Results\n\n", 1)
-    assert f"[report.md](#/experiments/{sweep.experiment_id}/runs/{sweep.parent_run_id}/artifacts)" in links
+    assert f"[report.md](#/experiments/{sweep.experiment_id}/runs/{sweep.parent_run_id}/artifacts?" in links
     assert f"[compare the {len(sweep.cells)} cell runs](#/compare-runs?runs=" in links
     assert all(c.run_id in links for c in sweep.cells)
     table, found = rest.split("\n\n## Findings\n\n", 1)
