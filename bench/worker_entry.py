@@ -12,7 +12,7 @@ around a few worker functions from outside, so the worker runs unmodified:
   between measured steps counts (the bare loop times its window the same way, wall clock after the
   same barrier);
 * each step's start (``Trainer.step``), for the median step cycle time, start to start;
-* telemetry on rank 0: ``metrics.gather_ranks``, ``metrics.summarize``, each sink call (JSONL and
+* telemetry on rank 0: ``summary.gather_ranks``, ``summary.summarize``, each sink call (JSONL and
   MLflow fan-out), and everything from the end of the window to the end of ``benchmark()``
   (loss read, memory and model-state figures, FLOPs, records, tags);
 * MLflow client start-up (``MlflowSink.client``: import and store opening), at the end of the job.
@@ -58,7 +58,6 @@ def on_window(event: str) -> None:
 
 def install_timers(warmup_steps: int, total_steps: int) -> None:
     import jobs.loop
-    import jobs.metrics
     import jobs.sinks
     import jobs.worker
 
@@ -70,8 +69,9 @@ def install_timers(warmup_steps: int, total_steps: int) -> None:
         return trainer_step(self, *args, **kwargs)
 
     jobs.loop.Trainer.step = timed_step
-    jobs.metrics.gather_ranks = _timed("gather_s", jobs.metrics.gather_ranks)
-    jobs.metrics.summarize = _timed("summarize_s", jobs.metrics.summarize)
+    # The worker imports these by name: the names in jobs.worker are the ones it calls.
+    jobs.worker.gather_ranks = _timed("gather_s", jobs.worker.gather_ranks)
+    jobs.worker.summarize = _timed("summarize_s", jobs.worker.summarize)
     for method in ("set_tags", "log_steps", "log_summary", "finish"):
         setattr(jobs.sinks.FanOut, method, _timed(f"sink_{method}_s", getattr(jobs.sinks.FanOut, method)))
     jobs.sinks.MlflowSink.client = _timed("mlflow_client_start_s", jobs.sinks.MlflowSink.client)

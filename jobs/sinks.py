@@ -30,7 +30,7 @@ class NullSink:
     def set_tags(self, tags: dict[str, str]) -> None: ...
 
     def log_system(self, records: list[dict[str, Any]]) -> None:
-        """System metrics of the job's own GPUs (jobs.metrics.system_records): ``{"step": sample
+        """System metrics of the job's own GPUs (jobs.energy.system_records): ``{"step": sample
         index, "time": unix_s, "system/...": value}``. Kept apart from training steps: their step
         is a sample index, not a training step (FanOut's resume bookkeeping must not see them)."""
 

@@ -21,6 +21,15 @@ from jobs.mlflow_entry import TAG_MAX_CHARS
 from jobs.preempt import Preempted, listen
 from jobs.sinks import RUN_ID_FILE, FanOut, JsonlSink, MlflowSink, NullSink
 from jobs.spec import Precision, RunSpec, Strategy
+from jobs.summary import (
+    foreign_cpu_share,
+    gather_ranks,
+    mean_losses,
+    skipped_steps,
+    step_records,
+    stragglers,
+    summarize,
+)
 
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.jsonl"
@@ -164,7 +173,7 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     timing harnesses use it)."""
     import torch
 
-    from jobs import health, metrics
+    from jobs import health, memory
     from jobs.interference import Interference
 
     refuse_unsupported(spec, device)
@@ -178,9 +187,9 @@ def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink,
     history = outcome.history
     health.check(history.losses(), history.measured, history.skipped(), env.rank, control_group)
     # Peak memory of the measured window, read before the probe's profiler can add to it.
-    window_memory = metrics.peak_memory(device)
+    window_memory = memory.peak_memory(device)
     mine = after_window(spec, env, device, built, sync, heartbeat, outcome, interference, window_memory)
-    per_rank = metrics.gather_ranks(mine)
+    per_rank = gather_ranks(mine)
     return report(spec, env, device, backend, sink, built.par, per_rank, outcome, built.lr, gpu_uuids,
                   interference.missing)
 
@@ -189,16 +198,16 @@ def set_up(spec: RunSpec, env: DistEnv, device) -> Setup:
     """Model (on meta for FSDP), wrapping, matmul peak, optimizer, data and the step."""
     import torch
 
-    from jobs import matmul_peak, metrics, parallel
+    from jobs import matmul_peak, memory, parallel
     from jobs.data import input_batches
     from jobs.loop import Trainer, scaled_lr
 
     train = spec.train
-    rss_before = metrics.current_rss_bytes()
-    metrics.reset_peak_memory(device)
+    rss_before = memory.current_rss_bytes()
+    memory.reset_peak_memory(device)
     par = parallel.parallelize(build_model(spec, device), spec.strategy, spec.precision, device=device,
                                num_nodes=env.num_nodes, tasks_per_node=env.local_world_size, compile=train.compile)
-    memory = metrics.setup_memory(device, rss_before)
+    setup_bytes = memory.setup_memory(device, rss_before)
     # The device's own matmul peak (CUDA only, ~a second), in the math the model's main ops run in
     # (so known only now): after the setup's memory is read, its buffers freed before the window
     # resets the peak counters.
@@ -210,7 +219,7 @@ def set_up(spec: RunSpec, env: DistEnv, device) -> Setup:
                             seed=train.seed, rank=env.rank, world_size=env.world_size, device=device)
     trainer = Trainer(par.model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=par.autocast_dtype,
                       device=device, no_sync=par.no_sync, scaler=par.scaler)
-    return Setup(par, optimizer, batches, trainer, lr, memory, matmul)
+    return Setup(par, optimizer, batches, trainer, lr, setup_bytes, matmul)
 
 
 def window_hook(interference, on_window) -> Callable[[str], None]:
@@ -234,17 +243,17 @@ def window_hook(interference, on_window) -> Callable[[str], None]:
 def run_schedule(spec: RunSpec, env: DistEnv, device, built: Setup, sync, sink: NullSink, heartbeat: Heartbeat,
                  control_group, on_window: Callable[[str], None]):
     """Warm-up, the measured window, checkpoints and resume (jobs/schedule.py)."""
-    from jobs import metrics, schedule
+    from jobs import memory, schedule
 
     train = spec.train
 
     def log_before_stop(history, logged_through: int, step: int) -> int:
         # Collective: the steps so far reach JSONL and MLflow before the job stops, so the run's
         # step history stays continuous across a requeue.
-        histories = metrics.gather_ranks(history.portable())
+        histories = gather_ranks(history.portable())
         # Steps before a layout change live only in the old ranks' histories: log from what all have.
         first = max([logged_through] + [h["steps"][0] for h in histories])
-        sink.log_steps(metrics.step_records(histories, first, step))
+        sink.log_steps(step_records(histories, first, step))
         sink.flush()
         return step
 
@@ -256,7 +265,7 @@ def run_schedule(spec: RunSpec, env: DistEnv, device, built: Setup, sync, sink: 
                                    warmup_extend_max=train.warmup_extend_max,
                                    save_on_stop=spec.checkpoint.enabled),
         hooks=schedule.Hooks(sync=sync, on_step=heartbeat.beat, on_checkpoint=log_before_stop,
-                             reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=on_window),
+                             reset_peak_memory=lambda: memory.reset_peak_memory(device), on_window=on_window),
         control_group=control_group,
     )
 
@@ -265,7 +274,7 @@ def after_window(spec: RunSpec, env: DistEnv, device, built: Setup, sync, heartb
                  interference, window_memory: dict[str, float]) -> dict[str, Any]:
     """This rank's measurements: its window, the communication and straggler probes (after the window,
     outside every figure), memory, model state and interference samples."""
-    from jobs import metrics
+    from jobs import memory
 
     train = spec.train
     comm_figures = communication_probe(built.trainer, built.batches, sync, train.comm_probe_steps, env, device,
@@ -282,13 +291,13 @@ def after_window(spec: RunSpec, env: DistEnv, device, built: Setup, sync, heartb
         "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
         "history": history.portable(),
         "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **built.memory,
-        **metrics.model_state_bytes(built.par.model, built.optimizer, grad_bytes=built.trainer.grad_bytes),
+        **memory.model_state_bytes(built.par.model, built.optimizer, grad_bytes=built.trainer.grad_bytes),
         **comm_figures,
         "interference": interference.portable(env.hostname, env.node_rank),
         "local_step_time_s": local_s, "matmul_peak": built.matmul,
     }
     if built.par.scaler is not None:
-        mine.update(metrics.skipped_steps(mine["history"]))
+        mine.update(skipped_steps(mine["history"]))
     return mine
 
 
@@ -309,13 +318,11 @@ def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, devi
 def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, par, per_rank, outcome, lr: float,
            gpu_uuids, gpu_interference_missing=None) -> dict[str, Any]:
     """Reduce the ranks' measurements into the summary, records and tags; log them (rank 0's sink)."""
-    from jobs import metrics
-
     train = spec.train
     histories = [r["history"] for r in per_rank]
     # Steps run: the configured ones plus any warm-up extension (the window keeps its length).
     total_steps = train.steps + outcome.warmup_steps_extended
-    mean_loss = metrics.mean_losses(histories, total_steps)
+    mean_loss = mean_losses(histories, total_steps)
     summary, extra_tags = reduce_summary(spec, env, per_rank, outcome, lr, mean_loss)
     system = _gpu_figures(device, per_rank, summary, extra_tags, gpu_interference_missing,
                           samples_in_window=train.batch_size * train.grad_accum_steps * summary["measured_steps"]
@@ -326,7 +333,7 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
     tags = run_tags(spec, env, device, backend, par, per_rank, outcome, summary, gpu_uuids, extra_tags)
     first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
     sink.set_tags(tags)
-    sink.log_steps(metrics.step_records(histories, first_logged, total_steps))
+    sink.log_steps(step_records(histories, first_logged, total_steps))
     sink.log_summary(summary)
     if system:
         sink.log_system(system)
@@ -343,16 +350,16 @@ def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, pa
 def reduce_summary(spec: RunSpec, env: DistEnv, per_rank, outcome, lr: float,
                    mean_loss: list[float]) -> tuple[dict[str, Any], dict[str, str]]:
     """The job's figures from every rank's (throughput, step times, memory, interference, cost)."""
-    from jobs import metrics
+    from jobs import cost
     from jobs.data import samples_unit
 
     train = spec.train
     _, per_sample = samples_unit(spec.model)
-    summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
+    summary = summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
                                 tokens_per_sample=per_sample, repeats=train.repeats)
     summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
                    restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
-    foreign = metrics.foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
+    foreign = foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
     if foreign is not None:
         summary["foreign_cpu_share"] = foreign
     gpu = [r["interference"]["gpu"] for r in per_rank if r["interference"]["gpu"]]
@@ -361,25 +368,25 @@ def reduce_summary(spec: RunSpec, env: DistEnv, per_rank, outcome, lr: float,
         summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
     for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
                              ("tokens", summary.get("throughput_tokens_per_s"))):
-        cost = metrics.cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
-                                   cost_per_device_hour=spec.cost_per_device_hour,
-                                   cost_per_node_hour=spec.cost_per_node_hour) if throughput else None
-        if cost is not None:
-            summary[f"cost_per_1m_{unit}"] = cost
+        price = cost.cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
+                                 cost_per_device_hour=spec.cost_per_device_hour,
+                                 cost_per_node_hour=spec.cost_per_node_hour) if throughput else None
+        if price is not None:
+            summary[f"cost_per_1m_{unit}"] = price
     return summary, {}
 
 
 def _stragglers(per_rank, summary: dict[str, Any], tags: dict[str, str]) -> tuple[list[float], list[float]]:
     """Each rank's median step time, and its own work's (empty where not measured); the spread into
     ``summary`` and the slowest / straggling rank into ``tags``."""
-    from jobs import metrics
+    from jobs import stats
 
-    rank_medians_s = [metrics.percentile(r["step_time_s"], 50) for r in per_rank]
+    rank_medians_s = [stats.percentile(r["step_time_s"], 50) for r in per_rank]
     # Synchronous steps take every rank as long as the slowest, so stragglers are named from each
     # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
     by_local = all(r["local_step_time_s"] for r in per_rank)
-    local_medians_s = [metrics.percentile(r["local_step_time_s"], 50) for r in per_rank] if by_local else []
-    spread, straggler_tags = metrics.stragglers(local_medians_s if by_local else rank_medians_s,
+    local_medians_s = [stats.percentile(r["local_step_time_s"], 50) for r in per_rank] if by_local else []
+    spread, straggler_tags = stragglers(local_medians_s if by_local else rank_medians_s,
                                                 [r["hostname"] for r in per_rank])
     summary.update(spread)
     tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
@@ -413,9 +420,9 @@ def run_tags(spec: RunSpec, env: DistEnv, device, backend: str, par, per_rank, o
 def _gpu_figures(device, per_rank, summary: dict[str, Any], tags: dict[str, str], nvml_missing: str | None,
                  samples_in_window: float) -> list[dict[str, Any]]:
     """Energy of the window into ``summary`` (``energy_j``, ``energy_j_per_sample``, ``power_w_mean``;
-    jobs.metrics.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
+    jobs.energy.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
     metrics for rank 0 to log. Off CUDA, or without NVML, no figure and a tag that says why."""
-    from jobs import metrics
+    from jobs import energy
 
     if device.type != "cuda":
         tags["energy_missing"] = f"{device.type} ranks: energy is measured on CUDA devices only (NVML)"
@@ -425,8 +432,8 @@ def _gpu_figures(device, per_rank, summary: dict[str, Any], tags: dict[str, str]
         tags["system_metrics_missing"] = nvml_missing
         return []
     interference = [r["interference"] for r in per_rank]
-    energy, energy_tags = metrics.energy_figures([i.get("gpu_energy") for i in interference], samples_in_window)
-    summary.update(energy)
+    joules, energy_tags = energy.energy_figures([i.get("gpu_energy") for i in interference], samples_in_window)
+    summary.update(joules)
     tags.update(energy_tags)
     series = [i.get("gpu_series") for i in interference]
     refused = sorted({f"{what}: {why}" for s in series if s for what, why in s["unsupported"].items()})
@@ -436,7 +443,7 @@ def _gpu_figures(device, per_rank, summary: dict[str, Any], tags: dict[str, str]
     tags["system_metrics_devices"] = ",".join(
         f"node{s['node_id']}/gpu{s['device_index']}={r['hostname']}" for s, r in zip(series, per_rank, strict=True)
         if s)[:TAG_MAX_CHARS]
-    return metrics.system_records(series)
+    return energy.system_records(series)
 
 
 def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -> dict[str, str]:
@@ -445,21 +452,21 @@ def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -
     returns the tags that explain them, each formula included."""
     import torch
 
-    from jobs import matmul_peak, metrics, models
+    from jobs import matmul_peak, models, peaks
 
     flops = models.flops_per_sample(par.model, spec.model)
-    settings = metrics.precision_settings(torch)
+    settings = peaks.precision_settings(torch)
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
         precision = spec.precision.name.value
         # The same answer the measured peak was timed in (jobs.matmul_peak.math_mode).
         math = matmul_peak.math_mode(torch, par.model, precision)
-        peak = metrics.peak_flops_for(device_name, precision, math)
+        peak = peaks.peak_flops_for(device_name, precision, math)
         settings["peak_flops_math"] = math
     else:
         device_name, peak = platform.processor() or "cpu", None  # CPUs have no single meaningful peak
     per_device = summary["throughput_samples_per_s_per_device"]
-    achieved, reason = metrics.mfu_checked(flops, per_device, peak)
+    achieved, reason = peaks.mfu_checked(flops, per_device, peak)
     settings["mfu_formula"] = ("flops_per_sample x throughput_samples_per_s_per_device / peak_flops_per_s "
                                f"(datasheet peak for {device_name!r}, {settings.get('peak_flops_math', 'no math mode')})")
     if achieved is not None:
@@ -467,7 +474,7 @@ def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -
         summary["peak_flops_per_s"] = peak
     elif reason:
         settings["mfu_missing"] = reason
-    measured_tflops, why = metrics.measured_peak(list(matmul_peaks))
+    measured_tflops, why = peaks.measured_peak(list(matmul_peaks))
     if measured_tflops is not None:
         first = matmul_peaks[0]
         summary["measured_matmul_tflops"] = measured_tflops
@@ -477,7 +484,7 @@ def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -
             f"{first['iterations']} {first['dtype']} {first['n']}x{first['n']} matmuls (after warm-ups, CUDA events"
             f"{', TF32 allowed' if first.get('tf32') else ''}), timed on each device before the window")
         settings["measured_peak_math"] = str(first.get("math", first["dtype"]))
-        achieved, why = metrics.mfu_checked(flops, per_device, measured_tflops * 1e12)
+        achieved, why = peaks.mfu_checked(flops, per_device, measured_tflops * 1e12)
         if achieved is not None:
             summary["mfu_measured_peak"] = achieved
     if why:
