@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import mlflow_entry
+from jobs.hooks import Observer
 
 
 def _clean(value: Any) -> Any:
@@ -114,8 +115,10 @@ class MlflowSink(NullSink):
     TAG_BATCH = 100
     RETRIES = 3
 
-    def __init__(self, tracking_uri: str, run_id: str | None = None, run_id_file: Path | None = None) -> None:
+    def __init__(self, tracking_uri: str, run_id: str | None = None, run_id_file: Path | None = None,
+                 observer: Observer | None = None) -> None:
         self.tracking_uri, self.run_id, self.run_id_file = tracking_uri, run_id, run_id_file
+        self.observer = observer or Observer()  # times the client's start-up (jobs/hooks.py)
         self._metrics: list[tuple] = []  # (key, value, timestamp_ms, step)
         self._tags: dict[str, str] = {}
 
@@ -175,7 +178,8 @@ class MlflowSink(NullSink):
                   "python -m launcher.sync replays them once the run exists.", file=sys.stderr)
             return
         try:
-            client = self.client()
+            with self.observer.phase("mlflow_client_start"):
+                client = self.client()
         except Exception as exc:  # best-effort, as every call below
             print(f"[mlflow] cannot open {self.tracking_uri}: {exc}", file=sys.stderr)
             return

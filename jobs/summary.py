@@ -1,5 +1,5 @@
-"""One owner of a run's measurements: the reduction across ranks, the summary schema and the
-per-step records.
+"""One owner of a run's measurements: the reduction across ranks, the summary schema, the per-step
+records and the run's tags (:func:`report`; torchtitan's MetricsProcessor plays this part).
 
 Every name carries its unit. Reductions across ranks: throughput is summed (each rank's own
 samples over its own time), step time is the slowest rank's per step (a synchronous step ends
@@ -8,12 +8,20 @@ when the last rank ends), memory is the maximum over ranks (the rank that runs o
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from jobs.stats import coefficient_of_variation, percentile
+
+if TYPE_CHECKING:
+    from jobs.schedule import Outcome
+    from jobs.state import Run
 
 
 def gather_ranks(obj: Any) -> list[Any]:
@@ -137,3 +145,239 @@ def stragglers(rank_medians_s: Sequence[float], hosts: Sequence[str]) -> tuple[d
     if spread > STRAGGLER_LIMIT:
         tags["straggler_rank"] = tags["slowest_rank"]
     return {"step_time_rank_spread": spread}, tags
+
+
+# ---- the job's report: summary, tags, records (rank 0 logs it; every rank computes it) ---------
+
+@dataclass
+class Report:
+    """What the job reports: the summary metrics, the run's tags, the per-step records not logged
+    yet, the GPUs' system metrics, and ``result`` (result.json, and what ``jobs.worker.main`` returns)."""
+
+    summary: dict[str, Any]
+    tags: dict[str, str]
+    steps: list[dict[str, float]]
+    system: list[dict[str, Any]]
+    result: dict[str, Any]
+
+
+def report(run: Run, outcome: Outcome, per_rank: list[dict[str, Any]]) -> Report:
+    """Reduce every rank's measurements (``per_rank``, from :func:`gather_ranks`) into the report."""
+    spec, env = run.rank.spec, run.rank.env
+    train = spec.train
+    histories = [r["history"] for r in per_rank]
+    # Steps run: the configured ones plus any warm-up extension (the window keeps its length).
+    total_steps = train.steps + outcome.warmup_steps_extended
+    mean_loss = mean_losses(histories, total_steps)
+    summary = job_summary(run, per_rank, outcome, mean_loss)
+    tags: dict[str, str] = {}
+    missing = run.interference.missing
+    system = gpu_figures(run.rank.device, per_rank, summary, tags, missing,
+                         samples_in_window=train.batch_size * train.grad_accum_steps * summary["measured_steps"]
+                         * env.world_size)
+    if "foreign_gpu_share" not in summary and missing:
+        tags["gpu_interference_missing"] = missing
+    rank_medians_s, local_medians_s = straggler_figures(per_rank, summary, tags)
+    tags = run_tags(run, per_rank, outcome, summary, tags)
+    first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
+    result = {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
+              "first_step_unix_s": outcome.first_step_unix_s,
+              # What each rank used to rendezvous: all equal, or the job could not have run.
+              "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank],
+              # Each rank's own median step time (the summary's step times are the slowest rank's).
+              "rank_step_time_ms_p50": [1e3 * m for m in rank_medians_s],
+              # Each rank's own work per step without gradient communication (names the straggler).
+              "rank_local_step_time_ms_p50": [1e3 * m for m in local_medians_s] if local_medians_s else None}
+    return Report(summary, tags, step_records(histories, first_logged, total_steps), system, result)
+
+
+def job_summary(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome,
+                mean_loss: list[float]) -> dict[str, Any]:
+    """The job's figures from every rank's (throughput, step times, memory, interference, cost)."""
+    from jobs.cost import cost_per_1m
+    from jobs.data import samples_unit
+
+    spec, env = run.rank.spec, run.rank.env
+    train = spec.train
+    _, per_sample = samples_unit(spec.model)
+    with run.rank.observer.phase("summarize"):
+        summary: dict[str, Any] = summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
+                                            tokens_per_sample=per_sample, repeats=train.repeats)
+    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=run.setup.lr,
+                   restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
+    foreign = foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
+    if foreign is not None:
+        summary["foreign_cpu_share"] = foreign
+    gpu = [r["interference"]["gpu"] for r in per_rank if r["interference"]["gpu"]]
+    if gpu:
+        summary["foreign_gpu_share"] = max(g["foreign_gpu_share"] for g in gpu)
+        summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
+    for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
+                             ("tokens", summary.get("throughput_tokens_per_s"))):
+        price = cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
+                            cost_per_device_hour=spec.cost_per_device_hour,
+                            cost_per_node_hour=spec.cost_per_node_hour) if throughput else None
+        if price is not None:
+            summary[f"cost_per_1m_{unit}"] = price
+    return summary
+
+
+def straggler_figures(per_rank: list[dict[str, Any]], summary: dict[str, Any],
+                      tags: dict[str, str]) -> tuple[list[float], list[float]]:
+    """Each rank's median step time, and its own work's (empty where not measured); the spread into
+    ``summary`` and the slowest / straggling rank into ``tags``."""
+    rank_medians_s = [percentile(r["step_time_s"], 50) for r in per_rank]
+    # Synchronous steps take every rank as long as the slowest, so stragglers are named from each
+    # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
+    by_local = all(r["local_step_time_s"] for r in per_rank)
+    local_medians_s = [percentile(r["local_step_time_s"], 50) for r in per_rank] if by_local else []
+    spread, straggler_tags = stragglers(local_medians_s if by_local else rank_medians_s,
+                                        [r["hostname"] for r in per_rank])
+    summary.update(spread)
+    tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
+    return rank_medians_s, local_medians_s
+
+
+def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary: dict[str, Any],
+             extra_tags: dict[str, str]) -> dict[str, str]:
+    """Where and how the job ran: hosts, versions, backend, precision mode, MFU, GPUs, resume."""
+    import torch
+
+    from jobs.dist import backend_for
+    from jobs.mlflow_entry import TAG_MAX_CHARS
+
+    rank, par = run.rank, run.setup.par
+    env, device = rank.env, rank.device
+    tags = {"hostnames": ",".join(sorted({r["hostname"] for r in per_rank})), "torch_version": str(torch.__version__),
+            "backend": rank.backend, "process_group_backend": backend_for(device.type),
+            "precision_mode": par.plan.mode, "world_size": str(env.world_size),
+            "num_threads": str(torch.get_num_threads()), "layout_source": env.source, "master_addr": env.master_addr,
+            "master_port": str(env.master_port), "job_id": env.job_id, "restarts": str(outcome.restarts),
+            **provenance(torch, device), **extra_tags}
+    tags.update(mfu_figures(run, summary, [r.get("matmul_peak") for r in per_rank]))
+    if rank.gpu_uuids:
+        tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in rank.gpu_uuids)[:TAG_MAX_CHARS]
+    if summary.get("fp16_skipped_steps"):
+        # A skipped step costs no optimizer update: inside the window it makes the window look cheap.
+        tags["fp16_skipped_in_window"] = "true"
+    if outcome.resumed_from_step is not None:
+        tags["resumed_from_step"] = str(outcome.resumed_from_step)
+    if outcome.checkpoints_in_window:
+        # Its peak memory (host RSS above all) includes staging a checkpoint (GPU review 3, G10).
+        tags["checkpoints_in_window"] = str(outcome.checkpoints_in_window)
+    return tags
+
+
+def gpu_figures(device, per_rank: list[dict[str, Any]], summary: dict[str, Any], tags: dict[str, str],
+                nvml_missing: str | None, samples_in_window: float) -> list[dict[str, Any]]:
+    """Energy of the window into ``summary`` (``energy_j``, ``energy_j_per_sample``, ``power_w_mean``;
+    jobs.energy.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
+    metrics for rank 0 to log. Off CUDA, or without NVML, no figure and a tag that says why."""
+    from jobs import energy
+    from jobs.mlflow_entry import TAG_MAX_CHARS
+
+    if device.type != "cuda":
+        tags["energy_missing"] = f"{device.type} ranks: energy is measured on CUDA devices only (NVML)"
+        return []
+    if nvml_missing:
+        tags["energy_missing"] = nvml_missing
+        tags["system_metrics_missing"] = nvml_missing
+        return []
+    interference = [r["interference"] for r in per_rank]
+    joules, energy_tags = energy.energy_figures([i.get("gpu_energy") for i in interference], samples_in_window)
+    summary.update(joules)
+    tags.update(energy_tags)
+    series = [i.get("gpu_series") for i in interference]
+    refused = sorted({f"{what}: {why}" for s in series if s for what, why in s["unsupported"].items()})
+    if refused:
+        tags["nvml_refused"] = "; ".join(refused)[:500]
+    # Which physical GPU each system/node<N>/gpu<I>_ name stands for.
+    tags["system_metrics_devices"] = ",".join(
+        f"node{s['node_id']}/gpu{s['device_index']}={r['hostname']}" for s, r in zip(series, per_rank, strict=True)
+        if s)[:TAG_MAX_CHARS]
+    return energy.system_records(series)
+
+
+def mfu_figures(run: Run, summary: dict[str, Any], matmul_peaks=()) -> dict[str, str]:
+    """Adds ``mfu`` (datasheet peak) and ``mfu_measured_peak`` (the matmul peak measured on each
+    device before the window, jobs/matmul_peak.py) to the summary when known and at most 1;
+    returns the tags that explain them, each formula included."""
+    import torch
+
+    from jobs import matmul_peak, models, peaks
+
+    spec, device, model = run.rank.spec, run.rank.device, run.setup.par.model
+    flops = models.flops_per_sample(model, spec.model)
+    settings = peaks.precision_settings(torch)
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+        precision = spec.precision.name.value
+        # The same answer the measured peak was timed in (jobs.matmul_peak.math_mode).
+        math = matmul_peak.math_mode(torch, model, precision)
+        peak = peaks.peak_flops_for(device_name, precision, math)
+        settings["peak_flops_math"] = math
+    else:
+        device_name, peak = platform.processor() or "cpu", None  # CPUs have no single meaningful peak
+    per_device = summary["throughput_samples_per_s_per_device"]
+    achieved, reason = peaks.mfu_checked(flops, per_device, peak)
+    settings["mfu_formula"] = ("flops_per_sample x throughput_samples_per_s_per_device / peak_flops_per_s "
+                               f"(datasheet peak for {device_name!r}, {settings.get('peak_flops_math', 'no math mode')})")
+    if achieved is not None:
+        summary["mfu"] = achieved
+        summary["peak_flops_per_s"] = peak
+    elif reason:
+        settings["mfu_missing"] = reason
+    measured_tflops, why = peaks.measured_peak(list(matmul_peaks))
+    if measured_tflops is not None:
+        first = matmul_peaks[0]
+        summary["measured_matmul_tflops"] = measured_tflops
+        settings["mfu_measured_formula"] = (
+            "flops_per_sample x throughput_samples_per_s_per_device / (measured_matmul_tflops x 1e12); "
+            f"measured_matmul_tflops: mean over the job's devices of 2*n^3 x {first['iterations']} / time of "
+            f"{first['iterations']} {first['dtype']} {first['n']}x{first['n']} matmuls (after warm-ups, CUDA events"
+            f"{', TF32 allowed' if first.get('tf32') else ''}), timed on each device before the window")
+        settings["measured_peak_math"] = str(first.get("math", first["dtype"]))
+        achieved, why = peaks.mfu_checked(flops, per_device, measured_tflops * 1e12)
+        if achieved is not None:
+            summary["mfu_measured_peak"] = achieved
+    if why:
+        settings["mfu_measured_missing"] = why
+    return {"device_name": device_name, **settings}
+
+
+def provenance(torch, device) -> dict[str, str]:
+    """Versions and the environment variables that change what a benchmark measures (the rank
+    layout, Slurm's variables included, is jobs/dist.py's alone and is tagged from DistEnv)."""
+    from jobs.mlflow_entry import TAG_MAX_CHARS
+
+    tags = {"python_version": platform.python_version(), "cuda_version": str(torch.version.cuda),
+            "hostname_rank0": platform.node()}
+    if device.type == "cuda":
+        tags["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        tags["device_count"] = str(torch.cuda.device_count())
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(("NCCL_", "TORCH_", "OMP_", "CUDA_VISIBLE_DEVICES", "GLOO_", "MKL_"))}
+    tags["env"] = json.dumps(env)[:TAG_MAX_CHARS]
+    return tags
+
+
+def rank_figures(run: Run, outcome: Outcome, window_memory: dict[str, float], comm_figures: dict[str, float],
+                 local_step_time_s: list[float]) -> dict[str, Any]:
+    """What this rank contributes to the gather after the window: its step and data times, history,
+    memory, model state, communication figures, interference samples and matmul peak."""
+    from jobs.memory import model_state_bytes
+
+    env, setup = run.rank.env, run.setup
+    history = outcome.history
+    mine: dict[str, Any] = {
+        "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
+        "history": history.portable(),
+        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **setup.memory,
+        **model_state_bytes(setup.par.model, setup.optimizer, grad_bytes=setup.trainer.grad_bytes),
+        **comm_figures,
+        "interference": run.interference.portable(env.hostname, env.node_rank),
+        "local_step_time_s": local_step_time_s, "matmul_peak": setup.matmul,
+    }
+    if setup.par.scaler is not None:
+        mine.update(skipped_steps(mine["history"]))
+    return mine

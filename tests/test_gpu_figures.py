@@ -222,14 +222,14 @@ def test_matmul_peak_is_not_measured_off_cuda():
 
 def test_gpu_figures_reduction_for_cuda_ranks_from_gathered_samples():
     torch = pytest.importorskip("torch")
-    from jobs.worker import _gpu_figures
+    from jobs.summary import gpu_figures
 
     series = {"node_id": 0, "device_index": 0, "unsupported": {"memory": "nvmlDeviceGetMemoryInfo: NoPermission"},
               "samples": [{"unix_s": 5.0, "util_percent": 99.0, "mem_used_gib": None, "power_w": 500.0}]}
     per_rank = [{"hostname": "h0", "interference": {
         "gpu_energy": {"energy_j": 1000.0, "window_s": 4.0, "method": "nvml_energy_counter"}, "gpu_series": series}}]
     summary, tags = {}, {}
-    records = _gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, None, samples_in_window=400)
+    records = gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, None, samples_in_window=400)
     assert summary == pytest.approx({"energy_j": 1000.0, "energy_j_per_sample": 2.5, "power_w_mean": 250.0})
     assert tags == {"energy_method": "nvml_energy_counter", "system_metrics_devices": "node0/gpu0=h0",
                     "nvml_refused": "memory: nvmlDeviceGetMemoryInfo: NoPermission"}
@@ -237,7 +237,7 @@ def test_gpu_figures_reduction_for_cuda_ranks_from_gathered_samples():
                         "system/node0/gpu0_power_w": 500.0}]
     # No NVML: no numbers, the reason as tags.
     summary, tags = {}, {}
-    assert _gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, "pynvml is not installed", 400) == []
+    assert gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, "pynvml is not installed", 400) == []
     assert summary == {} and tags == {"energy_missing": "pynvml is not installed",
                                       "system_metrics_missing": "pynvml is not installed"}
 

@@ -355,8 +355,12 @@ def test_summary_reduces_memcpy_and_fp16_figures_as_the_worst_rank():
 # ---- M6: the watchdog is paused before the communication probe --------------------------------
 
 def test_watchdog_paused_before_the_probe(monkeypatch):
+    from types import SimpleNamespace
+
     from jobs import comm, worker
     from jobs.dist import DistEnv
+    from jobs.hooks import Observer
+    from jobs.state import Rank, Run
 
     events = []
 
@@ -370,11 +374,15 @@ def test_watchdog_paused_before_the_probe(monkeypatch):
 
     import torch
 
+    def run_on(env):
+        spec = SimpleNamespace(train=SimpleNamespace(comm_probe_steps=3))
+        rank = Rank(spec, env, torch.device("cpu"), "gloo", None, FakeHeartbeat(), Observer())
+        return Run(rank, SimpleNamespace(trainer=None, batches=None), None, lambda: None)
+
     monkeypatch.setattr(comm, "probe", fake_probe)
-    out = worker.communication_probe(None, None, None, 3, DistEnv(world_size=2), torch.device("cpu"),
-                                     FakeHeartbeat())
+    out = worker.communication_probe(run_on(DistEnv(world_size=2)))
     assert out == {"comm_time_ms": 1.0} and events == ["pause", ("probe", 3, False)]
-    assert worker.communication_probe(None, None, None, 3, DistEnv(), torch.device("cpu"), FakeHeartbeat()) == {}
+    assert worker.communication_probe(run_on(DistEnv())) == {}
 
 
 # ---- M1: built on meta, sharded, then materialised ----------------------------------------------
