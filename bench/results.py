@@ -19,7 +19,7 @@ on both; each cell shows the median, the full range and the number of repeats.
 and then the root (root kept gathered after forward, as the worker does), AdamW, a pool of
 synthetic batches made up front, no per-step `.item()`. Ours is `bench/worker_entry.py`, which
 builds the RunSpec the launcher would ship and calls the worker's real entry point
-(`jobs.worker.main`) unmodified; timers are wrapped around worker functions from outside. Both run
+(`jobs.worker.main`) unmodified, timed through the worker's public hooks (`jobs/hooks.py`). Both run
 under `torchrun --standalone --nproc-per-node N` with the same threads per rank
 (`OMP_NUM_THREADS`, and the worker's `cpus_per_task`), model, batch, steps and warm-up. Ours logs
 to a real MLflow run in a SQLite store, as a launcher run does. The figure is the steady-state
@@ -53,19 +53,22 @@ what it cannot see is anything that differs between two processes (imports, memo
 which figure 1 sees, together with the noise between runs.
 
 **2. Telemetry.** In the same runs, on rank 0, the wall time from the end of the measured window
-to the end of `benchmark()` (loss read, memory and model-state figures, `gather_ranks`,
-`summarize`, FLOPs, step records, the sinks' `set_tags`/`log_steps`/`log_summary`), plus the
-sinks' `finish` (JSONL status line, one MLflow `log_batch` and `set_terminated` against the
-SQLite store), divided by the measured window's wall time. Two things are timed and reported
-apart: MLflow's one-off import and store opening (`MlflowSink.client`, once per job, after the
-window: 2b) and the communication probe (`comm_probe_steps` extra profiled steps after the
-window, a measurement in its own right: 2c). `gather_ranks` is a collective, so rank 0's time in
-it includes waiting for a peer still busy with its probe: the gather is charged at the time the
-last rank to arrive spent in it, and the wait goes with the probe. The per-step bookkeeping inside
-the window (two `perf_counter` calls, list appends, a detached loss, the heartbeat, the stop-
-request all-reduce) is part of figure 1. Telemetry is a constant per job (tens of ms, most of it
-MLflow's `log_batch` on SQLite), so its share falls as the window grows: the suite's runs measure
-50 steps (`--quick`: 30), a short benchmark run.
+to the last sink call of `benchmark()` (the health check's loss read and agreement, the window's
+peak memory, this rank's figures, `gather_ranks`, the summary, tags and step records of
+`jobs.summary.report`, the sinks' `set_tags`/`log_steps`/`log_summary`), plus the sinks' `finish`
+(JSONL status line, one MLflow `log_batch` and `set_terminated` against the SQLite store),
+divided by the measured window's wall time. Each part is a named phase of the worker's hooks
+(`jobs.hooks.PHASES`) and is listed part by part below the table, so that the next addition shows
+its cost. Three things are timed and reported apart: MLflow's one-off import and store opening
+(once per job, after the window: 2b), the communication probe (`comm_probe_steps` extra profiled
+steps after the window: 2c) and the straggler probe (`local_probe_steps` extra forward and backward
+passes without gradient communication: 2d); each probe is a measurement in its own right, not
+bookkeeping. `gather_ranks` is a collective, so rank 0's time in it includes waiting for a peer
+still busy with its probes: the gather is charged at the time the last rank to arrive spent in it,
+and the wait goes with the probes. The per-step bookkeeping inside the window (two `perf_counter`
+calls, list appends, a detached loss, the heartbeat, the stop-request agreement, the hooks' step
+call) is part of figure 1. Telemetry is a constant per job, so its share falls as the window grows:
+the suite's runs measure 50 steps (`--quick`: 30), a short benchmark run.
 
 **3. Time to first step.** The suite takes the wall clock right before spawning each command;
 the worker records `first_step_unix_s` (start of its first training step, rank 0) in
@@ -238,6 +241,8 @@ def details_section(rows: list[Row], details: dict[str, dict]) -> str:
         out.append("- Telemetry breakdown, rank 0, medians over all our runs (ms): "
                    + ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in b.items()) + ". `telemetry` is the "
                    "per-job constant that figure 2 divides by the window.")
+    if "telemetry_parts_s" in tp:
+        out += ["", telemetry_parts_table(tp["telemetry_parts_s"], tp["telemetry_parts_fraction"]), ""]
     sl = details.get("slurm") or {}
     if sl.get("skipped"):
         out.append(f"- Slurm: skipped ({sl['skipped']}).")
@@ -250,6 +255,14 @@ def details_section(rows: list[Row], details: dict[str, dict]) -> str:
         out.append(f"- Heavy modules imported by `--help`: {', '.join(im['help_heavy_imports']) or 'none'}; by "
                    f"composition: {', '.join(im['compose_heavy_imports']) or 'none'}.")
     return "\n".join(out)
+
+
+def telemetry_parts_table(seconds: dict[str, float], fractions: dict[str, float]) -> str:
+    """Figure 2 part by part: each part's median over our runs, in ms and as a share of the window."""
+    lines = ["Figure 2 part by part (rank 0, median over our runs; the parts of one run add up to its figure):", "",
+             "| part of the work after the window | ms | share of the window |", "|---|---:|---:|"]
+    lines += [f"| {part} | {1e3 * seconds[part]:.1f} | {100 * fractions[part]:.2f}% |" for part in seconds]
+    return "\n".join(lines)
 
 
 def failures_section(rows: list[Row]) -> str:

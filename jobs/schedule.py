@@ -37,13 +37,24 @@ class History:
     steps: list[int] = field(default_factory=list)
     trace: StepTrace = field(default_factory=StepTrace)
     measured: list[bool] = field(default_factory=list)
+    # What _read returned per trace list, with the list's length then: the health check, this
+    # rank's figures and the skipped-step count all ask after the window, and each device read is
+    # a sync point. The lists only grow, so an equal length means the same values.
+    _read_values: dict[str, tuple[int, list]] = field(default_factory=dict, repr=False, compare=False)
 
     def losses(self) -> list[float]:
-        return [float(x) for x in _read(self.trace.losses)]
+        return [float(x) for x in self._read_once("losses")]
 
     def skipped(self) -> list[bool]:
         """Per step, whether fp16 loss scaling skipped it ([] without a GradScaler)."""
-        return [bool(x) for x in _read(self.trace.skipped)]
+        return [bool(x) for x in self._read_once("skipped")]
+
+    def _read_once(self, name: str) -> list:
+        values = getattr(self.trace, name)
+        known = self._read_values.get(name)
+        if known is None or known[0] != len(values):
+            known = self._read_values[name] = (len(values), _read(values))
+        return known[1]
 
     def portable(self) -> dict[str, Any]:
         return {"steps": self.steps, "step_time_s": self.trace.step_time_s, "data_time_s": self.trace.data_time_s,
