@@ -212,3 +212,26 @@ def test_bench_pair_ratio_median_and_t_interval_on_log_ratios():
     assert pair_ratio_ci([50.0], [100.0]) == (0.5, None)  # one pair: no interval, the median decides
     assert ratio_verdict(0.5, None, 0.98) == (False, None)
     assert pair_ratio_ci([], []) == (None, None)
+
+
+def test_a_partial_bench_run_writes_a_whole_results_file_that_says_what_it_measured(tmp_path):
+    """BENCH_RESULTS.md is written whole by every run (bench/results.py): a run of one part says
+    which figures it measured and which it did not, points at the hand-kept analysis, and lists
+    figure 2 part by part."""
+    from bench.common import Row, Settings
+    from bench.results import write_results
+
+    rows = [Row(figure="2. telemetry", unit="fraction", ours=[0.004, 0.006], reference=[], target="<= 0.01",
+                passed=True, ratio=0.005)]
+    parts = {"gather (the last rank's time in it)": 0.002, "finish": 0.03}
+    details = {"throughput": {"telemetry_parts_s": parts,
+                              "telemetry_parts_fraction": {k: v / 10 for k, v in parts.items()}}}
+    out = tmp_path / "BENCH_RESULTS.md"
+    write_results(out, command="python -m bench --only throughput", info={"cores": "2"}, settings=Settings(),
+                  rows=rows, details=details, elapsed_s=12.0, measured=["throughput"])
+    text = out.read_text()
+    assert text.startswith("# Benchmark results") and "bench/ANALYSIS.md" in text
+    assert "This run measured figures 1, 1b, 2, 2b-2d (`throughput`)." in text
+    assert "Not measured in this run, so not in the table: figure 1c (`paired`), figure 3 (`startup`)" in text
+    assert "| gather (the last rank's time in it) | 2.0 | 0.02% |" in text
+    assert "## How each figure is measured" in text
