@@ -3,7 +3,7 @@
 MFU against a datasheet peak says how far a run is from a number the device may never reach on
 this node (power cap, clocks, a PCIe part reporting an SXM name); MFU against a peak measured on
 the same device, in the same dtype and math mode, says how far the model is from what this
-device actually does on one large dense matmul. Both are reported (jobs.worker._mfu).
+device actually does on one large dense matmul. Both are reported (jobs.summary.mfu_figures).
 
 The measurement runs during setup, after the model is built and the setup's memory read, outside
 every timed region: a few untimed warm-ups (clocks ramp, cuBLAS picks its kernel), then
@@ -53,7 +53,7 @@ def size_that_fits(free_bytes: int, element_bytes: int, n: int = DEFAULT_N) -> i
 def math_mode(torch, model, precision: str) -> str:
     """The math a cell's main ops run in: its precision (bf16 | fp16), or for fp32 "tf32" / "fp32"
     from the TF32 settings in force and whether the model has convolutions (jobs.peaks.fp32_math).
-    The one answer for the datasheet peak (jobs.worker._mfu) and the measured one (:func:`measure`)."""
+    The one answer for the datasheet peak (jobs.summary.mfu_figures) and the measured one (:func:`measure`)."""
     if precision != "fp32":
         return precision
     has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())

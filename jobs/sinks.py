@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jobs import mlflow_entry
+from jobs import mlflow_client
 from jobs.hooks import Observer
 
 
@@ -128,9 +128,9 @@ class MlflowSink(NullSink):
         return self.run_id
 
     def client(self):
-        # A tracking outage must not stall a benchmark: mlflow_entry sets short HTTP retries (JSONL
+        # A tracking outage must not stall a benchmark: mlflow_client sets short HTTP retries (JSONL
         # has everything and `launcher.sync` replays it later).
-        return mlflow_entry.client(self.tracking_uri)
+        return mlflow_client.client(self.tracking_uri)
 
     def _try(self, what: str, fn, *args, **kwargs) -> bool:
         for attempt in range(self.RETRIES):
@@ -161,14 +161,14 @@ class MlflowSink(NullSink):
                              for k, v in r.items() if k not in ("step", "time") and _clean(v) is not None)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._tags.update({k: str(v)[:mlflow_entry.TAG_MAX_CHARS] for k, v in tags.items()})
+        self._tags.update({k: str(v)[:mlflow_client.TAG_MAX_CHARS] for k, v in tags.items()})
 
     def flush(self) -> None:
         self._send(status=None)
 
     def finish(self, status: str, error: str | None = None) -> None:
         if error:
-            self._tags["error"] = error[:mlflow_entry.TAG_MAX_CHARS]
+            self._tags["error"] = error[:mlflow_client.TAG_MAX_CHARS]
         self._send(status)
 
     def _send(self, status: str | None) -> None:

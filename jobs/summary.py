@@ -244,7 +244,7 @@ def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary
     import torch
 
     from jobs.dist import backend_for
-    from jobs.mlflow_entry import TAG_MAX_CHARS
+    from jobs.mlflow_client import TAG_MAX_CHARS
 
     rank, par = run.rank, run.setup.par
     env, device = rank.env, rank.device
@@ -274,7 +274,7 @@ def gpu_figures(device, per_rank: list[dict[str, Any]], summary: dict[str, Any],
     jobs.energy.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
     metrics for rank 0 to log. Off CUDA, or without NVML, no figure and a tag that says why."""
     from jobs import energy
-    from jobs.mlflow_entry import TAG_MAX_CHARS
+    from jobs.mlflow_client import TAG_MAX_CHARS
 
     if device.type != "cuda":
         tags["energy_missing"] = f"{device.type} ranks: energy is measured on CUDA devices only (NVML)"
@@ -348,7 +348,7 @@ def mfu_figures(run: Run, summary: dict[str, Any], matmul_peaks=()) -> dict[str,
 def provenance(torch, device) -> dict[str, str]:
     """Versions and the environment variables that change what a benchmark measures (the rank
     layout, Slurm's variables included, is jobs/dist.py's alone and is tagged from DistEnv)."""
-    from jobs.mlflow_entry import TAG_MAX_CHARS
+    from jobs.mlflow_client import TAG_MAX_CHARS
 
     tags = {"python_version": platform.python_version(), "cuda_version": str(torch.version.cuda),
             "hostname_rank0": platform.node()}

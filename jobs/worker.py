@@ -137,7 +137,7 @@ def refuse_unsupported(spec: RunSpec, device) -> None:
             raise ValueError(problem)
 
 
-def build_model(spec: RunSpec, device):
+def build_model_to_wrap(spec: RunSpec, device):
     """The model, ready for :func:`jobs.parallel.parallelize`: on ``device`` for DDP, on meta for
     FSDP (sharded before any memory is allocated; see jobs/parallel.py); a ``_target_`` model
     eagerly on the host for both (jobs.models.build_for)."""
@@ -191,7 +191,7 @@ def set_up(rank: Rank) -> Setup:
     train = spec.train
     rss_before = memory.current_rss_bytes()
     memory.reset_peak_memory(device)
-    par = parallel.parallelize(build_model(spec, device), spec.strategy, spec.precision, device=device,
+    par = parallel.parallelize(build_model_to_wrap(spec, device), spec.strategy, spec.precision, device=device,
                                num_nodes=env.num_nodes, tasks_per_node=env.local_world_size, compile=train.compile)
     setup_bytes = memory.setup_memory(device, rss_before)
     # The device's own matmul peak (CUDA only, ~a second), in the math the model's main ops run in

@@ -2,7 +2,7 @@
 
 For each strategy, one spawn of real ranks (2, or 4 as 2 nodes x 2 for hsdp) loops over the
 project models. Inside the ranks every model goes through the worker's own sequence
-(``jobs.worker.build_model``: on meta for FSDP; ``jobs.parallel.parallelize``;
+(``jobs.worker.build_model_to_wrap``: on meta for FSDP; ``jobs.parallel.parallelize``;
 ``jobs.parallel.build_optimizer``; one ``jobs.loop.Trainer`` step on a tiny synthetic batch, which
 reads the gradient bytes while gradients exist), then ``jobs.memory.model_state_bytes`` with
 those gradient bytes, reduced max over ranks as the worker's summary does. AdamW and SGD each get
@@ -113,7 +113,7 @@ def _stepped(spec_by_optimizer: dict, env, device) -> dict:
 
     spec = next(iter(spec_by_optimizer.values()))
     train = spec.train
-    par = parallel.parallelize(worker.build_model(spec, device), spec.strategy, spec.precision, device=device,
+    par = parallel.parallelize(worker.build_model_to_wrap(spec, device), spec.strategy, spec.precision, device=device,
                                num_nodes=env.num_nodes, tasks_per_node=env.local_world_size)
     optimizers = {name: parallel.build_optimizer(par.model, s.train.optimizer, s.train.lr)
                   for name, s in spec_by_optimizer.items()}

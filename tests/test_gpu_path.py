@@ -181,7 +181,7 @@ def test_placements_carry_the_uuid_as_nvml_writes_it(monkeypatch, tmp_path):
     finally:
         tdist.destroy_process_group()
     assert placements == [("h", f"GPU-{bare}")]
-    tag = ",".join(f"{host}/{uuid}" for host, uuid in placements)  # as jobs.worker.run_tags writes it
+    tag = ",".join(f"{host}/{uuid}" for host, uuid in placements)  # as jobs.summary.run_tags writes it
     assert tag.count("GPU-") == 1  # tests/test_gpu.py's own assertion
 
 
