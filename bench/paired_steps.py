@@ -48,7 +48,7 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from jobs import metrics, parallel, schedule
+    from jobs import memory, parallel, schedule
     from jobs.data import synthetic_batches
     from jobs.dist import DistEnv, backend_for, choose_device
     from jobs.heartbeat import Heartbeat
@@ -115,7 +115,7 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="paired-"))
     heartbeat = Heartbeat(run_dir, env.rank, env.hostname, stall_timeout_s=300)
     hooks = schedule.Hooks(sync=sync, on_step=heartbeat.beat,
-                           reset_peak_memory=lambda: metrics.reset_peak_memory(device))
+                           reset_peak_memory=lambda: memory.reset_peak_memory(device))
 
     def ours_block(n: int) -> None:
         schedule.run(trainer, ours_batches, env=env, device=device, out_dir=run_dir,

@@ -1,4 +1,6 @@
-"""BENCH_RESULTS.md: the last run's table, the machine, and how each figure is measured."""
+"""BENCH_RESULTS.md, written whole: the last run's table, the machine, which figures it measured,
+the details of its repeats and how each figure is measured. What the numbers were read to mean
+(changes, investigations, runs made on their own) is bench/ANALYSIS.md, kept by hand."""
 
 from __future__ import annotations
 
@@ -6,6 +8,10 @@ import statistics
 from pathlib import Path
 
 from bench.common import Row, Settings, render_table
+
+# Each part of the suite (python -m bench --only NAME) and the figures it measures.
+FIGURE_NUMBERS = {"throughput": "figures 1, 1b, 2, 2b-2d", "paired": "figure 1c", "startup": "figure 3",
+                  "slurm": "figure 4", "imports": "figure 5"}
 
 METHOD = """\
 ## How each figure is measured
@@ -19,7 +25,7 @@ on both; each cell shows the median, the full range and the number of repeats.
 and then the root (root kept gathered after forward, as the worker does), AdamW, a pool of
 synthetic batches made up front, no per-step `.item()`. Ours is `bench/worker_entry.py`, which
 builds the RunSpec the launcher would ship and calls the worker's real entry point
-(`jobs.worker.main`) unmodified; timers are wrapped around worker functions from outside. Both run
+(`jobs.worker.main`) unmodified, timed through the worker's public hooks (`jobs/hooks.py`). Both run
 under `torchrun --standalone --nproc-per-node N` with the same threads per rank
 (`OMP_NUM_THREADS`, and the worker's `cpus_per_task`), model, batch, steps and warm-up. Ours logs
 to a real MLflow run in a SQLite store, as a launcher run does. The figure is the steady-state
@@ -53,19 +59,22 @@ what it cannot see is anything that differs between two processes (imports, memo
 which figure 1 sees, together with the noise between runs.
 
 **2. Telemetry.** In the same runs, on rank 0, the wall time from the end of the measured window
-to the end of `benchmark()` (loss read, memory and model-state figures, `gather_ranks`,
-`summarize`, FLOPs, step records, the sinks' `set_tags`/`log_steps`/`log_summary`), plus the
-sinks' `finish` (JSONL status line, one MLflow `log_batch` and `set_terminated` against the
-SQLite store), divided by the measured window's wall time. Two things are timed and reported
-apart: MLflow's one-off import and store opening (`MlflowSink.client`, once per job, after the
-window: 2b) and the communication probe (`comm_probe_steps` extra profiled steps after the
-window, a measurement in its own right: 2c). `gather_ranks` is a collective, so rank 0's time in
-it includes waiting for a peer still busy with its probe: the gather is charged at the time the
-last rank to arrive spent in it, and the wait goes with the probe. The per-step bookkeeping inside
-the window (two `perf_counter` calls, list appends, a detached loss, the heartbeat, the stop-
-request all-reduce) is part of figure 1. Telemetry is a constant per job (tens of ms, most of it
-MLflow's `log_batch` on SQLite), so its share falls as the window grows: the suite's runs measure
-50 steps (`--quick`: 30), a short benchmark run.
+to the last sink call of `benchmark()` (the health check's loss read and agreement, the window's
+peak memory, this rank's figures, `gather_ranks`, the summary, tags and step records of
+`jobs.summary.report`, the sinks' `set_tags`/`log_steps`/`log_summary`), plus the sinks' `finish`
+(JSONL status line, one MLflow `log_batch` and `set_terminated` against the SQLite store),
+divided by the measured window's wall time. Each part is a named phase of the worker's hooks
+(`jobs.hooks.PHASES`) and is listed part by part below the table, so that the next addition shows
+its cost. Three things are timed and reported apart: MLflow's one-off import and store opening
+(once per job, after the window: 2b), the communication probe (`comm_probe_steps` extra profiled
+steps after the window: 2c) and the straggler probe (`local_probe_steps` extra forward and backward
+passes without gradient communication: 2d); each probe is a measurement in its own right, not
+bookkeeping. `gather_ranks` is a collective, so rank 0's time in it includes waiting for a peer
+still busy with its probes: the gather is charged at the time the last rank to arrive spent in it,
+and the wait goes with the probes. The per-step bookkeeping inside the window (two `perf_counter`
+calls, list appends, a detached loss, the heartbeat, the stop-request agreement, the hooks' step
+call) is part of figure 1. Telemetry is a constant per job, so its share falls as the window grows:
+the suite's runs measure 50 steps (`--quick`: 30), a short benchmark run.
 
 **3. Time to first step.** The suite takes the wall clock right before spawning each command;
 the worker records `first_step_unix_s` (start of its first training step, rank 0) in
@@ -92,109 +101,6 @@ are read from its report), and expand + compose + validate + plan of the 16-cell
 interpreter that lists the heavy modules in `sys.modules` afterwards. The reference time is the
 Hydra app of figure 4 answering `--help`.
 """
-
-CHANGES = """\
-## What was changed in the product to meet these targets
-
-Measured before the changes on this machine (same methods): the 16-cell Slurm submission took
-3.4 s to the last sbatch (16 Hydra compositions ~1.1 s, MLflow import, store opening and 17 runs
-~1.9 s, all before sbatch) against the plugin's 1.2 s; the local launch reached its first step
-in ~2x torchrun's time (MLflow before submission in the launcher, and again in rank 0 before the
-process group); telemetry was ~1.4% of the window (four SQLite transactions of 12-19 ms each).
-
-- `launcher/plan/grid.py`: Hydra composes once per distinct set of config-group choices; each point's
-  value overrides (`nodes=2`, `seed=1`) are applied to a copy by the function Hydra's own
-  compose applies them with. Same configs (checked against per-point composition, errors
-  included); 4 compositions instead of 16 for the grid above (~65 ms each).
-- `launcher/__main__.py`, `launcher/sweep.py`: MLflow runs are created after submission
-  (`sweep._create_runs`): on Slurm right after sbatch has accepted every job, locally once the
-  first cell has ended (while nothing runs, so the work never lands in a measurement). Each run
-  id also goes to `<cell dir>/mlflow_run_id`. Local ranks log no MLflow themselves: the launcher
-  already replays each finished cell's `metrics.jsonl` into its run (`launcher.sync`), so rank 0
-  never imports MLflow and SQLite has one writer.
-- `jobs/sinks.py`: `MlflowSink` buffers and writes at `finish` (one `log_batch`, one
-  `set_terminated`), imports MLflow only then (after the window), and reads the run id from
-  `mlflow_run_id` when the spec has none (Slurm: the run is created after sbatch).
-- `jobs/preempt.py`, `jobs/dist.py`: the ranks agree on stop requests (preemption warning,
-  SIGTERM) about once a second instead of at every step boundary, and on a gloo group of their
-  own, asynchronously: a round is issued at one agreement boundary and read at the next, where its
-  result says whether to stop and when the next boundary is (every rank stops at the same step).
-  The per-step all-reduce of one int on the training group cost 1.4-1.9 ms in the call and 3-4%
-  of FSDP's step time; once a second on the training group it still cost FSDP ~5% on this host's
-  slower steps (below); on its own group it costs nothing measurable.
-- `jobs/worker.py`: records `first_step_unix_s`; the torch version tag is a plain `str`
-  (`torch.__version__` is a `TorchVersion`, and unpickling the job's result made the launcher
-  import torch, ~1 s, after every local cell).
-"""
-
-
-INVESTIGATIONS = """\
-## What was measured while looking for the harness's cost (this machine, 2026-11-22)
-
-A/B runs of `bench/worker_entry.py` with parts of the worker switched off from outside
-(`sitecustomize` monkeypatches, 3-4 alternated pairs each, ranks pinned):
-
-- Stop-request agreement at every step boundary: 1.4-1.9 ms per call (median) and 3-4% of
-  FSDP's throughput (asynchronous: the same); agreeing about once a second (the change above):
-  indistinguishable from no agreement at all.
-- Heartbeat, stop-request signal handlers and agreement together, off vs on: within noise in
-  CPU time per sample; 4-8% in wall time in one batch each for FSDP and DDP, not reproduced in
-  later batches. The heartbeat's file write has since left the training thread (see above).
-- An MLflow run (tracking on) vs none, FSDP: 12% apart in one batch, 3% the other way in the
-  next: no effect beyond noise (the sink does nothing before the window ends).
-- Python's garbage collector: the worker's process tracks ~380k objects against the bare loop's
-  ~286k (torch.distributed.checkpoint and the project's modules), and a full collection costs
-  ~100 ms against ~75 ms; 6 against 5 full collections per run (start-up included). Freezing the
-  objects alive before the first step (`gc.freeze()`) did not help in A/B runs, so it is not in.
-- Noise: the same bare loop, pinned, minutes apart: 88-117 samples/s (FSDP), 121-139 (DDP).
-  Batches of alternated pairs of the same code gave ours/bare ratios from 0.88 to 1.01 (FSDP).
-  Six full runs of this suite during the day, while the changes above went in: DDP 0.92-1.01,
-  FSDP 0.87-0.98; FSDP's median stayed below 1 in all six, so a cost of a few percent in the
-  FSDP path on two pinned CPU ranks is not ruled out, though no A/B run outside the suite
-  reproduced it. The machine is a 2-vCPU VM on a shared host; other tenants do not show in its
-  load average.
-- Inside one torchrun job (2 pinned CPU ranks, FSDP, gpt_tiny, 24 alternating 5-step blocks per
-  side), the worker's `Trainer.step` against the bare step on the same model: 1.01-1.02 (ours
-  faster by a hair); a model wrapped by `apply_fsdp` against one wrapped by bare `fully_shard`
-  calls, same step: 1.00-1.01. In separate jobs, minutes apart, the very same bare-loop variant
-  ranged 46-60 samples/s. The per-step work is the same on both sides; the cross-job gap of
-  figure 1 is not in the step path, which is why figure 1c now measures it paired.
-- Figure 1c bisected (paired blocks in one job, FSDP, 40 pairs each, a later 2-core Xeon host
-  whose steps are ~2x slower than the first): the worker's schedule with the stop-request
-  agreement on the training group 0.951 and 0.948 of the bare step's throughput; the same with
-  the agreement switched off 1.031 and 0.999; the heartbeat made no difference. With ~330 ms steps
-  the once-a-second agreement ran every ~3 steps, an all-reduce queued between FSDP's collectives
-  where every rank waits for the slowest. Moved to its own gloo group and made asynchronous (see
-  above): 1.064 and 1.046 (DDP 1.038).
-- What figure 1c cannot see, because it is per process: `bench/bare_loop.py` itself, with and
-  without the worker's per-process extras injected (the heartbeat's watchdog thread writing its
-  file once a second, the stop-request signal handlers, the gloo control group, the worker's
-  imports), FSDP, 4 ABBA pairs: 49.0, 49.5, 48.9, 46.0 samples/s with them, 48.5, 48.1, 49.9,
-  48.3 without (medians 48.95 and 48.4). No cost there either. Figure 1's remaining gap in a given
-  run is the variance between separate jobs on this VM: in two full runs of the suite on the same
-  day and host, DDP's figure 1 was 1.014 and 0.920 with the same worker step path.
-- Open: in the later run our separate jobs spread 17-21% (FSDP 43.7-53.4 samples/s, the fastest
-  single run of either side being ours) against the bare loop's 3-6%: our process is sometimes
-  in a slower state for a whole run. Not the step path (1c), not the per-process extras (above);
-  what else differs per process (heap history, address layout of the same tensors) is not
-  measured yet. What that run's own numbers do say: the spread is in CPU time per sample too
-  (row 1b: ours 48.2-59.5 samples/CPU-s, 21%, against the bare loop's 53.9-55), so in the slow
-  runs our ranks spent more CPU per sample, not merely waited for a core that another process
-  held (that moves wall time, not the rank's own CPU time); and the worker's own reported
-  throughput follows the harness's window mean run by run (43.85 vs 43.81 ... 53.82 vs 53.79), so
-  the slow runs are slow throughout the window rather than in a few pre-empted steps. Which
-  per-process difference makes a whole run cost more CPU is not known: with 4 runs per side the
-  one fast run of ours (53.4) could as well be the outlier as the three slow ones. One explanation that
-  would fit, untested here: on 2 vCPUs a hypervisor's co-scheduling of the other tenant's work on the same physical core (shared caches,
-  hyperthread sibling) would raise CPU time per sample for a whole run on either side; that the
-  bare loop's four runs happened to escape it is possible with 4 runs, and nothing measured
-  separates the two explanations. The figure is therefore reported as the median of the per-pair
-  ratios with a 95% interval (above), whose width says how much the runs can decide.
-- Profiles (cProfile, rank 0, FSDP): the same operators dominate on both sides (autograd's
-  backward, linear, gloo waits); the worker's own Python per step (timing, history, heartbeat,
-  the agreement counter) does not appear among the top functions.
-"""
-
 
 def _fmt(x: float) -> str:
     return f"{x:.4g}"
@@ -238,6 +144,8 @@ def details_section(rows: list[Row], details: dict[str, dict]) -> str:
         out.append("- Telemetry breakdown, rank 0, medians over all our runs (ms): "
                    + ", ".join(f"{k[:-2]} {1e3 * v:.1f}" for k, v in b.items()) + ". `telemetry` is the "
                    "per-job constant that figure 2 divides by the window.")
+    if "telemetry_parts_s" in tp:
+        out += ["", telemetry_parts_table(tp["telemetry_parts_s"], tp["telemetry_parts_fraction"]), ""]
     sl = details.get("slurm") or {}
     if sl.get("skipped"):
         out.append(f"- Slurm: skipped ({sl['skipped']}).")
@@ -250,6 +158,24 @@ def details_section(rows: list[Row], details: dict[str, dict]) -> str:
         out.append(f"- Heavy modules imported by `--help`: {', '.join(im['help_heavy_imports']) or 'none'}; by "
                    f"composition: {', '.join(im['compose_heavy_imports']) or 'none'}.")
     return "\n".join(out)
+
+
+def telemetry_parts_table(seconds: dict[str, float], fractions: dict[str, float]) -> str:
+    """Figure 2 part by part: each part's median over our runs, in ms and as a share of the window."""
+    lines = ["Figure 2 part by part (rank 0, median over our runs; the parts of one run add up to its figure):", "",
+             "| part of the work after the window | ms | share of the window |", "|---|---:|---:|"]
+    lines += [f"| {part} | {1e3 * seconds[part]:.1f} | {100 * fractions[part]:.2f}% |" for part in seconds]
+    return "\n".join(lines)
+
+
+def measured_section(measured: list[str]) -> str:
+    """Which figures this run measured: a partial run (``--only``) writes a whole file all the same."""
+    not_run = [name for name in FIGURE_NUMBERS if name not in measured]
+    lines = ["This run measured " + ", ".join(f"{FIGURE_NUMBERS[m]} (`{m}`)" for m in measured) + "."]
+    if not_run:
+        lines.append("Not measured in this run, so not in the table: " + ", ".join(
+            f"{FIGURE_NUMBERS[m]} (`{m}`)" for m in not_run) + "; `python -m bench` runs them all.")
+    return " ".join(lines)
 
 
 def failures_section(rows: list[Row]) -> str:
@@ -265,7 +191,7 @@ def failures_section(rows: list[Row]) -> str:
         if r.figure.startswith("1.") and r.reference and r.ours:
             lines.append("  The range of the repeats on each side is wider than the 2% band the target allows: "
                          "on this machine the noise between runs is larger than the difference being measured "
-                         "(see the per-pair ratios and the investigations below). What is known to cost is "
+                         "(see the per-pair ratios below and bench/ANALYSIS.md). What is known to cost is "
                          "accounted for there; figure 1c measures the worker's step path against the bare step "
                          "inside one job, where that noise cancels. Rerun with more `--repeats` on a quiet machine, "
                          "or on a GPU node, where a step is long against the harness's microseconds.")
@@ -273,14 +199,17 @@ def failures_section(rows: list[Row]) -> str:
 
 
 def write_results(path: Path, *, command: str, info: dict[str, str], settings: Settings, rows: list[Row],
-                  details: dict[str, dict], elapsed_s: float) -> None:
+                  details: dict[str, dict], elapsed_s: float, measured: list[str]) -> None:
     machine = "\n".join(f"| {k} | {v} |" for k, v in info.items())
     text = f"""# Benchmark results
 
 The harness against hand-written references, measured side by side in one run of
-`{command}` ({elapsed_s:.0f} s). Produced by `bench/run.py`; rerun it to refresh this file
-(see bench/README.md). Ratios are comparable within one run; absolute numbers on a shared
-2-core machine are small and noisy.
+`{command}` ({elapsed_s:.0f} s). Written whole by `python -m bench` (bench/results.py); rerun it to
+refresh this file (see bench/README.md). Ratios are comparable within one run; absolute numbers on
+a shared 2-core machine are small and noisy. What the numbers were read to mean, the changes made
+to meet the targets and the runs made on their own: bench/ANALYSIS.md.
+
+{measured_section(measured)}
 
 | machine | |
 |---|---|
@@ -299,7 +228,5 @@ repeats per side.
 
 {details_section(rows, details)}
 
-{METHOD}
-{CHANGES}
-{INVESTIGATIONS}"""
+{METHOD}"""
     path.write_text(text)

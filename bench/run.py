@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.results import write_results
 
         write_results(args.results, command=command, info=info, settings=settings, rows=rows, details=details,
-                      elapsed_s=elapsed)
+                      elapsed_s=elapsed, measured=only)
         print(f"results: {args.results}")
     failed = [r for r in rows if r.passed is False]
     return 1 if failed else 0

@@ -30,6 +30,31 @@ from bench.common import (
 
 THROUGHPUT_TARGET = 0.98
 TELEMETRY_TARGET = 0.01
+# Rank 0's timings kept for the breakdown (worker_entry.py writes them; phases: jobs.hooks.PHASES).
+BREAKDOWN_KEYS = ("after_window_s", "comm_probe_s", "local_probe_s", "health_check_s", "rank_figures_s", "gather_s",
+                  "summarize_s", "reduce_s", "sink_set_tags_s", "sink_log_steps_s", "sink_log_summary_s",
+                  "sink_log_system_s", "sink_finish_s", "mlflow_client_start_s", "window_s", "median_cycle_s")
+
+
+def telemetry_parts(head: dict, gather_wait_s: float, telemetry_s: float) -> dict[str, float]:
+    """Figure 2 of one run, part by part (s): each named phase after the window that figure 2 counts,
+    and what no phase names (the window's peak memory read, the schedule's closing stop-request
+    agreement, the hand-offs between phases), so that the parts add up to the figure."""
+    gather_s = head.get("gather_s", 0.0) - gather_wait_s
+    named = {
+        "health check (losses read, one all-gather)": head.get("health_check_s", 0.0),
+        "this rank's figures (history, model state, interference)": head.get("rank_figures_s", 0.0),
+        "gather (the last rank's time in it)": gather_s,
+        "summary, tags and records (jobs.summary.report)": head.get("reduce_s", 0.0),
+        "JSONL + buffering: set_tags, log_steps, log_summary, log_system": sum(
+            head.get(k, 0.0) for k in ("sink_set_tags_s", "sink_log_steps_s", "sink_log_summary_s",
+                                       "sink_log_system_s")),
+        "finish: JSONL status line, MLflow log_batch + set_terminated (client start-up apart)":
+            head.get("sink_finish_s", 0.0) - head.get("mlflow_client_start_s", 0.0),
+    }
+    named["unnamed (peak memory read, the schedule's closing, hand-offs between phases)"] = (
+        telemetry_s - sum(named.values()))
+    return named
 
 
 class Tracker:
@@ -65,6 +90,9 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     telemetry_fraction: list[float] = []
     client_start: list[float] = []
     comm_probe: list[float] = []
+    local_probe: list[float] = []
+    parts: dict[str, list[float]] = {}  # figure 2 part by part (telemetry_parts), per run
+    part_fractions: dict[str, list[float]] = {}
     busy: list[float] = []
     breakdown: dict[str, list[float]] = {}
     cpu_per_run: dict[str, dict[str, list[float]]] = {}
@@ -105,25 +133,28 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
             steal.setdefault(f"{strategy}_ours", []).append(proc.steal_share)
             head = next(r for r in ranks if r["rank"] == 0)
             reported.append(head["reported_throughput_samples_per_s"])
-            # Everything rank 0 does for metrics after its last step, two things aside, each reported on
-            # its own line: MLflow's one-off import and store opening (inside finish), and the
-            # communication probe (extra profiled steps: a measurement, not bookkeeping).
+            # Everything rank 0 does for metrics after its last step, three things aside, each reported
+            # on its own line: MLflow's one-off import and store opening (inside finish), and the two
+            # probes (extra steps after the window: measurements of their own, not bookkeeping).
             # The gather is a collective: rank 0's time in it includes waiting for a peer still busy
             # with its own probe. The last rank to arrive waits least; its time is the gather's cost.
             client_s = head.get("mlflow_client_start_s", 0.0)
             probe_s = head.get("comm_probe_s", 0.0)
+            local_s = head.get("local_probe_s", 0.0)
             gather_wait_s = head.get("gather_s", 0.0) - min(r.get("gather_s", 0.0) for r in ranks)
-            telemetry_s = (head["after_window_s"] - probe_s - gather_wait_s + head.get("sink_finish_s", 0.0)
+            telemetry_s = (head["after_window_s"] - probe_s - local_s - gather_wait_s + head.get("sink_finish_s", 0.0)
                            - client_s)
             telemetry_fraction.append(telemetry_s / head["window_s"])
             client_start.append(client_s)
             comm_probe.append(probe_s)
+            local_probe.append(local_s)
             breakdown.setdefault("gather_wait_for_peer_s", []).append(gather_wait_s)
-            for key in ("after_window_s", "comm_probe_s", "gather_s", "summarize_s", "sink_set_tags_s",
-                        "sink_log_steps_s", "sink_log_summary_s", "sink_finish_s", "mlflow_client_start_s",
-                        "window_s", "median_cycle_s"):
+            for key in BREAKDOWN_KEYS:
                 breakdown.setdefault(key, []).append(head.get(key, 0.0))
             breakdown.setdefault("telemetry_s", []).append(telemetry_s)
+            for part, seconds in telemetry_parts(head, gather_wait_s, telemetry_s).items():
+                parts.setdefault(part, []).append(seconds)
+                part_fractions.setdefault(part, []).append(seconds / head["window_s"])
 
         log(f"  {strategy}: {settings.repeats} x (ours, bare), ABBA order")
         for i in range(settings.repeats):
@@ -174,7 +205,14 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         rows.append(Row(
             figure="2c. communication probe on rank 0 (extra profiled steps after the window; comm_probe_steps=0 "
                    "turns it off)", unit="s", ours=comm_probe, reference=[], target="(info)", passed=None))
+    if any(local_probe):
+        rows.append(Row(
+            figure="2d. straggler probe on rank 0 (extra forward+backward passes without gradient communication "
+                   "after the window; local_probe_steps=0 turns it off)", unit="s", ours=local_probe, reference=[],
+            target="(info)", passed=None))
     details["telemetry_breakdown_s"] = {k: statistics.median(v) for k, v in breakdown.items()}
+    details["telemetry_parts_s"] = {k: statistics.median(v) for k, v in parts.items()}
+    details["telemetry_parts_fraction"] = {k: statistics.median(v) for k, v in part_fractions.items()}
     details["busy_cores_at_start"] = busy
     details["steal_share_per_run"] = steal
     details["samples_per_cpu_s_per_run"] = cpu_per_run

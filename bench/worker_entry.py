@@ -4,18 +4,18 @@
         [--tracking-uri sqlite:///... --run-id ID]
 
 Takes the same arguments as bench/bare_loop.py, builds the RunSpec the launcher would ship, and
-calls the worker's real entry point (jobs.dist reads torchrun's environment). Timers are wrapped
-around a few worker functions from outside, so the worker runs unmodified:
+calls the worker's real entry point (jobs.dist reads torchrun's environment). Timing goes through
+the worker's public hooks (jobs/hooks.py: ``jobs.worker.main(spec, observer=...)``); nothing of
+jobs/ is patched, so the worker runs unmodified:
 
-* the measured window: through the worker's timing hook (``jobs.worker.main(spec, on_window=...)``),
-  from the barrier that opens the window to the end of the last step, so whatever the worker does
-  between measured steps counts (the bare loop times its window the same way, wall clock after the
-  same barrier);
-* each step's start (``Trainer.step``), for the median step cycle time, start to start;
-* telemetry on rank 0: ``metrics.gather_ranks``, ``metrics.summarize``, each sink call (JSONL and
-  MLflow fan-out), and everything from the end of the window to the end of ``benchmark()``
-  (loss read, memory and model-state figures, FLOPs, records, tags);
-* MLflow client start-up (``MlflowSink.client``: import and store opening), at the end of the job.
+* the measured window: from the barrier that opens the window to the end of the last step, so
+  whatever the worker does between measured steps counts (the bare loop times its window the same
+  way, wall clock after the same barrier);
+* each step's start (``step_start``), for the median step cycle time, start to start;
+* telemetry on rank 0: each phase after the window (``jobs.hooks.PHASES``: health check, probes,
+  this rank's figures, the gather, the summary, each sink call), and everything from the end of
+  the window to the last sink call of ``benchmark()`` (``after_window``);
+* MLflow client start-up (import and store opening) and the sinks' ``finish``, at the end of the job.
 
 Each rank writes ``bench-rank<R>.json`` into the run directory; the worker itself writes its usual
 ``result.json`` and ``metrics.jsonl`` there.
@@ -24,12 +24,13 @@ Each rank writes ``bench-rank<R>.json`` into the run directory; the worker itsel
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import json
 import os
 import resource
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 SCRIPT_START_UNIX_S = time.time()
@@ -38,72 +39,50 @@ TIMES_S: dict = {}
 STEP_STARTS: list = []
 
 
-def _timed(name: str, fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            TIMES_S[name] = TIMES_S.get(name, 0.0) + time.perf_counter() - t0
+def _timings_class():
+    """The worker's timing hooks (jobs.hooks.Observer), filled in here: imported late, so that the
+    script's start time is taken before any of jobs/ is imported."""
+    from jobs.hooks import Observer
 
-    return wrapper
+    class Timings(Observer):
+        """Wall and CPU time of the measured window, each step's start, each phase after the window."""
 
+        def __init__(self, warmup_steps: int, total_steps: int) -> None:
+            self.warmup_steps, self.total_steps = warmup_steps, total_steps
 
-def on_window(event: str) -> None:
-    """The worker's timing hook: wall and CPU time of the measured window."""
-    TIMES_S[f"_window_{event}"], TIMES_S[f"_cpu_{event}"] = time.perf_counter(), time.process_time()
-    TIMES_S[f"_faults_{event}"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        def step_start(self, step: int) -> None:
+            STEP_STARTS.append(time.perf_counter())
 
+        def window(self, event: str) -> None:
+            TIMES_S[f"_window_{event}"], TIMES_S[f"_cpu_{event}"] = time.perf_counter(), time.process_time()
+            TIMES_S[f"_faults_{event}"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
-def install_timers(warmup_steps: int, total_steps: int) -> None:
-    import jobs.loop
-    import jobs.metrics
-    import jobs.sinks
-    import jobs.worker
+        @contextlib.contextmanager
+        def phase(self, name: str) -> Iterator[None]:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                TIMES_S[f"{name}_s"] = TIMES_S.get(f"{name}_s", 0.0) + time.perf_counter() - t0
+                if name == "after_window":
+                    self._close_window()
 
-    # Each step's start, through the one call every step makes whatever the loop around it looks like.
-    trainer_step = jobs.loop.Trainer.step
+        def _close_window(self) -> None:
+            end = TIMES_S.pop("_window_end")
+            TIMES_S["window_s"] = end - TIMES_S.pop("_window_start")
+            # CPU time of the whole process over the window, as bare_loop.py measures it.
+            TIMES_S["cpu_window_s"] = TIMES_S.pop("_cpu_end") - TIMES_S.pop("_cpu_start")
+            # Page faults over the window (memory the allocator returned to the OS and touches again).
+            TIMES_S["minor_faults_window"] = TIMES_S.pop("_faults_end") - TIMES_S.pop("_faults_start")
+            # Step cycle times, start to start, over the measured steps (as bare_loop.py computes them).
+            starts = STEP_STARTS[self.warmup_steps:self.total_steps]
+            TIMES_S["median_cycle_s"] = statistics.median(
+                b - a for a, b in zip(starts, starts[1:] + [end], strict=True))
+            # From the window's last step to the last sink call of benchmark(), as before the phases
+            # were named: the schedule's own closing (stop-request agreement) included.
+            TIMES_S["after_window_s"] = time.perf_counter() - end
 
-    def timed_step(self, *args, **kwargs):
-        STEP_STARTS.append(time.perf_counter())
-        return trainer_step(self, *args, **kwargs)
-
-    jobs.loop.Trainer.step = timed_step
-    jobs.metrics.gather_ranks = _timed("gather_s", jobs.metrics.gather_ranks)
-    jobs.metrics.summarize = _timed("summarize_s", jobs.metrics.summarize)
-    for method in ("set_tags", "log_steps", "log_summary", "finish"):
-        setattr(jobs.sinks.FanOut, method, _timed(f"sink_{method}_s", getattr(jobs.sinks.FanOut, method)))
-    jobs.sinks.MlflowSink.client = _timed("mlflow_client_start_s", jobs.sinks.MlflowSink.client)
-    if _has_module("jobs.comm"):
-        import jobs.comm
-
-        # Extra profiled steps after the window: a measurement of its own, reported apart.
-        jobs.comm.probe = _timed("comm_probe_s", jobs.comm.probe)
-
-    benchmark = jobs.worker.benchmark
-
-    def timed_benchmark(*args, **kwargs):
-        out = benchmark(*args, **kwargs)
-        end = TIMES_S.pop("_window_end")
-        TIMES_S["window_s"] = end - TIMES_S.pop("_window_start")
-        # CPU time of the whole process over the window, as bare_loop.py measures it.
-        TIMES_S["cpu_window_s"] = TIMES_S.pop("_cpu_end") - TIMES_S.pop("_cpu_start")
-        # Page faults over the window (memory the allocator returned to the OS and touches again).
-        TIMES_S["minor_faults_window"] = TIMES_S.pop("_faults_end") - TIMES_S.pop("_faults_start")
-        # Step cycle times, start to start, over the measured steps (as bare_loop.py computes them).
-        starts = STEP_STARTS[warmup_steps:total_steps]
-        TIMES_S["median_cycle_s"] = statistics.median(b - a for a, b in zip(starts, starts[1:] + [end], strict=True))
-        TIMES_S["after_window_s"] = time.perf_counter() - end
-        return out
-
-    jobs.worker.benchmark = timed_benchmark
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
+    return Timings
 
 
 def main() -> None:
@@ -137,7 +116,7 @@ def main() -> None:
     )
     from jobs.worker import main as worker_main
 
-    install_timers(args.warmup_steps, args.steps)
+    timings = _timings_class()(args.warmup_steps, args.steps)
     world = int(os.environ["WORLD_SIZE"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     spec = RunSpec(
@@ -158,10 +137,10 @@ def main() -> None:
         import cProfile
 
         profiler = cProfile.Profile()
-        result = profiler.runcall(worker_main, spec, on_window=on_window)
+        result = profiler.runcall(worker_main, spec, observer=timings)
         profiler.dump_stats(str(Path(args.out_dir, "profile-rank0.pstats")))
     else:
-        result = worker_main(spec, on_window=on_window)
+        result = worker_main(spec, observer=timings)
     record = {"rank": rank, "script_start_unix_s": SCRIPT_START_UNIX_S,
               "samples_in_window": args.batch_size * (args.steps - args.warmup_steps), **TIMES_S}
     if rank == 0:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from jobs.mlflow_entry import PARAM_MAX_CHARS, PARAMS_PER_BATCH
+from jobs.mlflow_client import PARAM_MAX_CHARS, PARAMS_PER_BATCH
 
 METRICS_FILE = "metrics.jsonl"  # the job's records, written by rank 0 (jobs/sinks.py)
 RUN_ID_FILE = "mlflow_run_id"

@@ -105,12 +105,6 @@ def classify_events(events, main_thread: int, on_gpu: bool) -> dict[str, list[In
     return out
 
 
-def intervals_from_events(events, main_thread: int, on_gpu: bool) -> tuple[list[Interval], list[Interval]]:
-    """(collective, compute) intervals in microseconds from profiler events."""
-    kinds = classify_events(events, main_thread, on_gpu)
-    return kinds["comm"], kinds["compute"]
-
-
 def probe(run_steps, n_steps: int, on_gpu: bool) -> dict[str, float]:
     """Run ``run_steps(n_steps)`` under the profiler; per-step communication figures."""
     import threading

@@ -22,6 +22,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 # Below Linux's ephemeral range (32768-60999), so an outgoing connection never holds our port.
 PORT_BASE = 10000
@@ -278,7 +282,7 @@ def bound_device(device, torch_version: str) -> dict:
 
 
 @contextlib.contextmanager
-def process_group(env: DistEnv, backend: str, timeout_s: float, device=None) -> Iterator[object]:
+def process_group(env: DistEnv, backend: str, timeout_s: float, device=None) -> Iterator[ProcessGroup]:
     """Open the default process group and destroy it on every exit path.
 
     ``device``: this rank's CUDA device (after ``set_device``); passed as ``device_id`` so the

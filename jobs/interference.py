@@ -8,7 +8,7 @@ someone else's::
 
     foreign_cpu_share = max(0, busy_delta_s - our_cpu_delta_s) / (window_s * n_cores)
 
-reported as the maximum over hosts (jobs.metrics.foreign_cpu_share). Samples are taken only at
+reported as the maximum over hosts (jobs.summary.foreign_cpu_share). Samples are taken only at
 the window's two boundaries, outside every step: reading /proc costs well under a millisecond,
 and nothing here synchronises ranks (the per-rank samples travel with the one gather the worker
 does after the window). Limits: interrupt time (irq, softirq) is not attributed to a process, so
@@ -23,8 +23,8 @@ utilisation (a fraction, 0..1). Without ``pynvml`` the GPU figures are skipped a
 
 The same thread also records the device's power draw and memory in use, and the device's total-
 energy counter is read at the window's two boundaries: the energy the job's GPUs spent in the
-window (jobs.metrics.energy_figures) and the system metrics rank 0 logs for the job's own GPUs
-(jobs.metrics.system_records). Every rank samples its own device: each knows its device's UUID
+window (jobs.energy.energy_figures) and the system metrics rank 0 logs for the job's own GPUs
+(jobs.energy.system_records). Every rank samples its own device: each knows its device's UUID
 without any exchange, the thread exists anyway, and the set of devices sampled is exactly the
 job's (no device of the host that another job uses). A reading NVML refuses (NotSupported on an
 older GPU, no permission) switches that reading off for the rest of the window, and the reason
@@ -52,7 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobs import metrics
+from jobs import energy
+from jobs.memory import GIB
 
 # /proc/stat cpuN columns: user nice system idle iowait irq softirq steal guest guest_nice.
 # Busy = everything but idle and iowait; guest time is already included in user (and
@@ -153,7 +154,7 @@ class CpuWindow:
             self.end = cpu_sample()
 
     def portable(self, hostname: str) -> dict[str, Any] | None:
-        """What this rank contributes to jobs.metrics.foreign_cpu_share (None: no complete window)."""
+        """What this rank contributes to jobs.summary.foreign_cpu_share (None: no complete window)."""
         if self.start is None or self.end is None:
             return None
         try:
@@ -240,7 +241,7 @@ class GpuSampler:
         self.samples.append({"others": float(others), "util_share": util / 100.0, "t_s": t_s, "unix_s": unix_s,
                              "util_percent": float(util),
                              "power_w": None if power_mw is None else power_mw / 1e3,
-                             "mem_used_gib": None if memory is None else memory.used / metrics.GIB})
+                             "mem_used_gib": None if memory is None else memory.used / GIB})
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -284,12 +285,12 @@ class GpuSampler:
         boundary samples make them span it)."""
         if "end" not in self.window_t_s:
             return {"missing": "no complete measured window"}
-        joules = metrics.energy_from_counter_j(self.energy_mj["start"], self.energy_mj["end"])
+        joules = energy.energy_from_counter_j(self.energy_mj["start"], self.energy_mj["end"])
         if joules is not None:
             return {"energy_j": joules, "window_s": self.window_t_s["end"] - self.window_t_s["start"],
                     "method": "nvml_energy_counter"}
         powered = [s for s in self.samples if s.get("power_w") is not None]
-        joules = metrics.energy_from_power_j([s["t_s"] for s in powered], [s["power_w"] for s in powered])
+        joules = energy.energy_from_power_j([s["t_s"] for s in powered], [s["power_w"] for s in powered])
         if joules is not None:
             return {"energy_j": joules, "window_s": powered[-1]["t_s"] - powered[0]["t_s"],
                     "method": "nvml_power_samples"}
@@ -297,13 +298,13 @@ class GpuSampler:
         return {"missing": why or f"{len(powered)} power sample(s): too few to integrate"}
 
     def series(self, node_id: int, device_index: int | None = None) -> dict[str, Any]:
-        """Utilisation, memory and power over the window, thinned (jobs.metrics.thin), for rank 0's
+        """Utilisation, memory and power over the window, thinned (jobs.energy.thin), for rank 0's
         system metrics: ``{"node_id", "device_index", "samples": [...], "unsupported": {...}}``;
         ``device_index``: the NVML index unless given."""
         keep = ("unix_s", "util_percent", "mem_used_gib", "power_w")
         index = self.device_index if device_index is None else device_index
         return {"node_id": node_id, "device_index": index, "unsupported": dict(self.unsupported),
-                "samples": [{k: s.get(k) for k in keep} for s in metrics.thin(self.samples)]}
+                "samples": [{k: s.get(k) for k in keep} for s in energy.thin(self.samples)]}
 
 
 class Interference:

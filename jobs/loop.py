@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jobs.data import Batch
-from jobs.metrics import local_bytes
+from jobs.memory import local_bytes
 from jobs.spec import LrScaling
 
 

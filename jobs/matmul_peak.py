@@ -3,7 +3,7 @@
 MFU against a datasheet peak says how far a run is from a number the device may never reach on
 this node (power cap, clocks, a PCIe part reporting an SXM name); MFU against a peak measured on
 the same device, in the same dtype and math mode, says how far the model is from what this
-device actually does on one large dense matmul. Both are reported (jobs.worker._mfu).
+device actually does on one large dense matmul. Both are reported (jobs.summary.mfu_figures).
 
 The measurement runs during setup, after the model is built and the setup's memory read, outside
 every timed region: a few untimed warm-ups (clocks ramp, cuBLAS picks its kernel), then
@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from jobs import metrics
+from jobs import memory, peaks
 
 DEFAULT_N = 8192
 WARMUP_ITERATIONS = 3
@@ -52,13 +52,13 @@ def size_that_fits(free_bytes: int, element_bytes: int, n: int = DEFAULT_N) -> i
 
 def math_mode(torch, model, precision: str) -> str:
     """The math a cell's main ops run in: its precision (bf16 | fp16), or for fp32 "tf32" / "fp32"
-    from the TF32 settings in force and whether the model has convolutions (jobs.metrics.fp32_math).
-    The one answer for the datasheet peak (jobs.worker._mfu) and the measured one (:func:`measure`)."""
+    from the TF32 settings in force and whether the model has convolutions (jobs.peaks.fp32_math).
+    The one answer for the datasheet peak (jobs.summary.mfu_figures) and the measured one (:func:`measure`)."""
     if precision != "fp32":
         return precision
     has_conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    flags = metrics.precision_settings(torch)
-    return metrics.fp32_math(flags["cuda_matmul_allow_tf32"] == "True", flags["cudnn_allow_tf32"] == "True",
+    flags = peaks.precision_settings(torch)
+    return peaks.fp32_math(flags["cuda_matmul_allow_tf32"] == "True", flags["cudnn_allow_tf32"] == "True",
                              flags["float32_matmul_precision"], has_conv)
 
 
@@ -70,7 +70,7 @@ def matmul_tf32(torch, allowed: bool) -> Iterator[None]:
     writing the legacy ``matmul.allow_tf32`` flag after the precision API was used (by the user's
     code, or by this block) makes torch 2.9+ refuse to read the precision again ("mix of the
     legacy and new APIs"), which failed the job after it had measured (GPU review 3, G7)."""
-    before = metrics.read_setting(torch.get_float32_matmul_precision)
+    before = peaks.read_setting(torch.get_float32_matmul_precision)
     if before is None or (before in ("high", "medium")) == allowed:
         yield  # already that math (or unreadable: leave the user's setting alone)
         return
@@ -91,17 +91,17 @@ def measure(device, precision: str, math: str | None = None, n: int = DEFAULT_N,
         return {"missing": f"{getattr(device, 'type', device)} ranks: no matmul peak is measured off CUDA"}
     import torch
 
-    before = metrics.precision_settings(torch)
+    before = peaks.precision_settings(torch)
     matmul_tf32_before = before["cuda_matmul_allow_tf32"] == "True"
     if math is None:
-        math = precision if precision != "fp32" else metrics.fp32_math(
+        math = precision if precision != "fp32" else peaks.fp32_math(
             matmul_tf32_before, False, before["float32_matmul_precision"], False)
     # fp32 matmuls run in TF32 exactly when the cell's main ops do (an fp32 matmul otherwise).
     tf32 = precision == "fp32" and math == "tf32"
     try:
         with matmul_tf32(torch, tf32 or matmul_tf32_before):
             timed = _time_matmul(torch, device, precision, n, warmup, iterations)
-            flags = metrics.precision_settings(torch)  # in force while timing
+            flags = peaks.precision_settings(torch)  # in force while timing
     except Exception as exc:  # an optional figure must not fail the job
         return {"missing": f"matmul measurement failed: {type(exc).__name__}: {exc}"[:300]}
     if "missing" in timed:
@@ -115,7 +115,7 @@ def _time_matmul(torch, device, precision: str, n: int, warmup: int, iterations:
     free_bytes, _ = torch.cuda.mem_get_info(device)
     size = size_that_fits(free_bytes, torch.tensor([], dtype=dtype).element_size(), n)
     if not size:
-        return {"missing": f"too little free device memory ({free_bytes / metrics.GIB:.2f} GiB) for the matmul"}
+        return {"missing": f"too little free device memory ({free_bytes / memory.GIB:.2f} GiB) for the matmul"}
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     c = torch.empty(size, size, device=device, dtype=dtype)
@@ -131,5 +131,5 @@ def _time_matmul(torch, device, precision: str, n: int, warmup: int, iterations:
     elapsed_s = start.elapsed_time(end) / 1e3
     del a, b, c
     torch.cuda.empty_cache()  # the window's reserved-memory peak must not include these buffers
-    return {"measured_matmul_tflops": metrics.matmul_tflops(size, iterations, elapsed_s), "n": size,
+    return {"measured_matmul_tflops": peaks.matmul_tflops(size, iterations, elapsed_s), "n": size,
             "iterations": iterations, "dtype": dtype_name(precision)}

@@ -7,7 +7,7 @@ caches, allocator and thread pools are cold again after a restart. Measurements 
 restart come back from the checkpoint, so the summary covers every measured step.
 
 Steady state: when ``warmup_extend_max`` > 0, a fresh job decides at the end of its warm-up
-whether step times still fall (jobs.metrics.still_falling on this rank's warm-up times, agreed
+whether step times still fall (jobs.stats.still_falling on this rank's warm-up times, agreed
 by all ranks); while they do, one more warm-up step runs, up to ``warmup_extend_max`` extra steps.
 The measured window keeps its length, so the job runs ``total_steps + extended`` steps; the
 extension is saved with every checkpoint, so a resumed job measures the same steps.
@@ -19,10 +19,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs import checkpoint, preempt
 from jobs.loop import StepTrace, Trainer, run_steps
+
+if TYPE_CHECKING:
+    import torch
+
+    from jobs.dist import DistEnv
 
 
 @dataclass
@@ -32,13 +37,24 @@ class History:
     steps: list[int] = field(default_factory=list)
     trace: StepTrace = field(default_factory=StepTrace)
     measured: list[bool] = field(default_factory=list)
+    # What _read returned per trace list, with the list's length then: the health check, this
+    # rank's figures and the skipped-step count all ask after the window, and each device read is
+    # a sync point. The lists only grow, so an equal length means the same values.
+    _read_values: dict[str, tuple[int, list]] = field(default_factory=dict, repr=False, compare=False)
 
     def losses(self) -> list[float]:
-        return [float(x) for x in _read(self.trace.losses)]
+        return [float(x) for x in self._read_once("losses")]
 
     def skipped(self) -> list[bool]:
         """Per step, whether fp16 loss scaling skipped it ([] without a GradScaler)."""
-        return [bool(x) for x in _read(self.trace.skipped)]
+        return [bool(x) for x in self._read_once("skipped")]
+
+    def _read_once(self, name: str) -> list:
+        values = getattr(self.trace, name)
+        known = self._read_values.get(name)
+        if known is None or known[0] != len(values):
+            known = self._read_values[name] = (len(values), _read(values))
+        return known[1]
 
     def portable(self) -> dict[str, Any]:
         return {"steps": self.steps, "step_time_s": self.trace.step_time_s, "data_time_s": self.trace.data_time_s,
@@ -104,6 +120,7 @@ def _no_op(*_args) -> None:
 class Hooks:
     """What the schedule calls out to; each default does nothing.
 
+    ``before_step(step)`` before each step (a timing harness's step start, jobs/hooks.py);
     ``sync()`` after each step (a CUDA sync point: step times are only true after it);
     ``on_step(step)`` after each step (heartbeat); ``on_checkpoint(history, lo, hi)`` logs steps
     lo..hi-1 before a stop (collective) and returns the step through which everything is logged;
@@ -116,6 +133,32 @@ class Hooks:
     on_checkpoint: Callable[[History, int, int], int] = lambda history, lo, hi: lo
     reset_peak_memory: Callable[[], None] = _no_op
     on_window: Callable[[str], None] = _no_op
+    before_step: Callable[[int], None] = _no_op
+
+
+@dataclass
+class Progress:
+    """Where this rank's schedule stands: what a checkpoint saves and a resume restores."""
+
+    history: History = field(default_factory=History)
+    start: int = 0  # the step this run starts at (a resume continues at the checkpoint's step)
+    restarts: int = 0
+    logged_through: int = 0  # steps below this were already logged (before a restart)
+    resumed: bool = False  # whether a checkpoint was found
+    extended: int = 0  # warm-up steps added because step times were still falling
+
+
+@dataclass
+class _Job:
+    """What the schedule runs on and reports to, and where it stands (one object for its helpers)."""
+
+    trainer: Trainer
+    env: DistEnv
+    device: torch.device
+    out_dir: Path
+    schedule: Schedule
+    hooks: Hooks
+    progress: Progress
 
 
 def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Schedule, hooks: Hooks = Hooks(),
@@ -125,26 +168,28 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
     agree on stop requests (``jobs.dist.process_group`` yields it); None uses the default group."""
     import torch.distributed as dist
 
-    start, restarts, logged_through, history, found, extended = _resume(trainer, batches, env, device, out_dir,
-                                                                         schedule)
-    total = schedule.total_steps + extended
-    rewarm_until = start + min(schedule.warmup_steps, max(0, total - start - 1)) if found else 0
+    job = _Job(trainer, env, device, out_dir, schedule, hooks, _resume(trainer, batches, env, device, out_dir,
+                                                                       schedule))
+    progress, history = job.progress, job.progress.history
+    total = schedule.total_steps + progress.extended
+    start = progress.start
+    rewarm_until = start + min(schedule.warmup_steps, max(0, total - start - 1)) if progress.resumed else 0
     stop = preempt.StopRequests(control_group)
     measuring = False
     # Only a fresh job extends its warm-up (a resumed one restored the extension it decided on).
-    deciding = not found and schedule.warmup_extend_max > 0
+    deciding = not progress.resumed and schedule.warmup_extend_max > 0
     first_step_unix_s = time.time()
     saved_in_window = 0
     try:
         step = start
         while step < total:
-            if deciding and step == schedule.warmup_steps + extended:
-                if extended < schedule.warmup_extend_max and _agree_still_falling(history, control_group):
-                    extended += 1
+            if deciding and step == schedule.warmup_steps + progress.extended:
+                if progress.extended < schedule.warmup_extend_max and _agree_still_falling(history, control_group):
+                    progress.extended += 1
                     total += 1
                 else:
                     deciding = False
-            is_measured = step >= schedule.warmup_steps + extended and step >= rewarm_until
+            is_measured = step >= schedule.warmup_steps + progress.extended and step >= rewarm_until
             if is_measured and not measuring:
                 hooks.reset_peak_memory()
                 # Sync point: every rank starts the measured window together, so no rank's window
@@ -152,6 +197,7 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
                 dist.barrier()
                 measuring = True
                 hooks.on_window("start")
+            hooks.before_step(step)
             run_steps(trainer, batches, 1, hooks.sync, history.trace)
             history.steps.append(step)
             history.measured.append(is_measured)
@@ -161,18 +207,17 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
             periodic = schedule.every_steps > 0 and step % schedule.every_steps == 0 and step < total
             if request or periodic:
                 saved_in_window += bool(periodic and measuring)
-                logged_through = _save_or_stop(trainer, env, device, out_dir, hooks, history, step, restarts,
-                                               logged_through, request, extended, schedule.save_on_stop)
+                _save_or_stop(job, step, request)
         hooks.on_window("end")
         stop.finish()
     finally:
         stop.restore()
-    return Outcome(history, restarts, logged_through, first_step_unix_s, start if found else None, extended,
-                   saved_in_window)
+    return Outcome(history, progress.restarts, progress.logged_through, first_step_unix_s,
+                   start if progress.resumed else None, progress.extended, saved_in_window)
 
 
 def _agree_still_falling(history: History, control_group) -> bool:
-    """Whether any rank's warm-up step times still fall (jobs.metrics.still_falling), agreed by all.
+    """Whether any rank's warm-up step times still fall (jobs.stats.still_falling), agreed by all.
 
     Sync point: one all-reduce of one integer on the control group (gloo, CPU tensor), at the end
     of the warm-up, before the window's own barrier: no measured step waits on it. Every rank
@@ -181,7 +226,7 @@ def _agree_still_falling(history: History, control_group) -> bool:
     import torch
     import torch.distributed as dist
 
-    from jobs.metrics import still_falling
+    from jobs.stats import still_falling
 
     mine = still_falling([t for t, m in zip(history.trace.step_time_s, history.measured, strict=True) if not m])
     if not (dist.is_available() and dist.is_initialized()):
@@ -191,11 +236,12 @@ def _agree_still_falling(history: History, control_group) -> bool:
     return bool(flag.item())
 
 
-def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Schedule):
-    """(start step, restarts, logged_through, history, whether a checkpoint was found)."""
+def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Schedule) -> Progress:
+    """Where the last checkpoint left this job (a fresh :class:`Progress` without one); the data
+    stream is moved past what was consumed before it."""
     found = checkpoint.latest(out_dir)
     if found is None:
-        return 0, 0, 0, History(), False, 0
+        return Progress()
     meta, mine = checkpoint.load(found, trainer.model, trainer.optimizer, rank=env.rank, world_size=env.world_size)
     history = History()
     if mine is not None:
@@ -208,26 +254,26 @@ def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Sch
     # The data position is a function of the step: skip what was consumed before the stop.
     for _ in range(meta["step"] * schedule.accum_steps):
         next(batches)
-    return meta["step"], meta["restarts"] + 1, meta["logged_through"], history, True, meta.get("warmup_extended", 0)
+    return Progress(history, start=meta["step"], restarts=meta["restarts"] + 1, logged_through=meta["logged_through"],
+                    resumed=True, extended=meta.get("warmup_extended", 0))
 
 
-def _save_or_stop(trainer: Trainer, env, device, out_dir: Path, hooks: Hooks, history: History, step: int,
-                  restarts: int, logged_through: int, request, extended: int = 0, save_on_stop: bool = True) -> int:
+def _save_or_stop(job: _Job, step: int, request) -> None:
     """Checkpoint at ``step`` (collective); on a stop request log first, then raise Preempted (without
-    a checkpoint when ``save_on_stop`` is false)."""
+    a checkpoint when the schedule's ``save_on_stop`` is false)."""
+    progress, trainer, env = job.progress, job.trainer, job.env
     if request:
-        logged_through = hooks.on_checkpoint(history, logged_through, step)
-    save = save_on_stop or not request
+        progress.logged_through = job.hooks.on_checkpoint(progress.history, progress.logged_through, step)
+    save = job.schedule.save_on_stop or not request
     if save:
-        checkpoint.save(out_dir, trainer.model, trainer.optimizer, rank=env.rank,
-                        meta={"step": step, "restarts": restarts, "world_size": env.world_size,
-                              "logged_through": logged_through, "saved_unix_s": time.time(),
-                              "warmup_extended": extended},
-                        rank_state={"history": history.portable(), "rng": checkpoint.rng_state(device),
+        checkpoint.save(job.out_dir, trainer.model, trainer.optimizer, rank=env.rank,
+                        meta={"step": step, "restarts": progress.restarts, "world_size": env.world_size,
+                              "logged_through": progress.logged_through, "saved_unix_s": time.time(),
+                              "warmup_extended": progress.extended},
+                        rank_state={"history": progress.history.portable(), "rng": checkpoint.rng_state(job.device),
                                     "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None})
     if request:
         requeued = False
         if request == preempt.USR2 and env.is_head and env.requeue_id:
             requeued = preempt.requeue(env.requeue_id)
         raise preempt.Preempted(preempt.NAMES[request], step, requeued, saved=save)
-    return logged_through

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jobs import cell_run, mlflow_entry
+from jobs import cell_run, mlflow_client
+from jobs.hooks import Observer
 
 
 def _clean(value: Any) -> Any:
@@ -30,7 +31,7 @@ class NullSink:
     def set_tags(self, tags: dict[str, str]) -> None: ...
 
     def log_system(self, records: list[dict[str, Any]]) -> None:
-        """System metrics of the job's own GPUs (jobs.metrics.system_records): ``{"step": sample
+        """System metrics of the job's own GPUs (jobs.energy.system_records): ``{"step": sample
         index, "time": unix_s, "system/...": value}``. Kept apart from training steps: their step
         is a sample index, not a training step (FanOut's resume bookkeeping must not see them)."""
 
@@ -116,8 +117,10 @@ class MlflowSink(NullSink):
     TAG_BATCH = 100
     RETRIES = 3
 
-    def __init__(self, tracking_uri: str, run_id: str | None = None, cell_dir: Path | None = None) -> None:
+    def __init__(self, tracking_uri: str, run_id: str | None = None, cell_dir: Path | None = None,
+                 observer: Observer | None = None) -> None:
         self.tracking_uri, self.run_id, self.cell_dir = tracking_uri, run_id, cell_dir
+        self.observer = observer or Observer()  # times the client's start-up (jobs/hooks.py)
         self._metrics: list[tuple] = []  # (key, value, timestamp_ms, step)
         self._tags: dict[str, str] = {}
 
@@ -131,9 +134,9 @@ class MlflowSink(NullSink):
         return self.run_id
 
     def client(self):
-        # A tracking outage must not stall a benchmark: mlflow_entry sets short HTTP retries (JSONL
+        # A tracking outage must not stall a benchmark: mlflow_client sets short HTTP retries (JSONL
         # has everything and `launcher.sync` replays it later).
-        return mlflow_entry.client(self.tracking_uri)
+        return mlflow_client.client(self.tracking_uri)
 
     def _try(self, what: str, fn, *args, **kwargs) -> bool:
         for attempt in range(self.RETRIES):
@@ -164,19 +167,20 @@ class MlflowSink(NullSink):
                              for k, v in r.items() if k not in ("step", "time") and _clean(v) is not None)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._tags.update({k: str(v)[:mlflow_entry.TAG_MAX_CHARS] for k, v in tags.items()})
+        self._tags.update({k: str(v)[:mlflow_client.TAG_MAX_CHARS] for k, v in tags.items()})
 
     def flush(self) -> None:
         self._send(status=None)
 
     def finish(self, status: str, error: str | None = None) -> None:
         if error:
-            self._tags["error"] = error[:mlflow_entry.TAG_MAX_CHARS]
+            self._tags["error"] = error[:mlflow_client.TAG_MAX_CHARS]
         self._send(status)
 
     def _send(self, status: str | None) -> None:
         try:
-            client = self.client()
+            with self.observer.phase("mlflow_client_start"):
+                client = self.client()
         except Exception as exc:  # best-effort, as every call below
             print(f"[mlflow] cannot open {self.tracking_uri}: {exc}", file=sys.stderr)
             return

@@ -415,7 +415,7 @@ class TrainSpec:
     # time (jobs/comm.py); not part of any throughput figure. 0 turns the probe off.
     comm_probe_steps: int = 3
     # Extra warm-up steps allowed while step times still fall at the end of the warm-up
-    # (jobs.metrics.still_falling); the measured window keeps its length, so up to this many more
+    # (jobs.stats.still_falling); the measured window keeps its length, so up to this many more
     # steps run in total. 0 keeps the warm-up exactly warmup_steps long.
     warmup_extend_max: int = 5
     # Extra forward+backward passes per rank after the window, without gradient communication,

@@ -1,36 +1,42 @@
 """The entry point submitit runs on every rank: layout -> process group -> benchmark -> sinks.
 
-``main(spec)`` is deliberately thin; :func:`benchmark` builds the model, wraps it, runs the
-warm-up and measured windows and reduces the measurements across ranks.
+Orchestration only, as named steps: ``main(spec)`` places the rank and opens its sinks;
+:func:`benchmark` builds the model (:func:`set_up`), runs the schedule (:func:`run_schedule`),
+measures after the window (:func:`after_window`), gathers every rank's figures and hands them to
+jobs/summary.py, the one owner of the run's measurements, then logs its report
+(:func:`log_report`). A rank's run travels as one typed object (jobs/state.py); a timing harness
+observes the named points through jobs/hooks.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
-import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.cell_run import METRICS_FILE
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
 from jobs.heartbeat import Heartbeat
-from jobs.mlflow_entry import TAG_MAX_CHARS
+from jobs.hooks import Observer
 from jobs.preempt import Preempted, listen
 from jobs.sinks import FanOut, JsonlSink, MlflowSink, NullSink
 from jobs.spec import Precision, RunSpec, Strategy
+from jobs.state import Rank, Run, Setup
+from jobs.summary import Report, gather_ranks, rank_figures, report, step_records
+
+if TYPE_CHECKING:
+    from jobs.schedule import Outcome
 
 RESULT_FILE = "result.json"
 
 
-def main(spec: RunSpec, on_window=None) -> dict[str, Any]:
-    """Run one cell on this rank. ``on_window(event)``: a timing hook, called with "start" when the
-    measured window opens (after its barrier) and "end" after its last step (bench/ uses it)."""
+def main(spec: RunSpec, observer: Observer | None = None) -> dict[str, Any]:
+    """Run one cell on this rank. ``observer``: a timing harness's hooks (jobs/hooks.py); by
+    default nothing observes."""
     started_s = time.time()  # the job's start as its MLflow run shows it (jobs/cell_run.py)
     listen()  # a stop request sent while the model is built still stops the job (jobs/preempt.py)
     env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
@@ -39,22 +45,15 @@ def main(spec: RunSpec, on_window=None) -> dict[str, Any]:
     # Threads per rank chosen on purpose (torchrun would silently set 1): the cores of the task.
     torch.set_num_threads(max(1, spec.layout.cpus_per_task))
     device, backend = resolve_device(spec.layout.gpus_per_node, env)
+    observer = observer or Observer()
     out = Path(spec.out_dir)
-    sink: NullSink = NullSink()
-    if env.is_head:
-        jsonl = JsonlSink(out / METRICS_FILE)
-        jsonl.log_start(started_s)
-        sinks: list = [jsonl]
-        if spec.tracking_uri:  # the run id comes with the spec, or is found (or made) in the cell's directory
-            sinks.append(MlflowSink(spec.tracking_uri, spec.run_id, out))
-        sink = FanOut(*sinks, logged_steps=jsonl.logged_steps())
+    sink = open_sinks(spec, env, observer, started_s)
     heartbeat = Heartbeat(out, env.rank, env.hostname, stall_timeout_s=spec.collective_timeout_s)
     try:
         with process_group(env, backend_for(device.type), timeout_s=spec.collective_timeout_s,
                            device=device if device.type == "cuda" else None) as control_group:
             gpu_uuids = check_gpu_placement(env, device, control_group)
-            result = benchmark(spec, env, device, backend, sink, heartbeat, control_group, gpu_uuids=gpu_uuids,
-                               on_window=on_window)
+            result = benchmark(Rank(spec, env, device, backend, sink, heartbeat, observer, control_group, gpu_uuids))
     except Preempted as exc:
         # Not a failure: the checkpoint is saved and the run stays open; the job resumes from it
         # when Slurm requeues it (or when its cell is resubmitted).
@@ -71,8 +70,23 @@ def main(spec: RunSpec, on_window=None) -> dict[str, Any]:
     heartbeat.close("finished")
     if env.is_head:
         (out / RESULT_FILE).write_text(json.dumps(result, indent=2, sort_keys=True))
-    sink.finish("FINISHED")
+    with observer.phase("sink_finish"):
+        sink.finish("FINISHED")
     return result
+
+
+def open_sinks(spec: RunSpec, env: DistEnv, observer: Observer, started_s: float) -> NullSink:
+    """Rank 0's sinks (JSONL, which records the attempt's start first, and MLflow when tracked); a
+    NullSink on every other rank."""
+    if not env.is_head:
+        return NullSink()
+    out = Path(spec.out_dir)
+    jsonl = JsonlSink(out / METRICS_FILE)
+    jsonl.log_start(started_s)
+    sinks: list[NullSink] = [jsonl]
+    if spec.tracking_uri:  # the run id comes with the spec, or is found (or made) in the cell's directory
+        sinks.append(MlflowSink(spec.tracking_uri, spec.run_id, out, observer=observer))
+    return FanOut(*sinks, logged_steps=jsonl.logged_steps())
 
 
 def resolve_device(gpus_per_node: int, env: DistEnv):
@@ -127,7 +141,7 @@ def refuse_unsupported(spec: RunSpec, device) -> None:
             raise ValueError(problem)
 
 
-def build_model(spec: RunSpec, device):
+def build_model_to_wrap(spec: RunSpec, device):
     """The model, ready for :func:`jobs.parallel.parallelize`: on ``device`` for DDP, on meta for
     FSDP (sharded before any memory is allocated; see jobs/parallel.py); a ``_target_`` model
     eagerly on the host for both (jobs.models.build_for)."""
@@ -148,61 +162,42 @@ def build_model(spec: RunSpec, device):
     return model
 
 
-@dataclass
-class Setup:
-    """What the measured steps run on, built once per job."""
-
-    par: Any  # jobs.parallel.Parallelized
-    optimizer: Any
-    batches: Any
-    trainer: Any
-    lr: float
-    memory: dict[str, float]  # setup_memory: what building and wrapping cost
-    matmul: Any  # the device's measured matmul peak (CUDA), or None
-
-
-def benchmark(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, heartbeat: Heartbeat,
-              control_group=None, gpu_uuids=(), on_window=None) -> dict[str, Any]:
-    """Build, run the schedule, measure after the window, reduce and log: a few named steps.
-    ``on_window(event)``: called with "start"/"end" around the measured window (jobs.schedule.Hooks;
-    timing harnesses use it)."""
+def benchmark(rank: Rank) -> dict[str, Any]:
+    """Build, run the schedule, measure after the window, reduce and log: a few named steps."""
     import torch
 
-    from jobs import health, metrics
     from jobs.interference import Interference
 
-    refuse_unsupported(spec, device)
-    built = set_up(spec, env, device)
+    refuse_unsupported(rank.spec, rank.device)
     # CUDA steps end on the device: this is the sync point of every measured step on GPU.
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    interference = Interference(device)
-    outcome = run_schedule(spec, env, device, built, sync, sink, heartbeat, control_group,
-                           window_hook(interference, on_window))
-    # A run that trained on NaN, or not at all, is not a measurement: fail before any probe.
-    history = outcome.history
-    health.check(history.losses(), history.measured, history.skipped(), env.rank, control_group)
-    # Peak memory of the measured window, read before the probe's profiler can add to it.
-    window_memory = metrics.peak_memory(device)
-    mine = after_window(spec, env, device, built, sync, heartbeat, outcome, interference, window_memory)
-    per_rank = metrics.gather_ranks(mine)
-    return report(spec, env, device, backend, sink, built.par, per_rank, outcome, built.lr, gpu_uuids,
-                  interference.missing)
+    sync = torch.cuda.synchronize if rank.device.type == "cuda" else (lambda: None)
+    run = Run(rank, set_up(rank), Interference(rank.device), sync)
+    outcome = run_schedule(run)
+    with rank.observer.phase("after_window"):
+        mine = after_window(run, outcome)
+        with rank.observer.phase("gather"):
+            per_rank = gather_ranks(mine)
+        with rank.observer.phase("reduce"):
+            reported = report(run, outcome, per_rank)
+        log_report(rank, reported)
+    return reported.result
 
 
-def set_up(spec: RunSpec, env: DistEnv, device) -> Setup:
+def set_up(rank: Rank) -> Setup:
     """Model (on meta for FSDP), wrapping, matmul peak, optimizer, data and the step."""
     import torch
 
-    from jobs import matmul_peak, metrics, parallel
+    from jobs import matmul_peak, memory, parallel
     from jobs.data import input_batches
     from jobs.loop import Trainer, scaled_lr
 
+    spec, env, device = rank.spec, rank.env, rank.device
     train = spec.train
-    rss_before = metrics.current_rss_bytes()
-    metrics.reset_peak_memory(device)
-    par = parallel.parallelize(build_model(spec, device), spec.strategy, spec.precision, device=device,
+    rss_before = memory.current_rss_bytes()
+    memory.reset_peak_memory(device)
+    par = parallel.parallelize(build_model_to_wrap(spec, device), spec.strategy, spec.precision, device=device,
                                num_nodes=env.num_nodes, tasks_per_node=env.local_world_size, compile=train.compile)
-    memory = metrics.setup_memory(device, rss_before)
+    setup_bytes = memory.setup_memory(device, rss_before)
     # The device's own matmul peak (CUDA only, ~a second), in the math the model's main ops run in
     # (so known only now): after the setup's memory is read, its buffers freed before the window
     # resets the peak counters.
@@ -214,293 +209,121 @@ def set_up(spec: RunSpec, env: DistEnv, device) -> Setup:
                             seed=train.seed, rank=env.rank, world_size=env.world_size, device=device)
     trainer = Trainer(par.model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=par.autocast_dtype,
                       device=device, no_sync=par.no_sync, scaler=par.scaler)
-    return Setup(par, optimizer, batches, trainer, lr, memory, matmul)
+    return Setup(par, optimizer, batches, trainer, lr, setup_bytes, matmul)
 
 
-def window_hook(interference, on_window) -> Callable[[str], None]:
+def window_hook(run: Run) -> Callable[[str], None]:
     """Other processes on this rank's cores and GPU are sampled at the window's boundaries (CPU) and on
     a thread during it (GPU): never inside a step, and no collective (jobs/interference.py). Our
-    samples sit outside the caller's: its "start" comes after ours, its "end" before ours, so a
+    samples sit outside the observer's: its "start" comes after ours, its "end" before ours, so a
     timing harness never times them."""
-    caller = on_window or (lambda event: None)
+    interference, observer = run.interference, run.rank.observer
 
     def hook(event: str) -> None:
         if event == "start":
             interference.event(event)
-            caller(event)
+            observer.window(event)
         else:
-            caller(event)
+            observer.window(event)
             interference.event(event)
 
     return hook
 
 
-def run_schedule(spec: RunSpec, env: DistEnv, device, built: Setup, sync, sink: NullSink, heartbeat: Heartbeat,
-                 control_group, on_window: Callable[[str], None]):
+def run_schedule(run: Run) -> Outcome:
     """Warm-up, the measured window, checkpoints and resume (jobs/schedule.py)."""
-    from jobs import metrics, schedule
+    from jobs import memory, schedule
 
+    rank, setup = run.rank, run.setup
+    spec, sink = rank.spec, rank.sink
     train = spec.train
 
     def log_before_stop(history, logged_through: int, step: int) -> int:
         # Collective: the steps so far reach JSONL and MLflow before the job stops, so the run's
         # step history stays continuous across a requeue.
-        histories = metrics.gather_ranks(history.portable())
+        histories = gather_ranks(history.portable())
         # Steps before a layout change live only in the old ranks' histories: log from what all have.
         first = max([logged_through] + [h["steps"][0] for h in histories])
-        sink.log_steps(metrics.step_records(histories, first, step))
+        sink.log_steps(step_records(histories, first, step))
         sink.flush()
         return step
 
     return schedule.run(
-        built.trainer, built.batches, env=env, device=device, out_dir=Path(spec.out_dir),
+        setup.trainer, setup.batches, env=rank.env, device=rank.device, out_dir=Path(spec.out_dir),
         schedule=schedule.Schedule(total_steps=train.steps, warmup_steps=train.warmup_steps,
                                    accum_steps=train.grad_accum_steps,
                                    every_steps=spec.checkpoint.every_steps if spec.checkpoint.enabled else 0,
                                    warmup_extend_max=train.warmup_extend_max,
                                    save_on_stop=spec.checkpoint.enabled),
-        hooks=schedule.Hooks(sync=sync, on_step=heartbeat.beat, on_checkpoint=log_before_stop,
-                             reset_peak_memory=lambda: metrics.reset_peak_memory(device), on_window=on_window),
-        control_group=control_group,
+        hooks=schedule.Hooks(sync=run.sync, on_step=rank.heartbeat.beat, on_checkpoint=log_before_stop,
+                             reset_peak_memory=lambda: memory.reset_peak_memory(rank.device),
+                             on_window=window_hook(run), before_step=rank.observer.step_start),
+        control_group=rank.control_group,
     )
 
 
-def after_window(spec: RunSpec, env: DistEnv, device, built: Setup, sync, heartbeat: Heartbeat, outcome,
-                 interference, window_memory: dict[str, float]) -> dict[str, Any]:
-    """This rank's measurements: its window, the communication and straggler probes (after the window,
-    outside every figure), memory, model state and interference samples."""
-    from jobs import metrics
+def after_window(run: Run, outcome: Outcome) -> dict[str, Any]:
+    """This rank's measurements after the window: the run's health (agreed by all ranks), the window's
+    peak memory, the communication and straggler probes (outside every figure), and what it
+    contributes to the gather (jobs.summary.rank_figures)."""
+    from jobs import health, memory
 
-    train = spec.train
-    comm_figures = communication_probe(built.trainer, built.batches, sync, train.comm_probe_steps, env, device,
-                                       heartbeat)
-    local_s = []
-    if env.world_size > 1 and train.local_probe_steps:
-        from jobs.loop import local_step_times
-
-        heartbeat.pause()  # after the window: not part of any measurement, and not a stall
-        local_s = local_step_times(built.trainer, built.batches, train.local_probe_steps, sync)
-    heartbeat.pause()  # the final reduction and logging are not stalls
+    rank = run.rank
     history = outcome.history
-    mine: dict[str, Any] = {
-        "step_time_s": history.measured_only("step_time_s"), "data_time_s": history.measured_only("data_time_s"),
-        "history": history.portable(),
-        "hostname": env.hostname, "master": f"{env.master_addr}:{env.master_port}", **window_memory, **built.memory,
-        **metrics.model_state_bytes(built.par.model, built.optimizer, grad_bytes=built.trainer.grad_bytes),
-        **comm_figures,
-        "interference": interference.portable(env.hostname, env.node_rank),
-        "local_step_time_s": local_s, "matmul_peak": built.matmul,
-    }
-    if built.par.scaler is not None:
-        mine.update(metrics.skipped_steps(mine["history"]))
-    return mine
+    # A run that trained on NaN, or not at all, is not a measurement: fail before any probe.
+    with rank.observer.phase("health_check"):
+        health.check(history.losses(), history.measured, history.skipped(), rank.env.rank, rank.control_group)
+    # Peak memory of the measured window, read before the probe's profiler can add to it.
+    window_memory = memory.peak_memory(rank.device)
+    with rank.observer.phase("comm_probe"):
+        comm_figures = communication_probe(run)
+    with rank.observer.phase("local_probe"):
+        local_s = local_probe(run)
+    rank.heartbeat.pause()  # the final reduction and logging are not stalls
+    with rank.observer.phase("rank_figures"):
+        return rank_figures(run, outcome, window_memory, comm_figures, local_s)
 
 
-def communication_probe(trainer, batches, sync, n_steps: int, env: DistEnv, device, heartbeat) -> dict[str, float]:
+def communication_probe(run: Run) -> dict[str, float]:
     """The profiled steps after the window (jobs/comm.py), with the stall watchdog paused: parsing
     the trace can take longer than the stall timeout, and it is not a stall."""
+    n_steps, env = run.rank.spec.train.comm_probe_steps, run.rank.env
     if not n_steps or env.world_size <= 1:
         return {}
     from jobs import comm
     from jobs.loop import StepTrace, run_steps
 
-    heartbeat.pause()
+    run.rank.heartbeat.pause()
     probe_trace = StepTrace()
-    return comm.probe(lambda n: run_steps(trainer, batches, n, sync, probe_trace), n_steps,
-                      on_gpu=device.type == "cuda")
+    trainer, batches = run.setup.trainer, run.setup.batches
+    return comm.probe(lambda n: run_steps(trainer, batches, n, run.sync, probe_trace), n_steps,
+                      on_gpu=run.rank.device.type == "cuda")
 
 
-def report(spec: RunSpec, env: DistEnv, device, backend: str, sink: NullSink, par, per_rank, outcome, lr: float,
-           gpu_uuids, gpu_interference_missing=None) -> dict[str, Any]:
-    """Reduce the ranks' measurements into the summary, records and tags; log them (rank 0's sink)."""
-    from jobs import metrics
-
-    train = spec.train
-    histories = [r["history"] for r in per_rank]
-    # Steps run: the configured ones plus any warm-up extension (the window keeps its length).
-    total_steps = train.steps + outcome.warmup_steps_extended
-    mean_loss = metrics.mean_losses(histories, total_steps)
-    summary, extra_tags = reduce_summary(spec, env, per_rank, outcome, lr, mean_loss)
-    system = _gpu_figures(device, per_rank, summary, extra_tags, gpu_interference_missing,
-                          samples_in_window=train.batch_size * train.grad_accum_steps * summary["measured_steps"]
-                          * env.world_size)
-    if "foreign_gpu_share" not in summary and gpu_interference_missing:
-        extra_tags["gpu_interference_missing"] = gpu_interference_missing
-    rank_medians_s, local_medians_s = _stragglers(per_rank, summary, extra_tags)
-    tags = run_tags(spec, env, device, backend, par, per_rank, outcome, summary, gpu_uuids, extra_tags)
-    first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
-    sink.set_tags(tags)
-    sink.log_steps(metrics.step_records(histories, first_logged, total_steps))
-    sink.log_summary(summary)
-    if system:
-        sink.log_system(system)
-    return {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
-            "first_step_unix_s": outcome.first_step_unix_s,
-            # What each rank used to rendezvous: all equal, or the job could not have run.
-            "rank_masters": [r["master"] for r in per_rank], "rank_hosts": [r["hostname"] for r in per_rank],
-            # Each rank's own median step time (the summary's step times are the slowest rank's).
-            "rank_step_time_ms_p50": [1e3 * m for m in rank_medians_s],
-            # Each rank's own work per step without gradient communication (names the straggler).
-            "rank_local_step_time_ms_p50": [1e3 * m for m in local_medians_s] if local_medians_s else None}
-
-
-def reduce_summary(spec: RunSpec, env: DistEnv, per_rank, outcome, lr: float,
-                   mean_loss: list[float]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The job's figures from every rank's (throughput, step times, memory, interference, cost)."""
-    from jobs import metrics
-    from jobs.data import samples_unit
-
-    train = spec.train
-    _, per_sample = samples_unit(spec.model)
-    summary = metrics.summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
-                                tokens_per_sample=per_sample, repeats=train.repeats)
-    summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=lr,
-                   restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
-    foreign = metrics.foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
-    if foreign is not None:
-        summary["foreign_cpu_share"] = foreign
-    gpu = [r["interference"]["gpu"] for r in per_rank if r["interference"]["gpu"]]
-    if gpu:
-        summary["foreign_gpu_share"] = max(g["foreign_gpu_share"] for g in gpu)
-        summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
-    for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
-                             ("tokens", summary.get("throughput_tokens_per_s"))):
-        cost = metrics.cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
-                                   cost_per_device_hour=spec.cost_per_device_hour,
-                                   cost_per_node_hour=spec.cost_per_node_hour) if throughput else None
-        if cost is not None:
-            summary[f"cost_per_1m_{unit}"] = cost
-    return summary, {}
-
-
-def _stragglers(per_rank, summary: dict[str, Any], tags: dict[str, str]) -> tuple[list[float], list[float]]:
-    """Each rank's median step time, and its own work's (empty where not measured); the spread into
-    ``summary`` and the slowest / straggling rank into ``tags``."""
-    from jobs import metrics
-
-    rank_medians_s = [metrics.percentile(r["step_time_s"], 50) for r in per_rank]
-    # Synchronous steps take every rank as long as the slowest, so stragglers are named from each
-    # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
-    by_local = all(r["local_step_time_s"] for r in per_rank)
-    local_medians_s = [metrics.percentile(r["local_step_time_s"], 50) for r in per_rank] if by_local else []
-    spread, straggler_tags = metrics.stragglers(local_medians_s if by_local else rank_medians_s,
-                                                [r["hostname"] for r in per_rank])
-    summary.update(spread)
-    tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
-    return rank_medians_s, local_medians_s
-
-
-def run_tags(spec: RunSpec, env: DistEnv, device, backend: str, par, per_rank, outcome, summary: dict[str, Any],
-             gpu_uuids, extra_tags: dict[str, str]) -> dict[str, str]:
-    """Where and how the job ran: hosts, versions, backend, precision mode, MFU, GPUs, resume."""
-    import torch
-
-    tags = {"hostnames": ",".join(sorted({r["hostname"] for r in per_rank})), "torch_version": str(torch.__version__),
-            "backend": backend, "process_group_backend": backend_for(device.type), "precision_mode": par.plan.mode,
-            "world_size": str(env.world_size), "num_threads": str(torch.get_num_threads()),
-            "layout_source": env.source, "master_addr": env.master_addr, "master_port": str(env.master_port),
-            "job_id": env.job_id, "restarts": str(outcome.restarts), **_provenance(torch, device), **extra_tags}
-    tags.update(_mfu(spec, device, par, summary, [r.get("matmul_peak") for r in per_rank]))
-    if gpu_uuids:
-        tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in gpu_uuids)[:TAG_MAX_CHARS]
-    if summary.get("fp16_skipped_steps"):
-        # A skipped step costs no optimizer update: inside the window it makes the window look cheap.
-        tags["fp16_skipped_in_window"] = "true"
-    if outcome.resumed_from_step is not None:
-        tags["resumed_from_step"] = str(outcome.resumed_from_step)
-    if outcome.checkpoints_in_window:
-        # Its peak memory (host RSS above all) includes staging a checkpoint (GPU review 3, G10).
-        tags["checkpoints_in_window"] = str(outcome.checkpoints_in_window)
-    return tags
-
-
-def _gpu_figures(device, per_rank, summary: dict[str, Any], tags: dict[str, str], nvml_missing: str | None,
-                 samples_in_window: float) -> list[dict[str, Any]]:
-    """Energy of the window into ``summary`` (``energy_j``, ``energy_j_per_sample``, ``power_w_mean``;
-    jobs.metrics.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
-    metrics for rank 0 to log. Off CUDA, or without NVML, no figure and a tag that says why."""
-    from jobs import metrics
-
-    if device.type != "cuda":
-        tags["energy_missing"] = f"{device.type} ranks: energy is measured on CUDA devices only (NVML)"
+def local_probe(run: Run) -> list[float]:
+    """Each rank's own work per step, without gradient communication (jobs.loop.local_step_times):
+    what names a straggler. After the window, with the stall watchdog paused."""
+    n_steps = run.rank.spec.train.local_probe_steps
+    if run.rank.env.world_size <= 1 or not n_steps:
         return []
-    if nvml_missing:
-        tags["energy_missing"] = nvml_missing
-        tags["system_metrics_missing"] = nvml_missing
-        return []
-    interference = [r["interference"] for r in per_rank]
-    energy, energy_tags = metrics.energy_figures([i.get("gpu_energy") for i in interference], samples_in_window)
-    summary.update(energy)
-    tags.update(energy_tags)
-    series = [i.get("gpu_series") for i in interference]
-    refused = sorted({f"{what}: {why}" for s in series if s for what, why in s["unsupported"].items()})
-    if refused:
-        tags["nvml_refused"] = "; ".join(refused)[:500]
-    # Which physical GPU each system/node<N>/gpu<I>_ name stands for.
-    tags["system_metrics_devices"] = ",".join(
-        f"node{s['node_id']}/gpu{s['device_index']}={r['hostname']}" for s, r in zip(series, per_rank, strict=True)
-        if s)[:TAG_MAX_CHARS]
-    return metrics.system_records(series)
+    from jobs.loop import local_step_times
+
+    run.rank.heartbeat.pause()  # after the window: not part of any measurement, and not a stall
+    return local_step_times(run.setup.trainer, run.setup.batches, n_steps, run.sync)
 
 
-def _mfu(spec: RunSpec, device, par, summary: dict[str, Any], matmul_peaks=()) -> dict[str, str]:
-    """Adds ``mfu`` (datasheet peak) and ``mfu_measured_peak`` (the matmul peak measured on each
-    device before the window, jobs/matmul_peak.py) to the summary when known and at most 1;
-    returns the tags that explain them, each formula included."""
-    import torch
-
-    from jobs import matmul_peak, metrics, models
-
-    flops = models.flops_per_sample(par.model, spec.model)
-    settings = metrics.precision_settings(torch)
-    if device.type == "cuda":
-        device_name = torch.cuda.get_device_name(device)
-        precision = spec.precision.name.value
-        # The same answer the measured peak was timed in (jobs.matmul_peak.math_mode).
-        math = matmul_peak.math_mode(torch, par.model, precision)
-        peak = metrics.peak_flops_for(device_name, precision, math)
-        settings["peak_flops_math"] = math
-    else:
-        device_name, peak = platform.processor() or "cpu", None  # CPUs have no single meaningful peak
-    per_device = summary["throughput_samples_per_s_per_device"]
-    achieved, reason = metrics.mfu_checked(flops, per_device, peak)
-    settings["mfu_formula"] = ("flops_per_sample x throughput_samples_per_s_per_device / peak_flops_per_s "
-                               f"(datasheet peak for {device_name!r}, {settings.get('peak_flops_math', 'no math mode')})")
-    if achieved is not None:
-        summary["mfu"] = achieved
-        summary["peak_flops_per_s"] = peak
-    elif reason:
-        settings["mfu_missing"] = reason
-    measured_tflops, why = metrics.measured_peak(list(matmul_peaks))
-    if measured_tflops is not None:
-        first = matmul_peaks[0]
-        summary["measured_matmul_tflops"] = measured_tflops
-        settings["mfu_measured_formula"] = (
-            "flops_per_sample x throughput_samples_per_s_per_device / (measured_matmul_tflops x 1e12); "
-            f"measured_matmul_tflops: mean over the job's devices of 2*n^3 x {first['iterations']} / time of "
-            f"{first['iterations']} {first['dtype']} {first['n']}x{first['n']} matmuls (after warm-ups, CUDA events"
-            f"{', TF32 allowed' if first.get('tf32') else ''}), timed on each device before the window")
-        settings["measured_peak_math"] = str(first.get("math", first["dtype"]))
-        achieved, why = metrics.mfu_checked(flops, per_device, measured_tflops * 1e12)
-        if achieved is not None:
-            summary["mfu_measured_peak"] = achieved
-    if why:
-        settings["mfu_measured_missing"] = why
-    return {"device_name": device_name, **settings}
-
-
-def _provenance(torch, device) -> dict[str, str]:
-    """Versions and the environment variables that change what a benchmark measures (the rank
-    layout, Slurm's variables included, is jobs/dist.py's alone and is tagged from DistEnv)."""
-    tags = {"python_version": platform.python_version(), "python_executable": sys.executable,
-            "cuda_version": str(torch.version.cuda), "hostname_rank0": platform.node()}
-    if device.type == "cuda":
-        tags["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-        tags["device_count"] = str(torch.cuda.device_count())
-    env = {k: v for k, v in sorted(os.environ.items())
-           if k.startswith(("NCCL_", "TORCH_", "OMP_", "CUDA_VISIBLE_DEVICES", "GLOO_", "MKL_"))}
-    tags["env"] = json.dumps(env)[:TAG_MAX_CHARS]
-    return tags
+def log_report(rank: Rank, reported: Report) -> None:
+    """Rank 0's sinks get the report (every other rank's sink is a NullSink)."""
+    sink, observer = rank.sink, rank.observer
+    with observer.phase("sink_set_tags"):
+        sink.set_tags(reported.tags)
+    with observer.phase("sink_log_steps"):
+        sink.log_steps(reported.steps)
+    with observer.phase("sink_log_summary"):
+        sink.log_summary(reported.summary)
+    if reported.system:
+        with observer.phase("sink_log_system"):
+            sink.log_system(reported.system)
 
 
 class Worker:

@@ -94,7 +94,6 @@ def test_cpu_classification_counts_gloo_ranges_and_skips_other_annotations():
     kinds = comm.classify_events(events, main_thread=1, on_gpu=False)
     assert kinds["comm"] == [(5, 20), (50, 60)]
     assert kinds["compute"] == [(0, 10), (10, 12)]
-    assert comm.intervals_from_events(events, 1, False) == (kinds["comm"], kinds["compute"])
 
 
 def test_events_without_the_annotation_attribute_are_read():

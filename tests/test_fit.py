@@ -2,9 +2,9 @@
 
 For each strategy, one spawn of real ranks (2, or 4 as 2 nodes x 2 for hsdp) loops over the
 project models. Inside the ranks every model goes through the worker's own sequence
-(``jobs.worker.build_model``: on meta for FSDP; ``jobs.parallel.parallelize``;
+(``jobs.worker.build_model_to_wrap``: on meta for FSDP; ``jobs.parallel.parallelize``;
 ``jobs.parallel.build_optimizer``; one ``jobs.loop.Trainer`` step on a tiny synthetic batch, which
-reads the gradient bytes while gradients exist), then ``jobs.metrics.model_state_bytes`` with
+reads the gradient bytes while gradients exist), then ``jobs.memory.model_state_bytes`` with
 those gradient bytes, reduced max over ranks as the worker's summary does. AdamW and SGD each get
 their own optimizer on the same wrapped model, both stepped on the gradients of one Trainer step.
 
@@ -107,13 +107,13 @@ def _stepped(spec_by_optimizer: dict, env, device) -> dict:
     """The worker's build, wrap and first step; its model-state bytes per optimizer, max over ranks."""
     import torch
 
-    from jobs import metrics, parallel, worker
+    from jobs import memory, parallel, summary, worker
     from jobs.data import input_batches
     from jobs.loop import Trainer
 
     spec = next(iter(spec_by_optimizer.values()))
     train = spec.train
-    par = parallel.parallelize(worker.build_model(spec, device), spec.strategy, spec.precision, device=device,
+    par = parallel.parallelize(worker.build_model_to_wrap(spec, device), spec.strategy, spec.precision, device=device,
                                num_nodes=env.num_nodes, tasks_per_node=env.local_world_size)
     optimizers = {name: parallel.build_optimizer(par.model, s.train.optimizer, s.train.lr)
                   for name, s in spec_by_optimizer.items()}
@@ -124,8 +124,8 @@ def _stepped(spec_by_optimizer: dict, env, device) -> dict:
     trainer.step(batches)
     out = {}
     for name, optimizer in optimizers.items():
-        mine = metrics.model_state_bytes(par.model, optimizer, grad_bytes=trainer.grad_bytes)
-        out[name] = {k: max(r[k] for r in metrics.gather_ranks(mine)) for k in mine}
+        mine = memory.model_state_bytes(par.model, optimizer, grad_bytes=trainer.grad_bytes)
+        out[name] = {k: max(r[k] for r in summary.gather_ranks(mine)) for k in mine}
     del trainer, optimizers, par
     torch.distributed.barrier()
     return out
@@ -135,7 +135,7 @@ def _sharded_on_meta(spec, env) -> dict:
     """Parameter bytes of each rank's local shards, sharded on meta with the worker's units."""
     import torch
 
-    from jobs import metrics, models, parallel
+    from jobs import memory, models, parallel, summary
     from jobs.spec import Strategy
 
     with torch.device("meta"):
@@ -144,8 +144,8 @@ def _sharded_on_meta(spec, env) -> dict:
         mesh = parallel.fsdp_mesh("cpu", spec.strategy.sharding, env.num_nodes, env.local_world_size)
         parallel.apply_fsdp(model, mesh, units=models.shard_units(model), reshard_after_forward=True,
                             param_dtype=None, reduce_dtype=None, cpu_offload=False, prefetch=0)
-    mine = {"param_bytes": sum(metrics.local_bytes(p) for p in model.parameters())}
-    return {k: max(r[k] for r in metrics.gather_ranks(mine)) for k in mine}
+    mine = {"param_bytes": sum(memory.local_bytes(p) for p in model.parameters())}
+    return {k: max(r[k] for r in summary.gather_ranks(mine)) for k in mine}
 
 
 def _child(job_path: str, rank: int) -> None:

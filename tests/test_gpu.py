@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jobs import comm, metrics  # noqa: E402
+from jobs import comm, peaks  # noqa: E402
 from jobs.data import POOL_STEPS  # noqa: E402
 from tests.ranks import make_spec, run_ranks  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_environment_and_peak_flops():
           f"capability {torch.cuda.get_device_capability(0)}, {N_GPUS} GPU(s)")
     torch.amp.GradScaler("cuda")
     precision = "bf16" if torch.cuda.get_device_capability(0) >= (8, 0) else "fp16"
-    assert metrics.peak_flops_for(name, precision) is not None, f"H1: no peak for {name!r}"
+    assert peaks.peak_flops_for(name, precision) is not None, f"H1: no peak for {name!r}"
 
 
 # ---- 2. world-size-1 NCCL matrix --------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_measured_matmul_peak_is_a_plausible_share_of_the_datasheet():
         assert "missing" not in measured, measured
         assert torch.cuda.memory_allocated(device) == before  # its buffers are gone before the window
         math_mode = "tf32" if measured["tf32"] else "fp32"
-        datasheet = metrics.peak_flops_for(name, precision, math_mode)
+        datasheet = peaks.peak_flops_for(name, precision, math_mode)
         print(f"measured matmul peak {name} {precision} n={measured['n']}: {measured['measured_matmul_tflops']:.1f} "
               f"TFLOP/s, datasheet {datasheet and datasheet / 1e12} TFLOP/s")
         if datasheet:

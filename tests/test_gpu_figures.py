@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs import matmul_peak, metrics
+from jobs import energy, matmul_peak
 from jobs.interference import GpuSampler
 from jobs.sinks import FanOut, JsonlSink, MlflowSink
 
@@ -111,7 +111,7 @@ def test_no_energy_figure_without_counter_or_power():
     missing = sampler.energy()["missing"]
     assert "nvmlDeviceGetTotalEnergyConsumption" in missing and "nvmlDeviceGetPowerUsage" in missing
     assert fake.calls["nvmlDeviceGetPowerUsage"] == 1
-    summary, tags = metrics.energy_figures([sampler.energy()], samples_in_window=100)
+    summary, tags = energy.energy_figures([sampler.energy()], samples_in_window=100)
     assert summary == {} and tags["energy_missing"].startswith("rank 0: ")
     assert GpuSampler(FakeNvml(), "GPU-x", pid=10).energy() == {"missing": "no complete measured window"}
 
@@ -121,10 +121,10 @@ def test_series_carry_the_job_devices_in_units_and_thin_out():
     sampler = GpuSampler(fake, "GPU-x", pid=10, interval_s=0.001)
     window(sampler, 0.1)
     series = sampler.series(node_id=1, device_index=2)
-    assert len(series["samples"]) <= metrics.SYSTEM_MAX_POINTS
+    assert len(series["samples"]) <= energy.SYSTEM_MAX_POINTS
     assert series["samples"][0] == {"unix_s": pytest.approx(time.time(), abs=5), "util_percent": 64.0,
                                     "mem_used_gib": pytest.approx(1.5), "power_w": pytest.approx(300.5)}
-    records = metrics.system_records([series])
+    records = energy.system_records([series])
     assert set(records[0]) == {"step", "time", "system/node1/gpu2_utilization_percent",
                                "system/node1/gpu2_memory_used_gib", "system/node1/gpu2_power_w"}
     assert [r["step"] for r in records] == list(range(len(records)))
@@ -190,7 +190,7 @@ def test_system_metrics_are_named_by_the_nvml_index_under_per_task_binding(monke
         window(interference.gpu, 0.02)
         series.append(interference.portable("node1", node_id=1)["gpu_series"])
     assert [s["device_index"] for s in series] == [3, 5]
-    keys = {k for r in metrics.system_records(series) for k in r} - {"step", "time"}
+    keys = {k for r in energy.system_records(series) for k in r} - {"step", "time"}
     assert {k.split("_")[0] for k in keys} == {"system/node1/gpu3", "system/node1/gpu5"}
 
 
@@ -222,14 +222,14 @@ def test_matmul_peak_is_not_measured_off_cuda():
 
 def test_gpu_figures_reduction_for_cuda_ranks_from_gathered_samples():
     torch = pytest.importorskip("torch")
-    from jobs.worker import _gpu_figures
+    from jobs.summary import gpu_figures
 
     series = {"node_id": 0, "device_index": 0, "unsupported": {"memory": "nvmlDeviceGetMemoryInfo: NoPermission"},
               "samples": [{"unix_s": 5.0, "util_percent": 99.0, "mem_used_gib": None, "power_w": 500.0}]}
     per_rank = [{"hostname": "h0", "interference": {
         "gpu_energy": {"energy_j": 1000.0, "window_s": 4.0, "method": "nvml_energy_counter"}, "gpu_series": series}}]
     summary, tags = {}, {}
-    records = _gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, None, samples_in_window=400)
+    records = gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, None, samples_in_window=400)
     assert summary == pytest.approx({"energy_j": 1000.0, "energy_j_per_sample": 2.5, "power_w_mean": 250.0})
     assert tags == {"energy_method": "nvml_energy_counter", "system_metrics_devices": "node0/gpu0=h0",
                     "nvml_refused": "memory: nvmlDeviceGetMemoryInfo: NoPermission"}
@@ -237,7 +237,7 @@ def test_gpu_figures_reduction_for_cuda_ranks_from_gathered_samples():
                         "system/node0/gpu0_power_w": 500.0}]
     # No NVML: no numbers, the reason as tags.
     summary, tags = {}, {}
-    assert _gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, "pynvml is not installed", 400) == []
+    assert gpu_figures(torch.device("cuda", 0), per_rank, summary, tags, "pynvml is not installed", 400) == []
     assert summary == {} and tags == {"energy_missing": "pynvml is not installed",
                                       "system_metrics_missing": "pynvml is not installed"}
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from jobs import checkpoint, dist, metrics, parallel
+from jobs import checkpoint, dist, parallel, peaks, summary
 from jobs.spec import (
     BatchNormUnits,
     ConfigError,
@@ -54,7 +54,7 @@ BF16_PEAKS = [
 
 @pytest.mark.parametrize("name, tflops", BF16_PEAKS)
 def test_bf16_peak_by_real_device_name(name, tflops):
-    assert metrics.peak_flops_for(name, "bf16") == pytest.approx(tflops * T)
+    assert peaks.peak_flops_for(name, "bf16") == pytest.approx(tflops * T)
 
 
 @pytest.mark.parametrize("name, tflops", [
@@ -62,20 +62,20 @@ def test_bf16_peak_by_real_device_name(name, tflops):
     ("Tesla V100S-PCIE-32GB", 130), ("Tesla T4", 65), ("NVIDIA H100 80GB HBM3", 989.4),
 ])
 def test_fp16_peak_by_real_device_name(name, tflops):
-    assert metrics.peak_flops_for(name, "fp16") == pytest.approx(tflops * T)
+    assert peaks.peak_flops_for(name, "fp16") == pytest.approx(tflops * T)
 
 
 @pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000", "Quadro RTX 8000", "cpu",
                                   "x86_64", "", "NVIDIA Graphics Device"])
 def test_unknown_device_gets_no_peak_never_another_gpus(name):
     for precision in ("fp32", "bf16", "fp16"):
-        assert metrics.peak_flops_for(name, precision) is None
-        assert metrics.peak_flops_for(name, precision, "tf32") is None
+        assert peaks.peak_flops_for(name, precision) is None
+        assert peaks.peak_flops_for(name, precision, "tf32") is None
 
 
 def test_no_bf16_peak_on_pre_ampere():
-    assert metrics.peak_flops_for("Tesla V100-SXM2-32GB", "bf16") is None
-    assert metrics.peak_flops_for("Tesla T4", "bf16") is None
+    assert peaks.peak_flops_for("Tesla V100-SXM2-32GB", "bf16") is None
+    assert peaks.peak_flops_for("Tesla T4", "bf16") is None
 
 
 @pytest.mark.parametrize("matmul, cudnn, precision, has_conv, math_mode", [
@@ -87,35 +87,35 @@ def test_no_bf16_peak_on_pre_ampere():
     (False, False, "highest", True, "fp32"),
 ])
 def test_fp32_math_follows_the_tf32_settings(matmul, cudnn, precision, has_conv, math_mode):
-    assert metrics.fp32_math(matmul, cudnn, precision, has_conv) == math_mode
+    assert peaks.fp32_math(matmul, cudnn, precision, has_conv) == math_mode
 
 
 def test_fp32_peak_is_picked_from_the_math_mode():
-    assert metrics.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32", "fp32") == pytest.approx(19.5 * T)
-    assert metrics.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32", "tf32") == pytest.approx(156 * T)
-    assert metrics.peak_flops_for("NVIDIA H100 80GB HBM3", "fp32", "tf32") == pytest.approx(494.7 * T)
+    assert peaks.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32", "fp32") == pytest.approx(19.5 * T)
+    assert peaks.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32", "tf32") == pytest.approx(156 * T)
+    assert peaks.peak_flops_for("NVIDIA H100 80GB HBM3", "fp32", "tf32") == pytest.approx(494.7 * T)
     # No TF32 units: fp32 math whatever the flags say.
-    assert metrics.peak_flops_for("Tesla V100-SXM2-32GB", "fp32", "tf32") == pytest.approx(15.7 * T)
+    assert peaks.peak_flops_for("Tesla V100-SXM2-32GB", "fp32", "tf32") == pytest.approx(15.7 * T)
     # A device without a listed TF32 figure gets none rather than the (lower) fp32 one.
-    assert metrics.peak_flops_for("NVIDIA B200", "fp32", "tf32") is None
+    assert peaks.peak_flops_for("NVIDIA B200", "fp32", "tf32") is None
 
 
 def test_precision_settings_are_recorded():
     import torch
 
-    settings = metrics.precision_settings(torch)
+    settings = peaks.precision_settings(torch)
     assert set(settings) == {"cuda_matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision"}
     assert settings["float32_matmul_precision"] == torch.get_float32_matmul_precision()
 
 
 def test_mfu_above_one_is_never_reported():
-    value, reason = metrics.mfu_checked(6e9, 100.0, 1e12)
+    value, reason = peaks.mfu_checked(6e9, 100.0, 1e12)
     assert value == pytest.approx(0.6) and reason is None
-    value, reason = metrics.mfu_checked(6e9, 1000.0, 1e12)  # 6 PFLOP/s on a 1 PFLOP/s device
+    value, reason = peaks.mfu_checked(6e9, 1000.0, 1e12)  # 6 PFLOP/s on a 1 PFLOP/s device
     assert value is None and "exceeds 1" in reason
-    assert metrics.mfu(6e9, 1000.0, 1e12) is None
-    assert metrics.mfu_checked(None, 1.0, 1e12) == (None, "no FLOP count for this model")
-    assert metrics.mfu_checked(1e9, 1.0, None)[1].startswith("no peak")
+    assert peaks.mfu(6e9, 1000.0, 1e12) is None
+    assert peaks.mfu_checked(None, 1.0, 1e12) == (None, "no FLOP count for this model")
+    assert peaks.mfu_checked(1e9, 1.0, None)[1].startswith("no peak")
 
 
 # ---- H3: the device follows the configuration -----------------------------------------------------
@@ -181,7 +181,7 @@ def test_placements_carry_the_uuid_as_nvml_writes_it(monkeypatch, tmp_path):
     finally:
         tdist.destroy_process_group()
     assert placements == [("h", f"GPU-{bare}")]
-    tag = ",".join(f"{host}/{uuid}" for host, uuid in placements)  # as jobs.worker.run_tags writes it
+    tag = ",".join(f"{host}/{uuid}" for host, uuid in placements)  # as jobs.summary.run_tags writes it
     assert tag.count("GPU-") == 1  # tests/test_gpu.py's own assertion
 
 
@@ -318,8 +318,8 @@ def test_rng_state_round_trip_on_cpu():
 
 def test_skipped_steps_split_by_window():
     history = {"measured": [False, False, True, True, True], "skipped": [True, False, False, True, False]}
-    assert metrics.skipped_steps(history) == {"fp16_skipped_steps": 1, "fp16_skipped_steps_warmup": 1}
-    assert metrics.skipped_steps({"measured": [True]}) == {"fp16_skipped_steps": 0, "fp16_skipped_steps_warmup": 0}
+    assert summary.skipped_steps(history) == {"fp16_skipped_steps": 1, "fp16_skipped_steps_warmup": 1}
+    assert summary.skipped_steps({"measured": [True]}) == {"fp16_skipped_steps": 0, "fp16_skipped_steps_warmup": 0}
 
 
 def test_skipped_flags_read_once_across_a_restart():
@@ -336,17 +336,17 @@ def test_skipped_flags_read_once_across_a_restart():
 def test_step_records_and_mean_losses():
     r0 = {"steps": [0, 1, 2], "losses": [3.0, 2.0, 1.0], "step_time_s": [0.1, 0.2, 0.3]}
     r1 = {"steps": [0, 1, 2], "losses": [5.0, 4.0, 3.0], "step_time_s": [0.3, 0.1, 0.3]}
-    assert metrics.step_records([r0, r1], 1, 3) == [
+    assert summary.step_records([r0, r1], 1, 3) == [
         {"step": 1, "loss": 3.0, "step_time_ms": pytest.approx(200.0)},
         {"step": 2, "loss": 2.0, "step_time_ms": pytest.approx(300.0)}]
-    assert metrics.mean_losses([r0, r1], 3) == [4.0, 3.0, 2.0]
+    assert summary.mean_losses([r0, r1], 3) == [4.0, 3.0, 2.0]
     partial = {"steps": [2], "losses": [9.0], "step_time_s": [0.1]}
-    assert metrics.mean_losses([r0, partial], 3) == r0["losses"]
+    assert summary.mean_losses([r0, partial], 3) == r0["losses"]
 
 
 def test_summary_reduces_memcpy_and_fp16_figures_as_the_worst_rank():
     base = {"step_time_s": [0.1], "data_time_s": [0.0]}
-    s = metrics.summarize([{**base, "memcpy_time_ms": 1.0, "fp16_skipped_steps": 0, "peak_rss_gib": 1.0},
+    s = summary.summarize([{**base, "memcpy_time_ms": 1.0, "fp16_skipped_steps": 0, "peak_rss_gib": 1.0},
                            {**base, "memcpy_time_ms": 3.0, "fp16_skipped_steps": 2, "peak_rss_gib": 2.0}],
                           samples_per_step=1, tokens_per_sample=1, repeats=1)
     assert s["memcpy_time_ms"] == 3.0 and s["fp16_skipped_steps"] == 2 and s["peak_rss_gib"] == 2.0
@@ -355,8 +355,12 @@ def test_summary_reduces_memcpy_and_fp16_figures_as_the_worst_rank():
 # ---- M6: the watchdog is paused before the communication probe --------------------------------
 
 def test_watchdog_paused_before_the_probe(monkeypatch):
+    from types import SimpleNamespace
+
     from jobs import comm, worker
     from jobs.dist import DistEnv
+    from jobs.hooks import Observer
+    from jobs.state import Rank, Run
 
     events = []
 
@@ -370,11 +374,15 @@ def test_watchdog_paused_before_the_probe(monkeypatch):
 
     import torch
 
+    def run_on(env):
+        spec = SimpleNamespace(train=SimpleNamespace(comm_probe_steps=3))
+        rank = Rank(spec, env, torch.device("cpu"), "gloo", None, FakeHeartbeat(), Observer())
+        return Run(rank, SimpleNamespace(trainer=None, batches=None), None, lambda: None)
+
     monkeypatch.setattr(comm, "probe", fake_probe)
-    out = worker.communication_probe(None, None, None, 3, DistEnv(world_size=2), torch.device("cpu"),
-                                     FakeHeartbeat())
+    out = worker.communication_probe(run_on(DistEnv(world_size=2)))
     assert out == {"comm_time_ms": 1.0} and events == ["pause", ("probe", 3, False)]
-    assert worker.communication_probe(None, None, None, 3, DistEnv(), torch.device("cpu"), FakeHeartbeat()) == {}
+    assert worker.communication_probe(run_on(DistEnv())) == {}
 
 
 # ---- M1: built on meta, sharded, then materialised ----------------------------------------------
@@ -566,15 +574,15 @@ def test_the_cuda_image_and_the_cluster_install_carry_nvml():
 
 _TF32_SCRIPT = """
 import sys, torch
-from jobs import matmul_peak, metrics
+from jobs import matmul_peak, peaks, summary
 if sys.argv[1] != "default":
     torch.set_float32_matmul_precision(sys.argv[1])
 before = torch.get_float32_matmul_precision()
 for allowed in (True, False):
     with matmul_peak.matmul_tf32(torch, allowed):
-        inside = metrics.precision_settings(torch)
+        inside = peaks.precision_settings(torch)
         assert inside["cuda_matmul_allow_tf32"] == str(allowed), (allowed, inside)
-    assert metrics.precision_settings(torch)["float32_matmul_precision"] == before
+    assert peaks.precision_settings(torch)["float32_matmul_precision"] == before
     assert torch.get_float32_matmul_precision() == before
 print("ok")
 """

@@ -304,13 +304,13 @@ def test_offload_keeps_buffers_on_the_device_and_draws_from_its_generator(cuda):
 # ---- the other CUDA branches of setup: memory figures, bf16 refusal ----------------------------
 
 def test_memory_figures_read_the_device_allocator_on_cuda(cuda):
-    from jobs import metrics
+    from jobs import memory
 
-    metrics.reset_peak_memory(CUDA0)
+    memory.reset_peak_memory(CUDA0)
     assert cuda.calls[-1] == "reset_peak_memory_stats:0"
-    cuda.peak_bytes = {"allocated": 3 * metrics.GIB, "reserved": 5 * metrics.GIB}  # what the setup used
-    setup = metrics.setup_memory(CUDA0, metrics.current_rss_bytes())
-    window = metrics.peak_memory(CUDA0)
+    cuda.peak_bytes = {"allocated": 3 * memory.GIB, "reserved": 5 * memory.GIB}  # what the setup used
+    setup = memory.setup_memory(CUDA0, memory.current_rss_bytes())
+    window = memory.peak_memory(CUDA0)
     assert setup["setup_peak_mem_allocated_gib"] == 3
     assert (window["peak_mem_allocated_gib"], window["peak_mem_reserved_gib"]) == (3, 5)
     assert window["peak_rss_gib"] > 0  # host memory on GPU ranks too (offload lives there)

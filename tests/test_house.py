@@ -132,9 +132,14 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _jobs_module_names() -> set[str]:
+    """``jobs`` and the name of each of its modules and packages, as bench/ may import them."""
+    return {"jobs"} | {p.stem for p in (ROOT / "jobs").glob("*.py")} | {
+        p.name for p in (ROOT / "jobs").iterdir() if (p / "__init__.py").exists()}
+
+
 def test_bench_uses_no_private_name_of_jobs():
-    jobs_modules = {"jobs", "worker", "schedule", "loop", "parallel", "metrics", "comm", "dist", "sinks", "models",
-                    "preempt", "interference", "checkpoint", "heartbeat", "spec", "data"}
+    jobs_modules = _jobs_module_names()
     for path in (ROOT / "bench").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jobs"):
@@ -143,6 +148,73 @@ def test_bench_uses_no_private_name_of_jobs():
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 # jobs.sinks.MlflowSink._x or worker._x: any chain that starts at jobs or one of its modules
                 assert _root(node) not in jobs_modules, f"{path.relative_to(ROOT)} uses .{node.attr} of jobs/"
+
+
+def _names_bound_to_jobs(tree: ast.AST) -> set[str]:
+    """Names a module binds to jobs/ or to anything imported from it: ``import jobs.x`` binds
+    ``jobs``, ``import jobs.x as y`` binds ``y``, ``from jobs.x import A as B`` binds ``B``."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound.update(a.asname or a.name.split(".")[0] for a in node.names
+                         if a.name == "jobs" or a.name.startswith("jobs."))
+        elif isinstance(node, ast.ImportFrom) and (node.module == "jobs" or (node.module or "").startswith("jobs.")):
+            bound.update(a.asname or a.name for a in node.names)
+    return bound
+
+
+def _assigned_attributes_of(tree: ast.AST, bound: set[str]) -> list[str]:
+    """Attribute chains rooted at a name in ``bound`` that ``tree`` assigns (``x.y = ...``,
+    ``x.y += ...``, ``setattr(x.y, ...)``, ``delattr(x, ...)``), as source text."""
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("setattr", "delattr") and node.args):
+            first = node.args[0]
+            if isinstance(first, (ast.Name, ast.Attribute)) and _root(first) in bound:
+                found.append(ast.unparse(node))
+            continue
+        found += [ast.unparse(t) for t in targets if isinstance(t, ast.Attribute) and _root(t) in bound]
+    return found
+
+
+def test_bench_assigns_no_attribute_of_jobs():
+    """bench/ times the worker through its public hooks (jobs/hooks.py), never by replacing what a
+    module or class of jobs/ holds: what it measures is the worker as it ships."""
+    for path in (ROOT / "bench").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        bound = _names_bound_to_jobs(tree) | {"jobs"}
+        assigned = _assigned_attributes_of(tree, bound)
+        assert not assigned, f"{path.relative_to(ROOT)} assigns {assigned}"
+
+
+def test_the_assignment_check_sees_every_form():
+    source = """
+import jobs.loop
+import jobs.sinks as s
+from jobs import comm
+from jobs.sinks import FanOut as F
+jobs.loop.Trainer.step = 1
+s.MlflowSink.client = 2
+comm.probe += 3
+F.finish: int = 4
+setattr(F, "log_steps", 5)
+delattr(comm, "probe")
+local = object()
+local.x = 6
+"""
+    tree = ast.parse(source)
+    assert _assigned_attributes_of(tree, _names_bound_to_jobs(tree)) == [
+        "jobs.loop.Trainer.step", "s.MlflowSink.client", "comm.probe", "F.finish", "setattr(F, 'log_steps', 5)",
+        "delattr(comm, 'probe')"]
 
 
 def _layout_section() -> str:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from jobs.interference import GpuSampler, parse_proc_stat
-from jobs.metrics import foreign_cpu_share
+from jobs.summary import foreign_cpu_share
 from tests.ranks import make_spec, run_ranks
 
 PROC_STAT = """cpu  289564 0 43328 156314 1609 0 1145 1720 0 0

@@ -5,45 +5,45 @@ import math
 
 import pytest
 
-from jobs import metrics
+from jobs import energy, peaks, stats, summary
 
 
 def test_percentile_interpolates_linearly_like_numpy():
     values = [40.0, 10.0, 30.0, 20.0]  # order must not matter
-    assert metrics.percentile(values, 0) == 10.0
-    assert metrics.percentile(values, 100) == 40.0
+    assert stats.percentile(values, 0) == 10.0
+    assert stats.percentile(values, 100) == 40.0
     # Sorted 10, 20, 30, 40: p50 sits halfway between 20 and 30; p90 at position 2.7.
-    assert metrics.percentile(values, 50) == pytest.approx(25.0)
-    assert metrics.percentile(values, 90) == pytest.approx(37.0)
-    assert metrics.percentile([5.0], 90) == 5.0
-    assert math.isnan(metrics.percentile([], 50))
+    assert stats.percentile(values, 50) == pytest.approx(25.0)
+    assert stats.percentile(values, 90) == pytest.approx(37.0)
+    assert stats.percentile([5.0], 90) == 5.0
+    assert math.isnan(stats.percentile([], 50))
 
 
 def test_coefficient_of_variation_is_sample_stdev_over_mean():
     # mean 10, sample stdev sqrt(((8-10)^2 + (12-10)^2) / 1) = sqrt(8)
-    assert metrics.coefficient_of_variation([8.0, 12.0]) == pytest.approx(math.sqrt(8) / 10)
-    assert metrics.coefficient_of_variation([3.0, 3.0, 3.0]) == 0.0
-    assert metrics.coefficient_of_variation([7.0]) == 0.0  # one window: no spread
-    assert math.isnan(metrics.coefficient_of_variation([1.0, -1.0]))  # zero mean
+    assert stats.coefficient_of_variation([8.0, 12.0]) == pytest.approx(math.sqrt(8) / 10)
+    assert stats.coefficient_of_variation([3.0, 3.0, 3.0]) == 0.0
+    assert stats.coefficient_of_variation([7.0]) == 0.0  # one window: no spread
+    assert math.isnan(stats.coefficient_of_variation([1.0, -1.0]))  # zero mean
 
 
 def test_scaling_efficiency_is_per_device_ratio():
-    assert metrics.scaling_efficiency(90.0, 100.0) == pytest.approx(0.9)
-    assert metrics.scaling_efficiency(100.0, 100.0) == 1.0
-    assert math.isnan(metrics.scaling_efficiency(50.0, 0.0))
+    assert stats.scaling_efficiency(90.0, 100.0) == pytest.approx(0.9)
+    assert stats.scaling_efficiency(100.0, 100.0) == 1.0
+    assert math.isnan(stats.scaling_efficiency(50.0, 0.0))
 
 
 def test_mfu_is_achieved_flops_over_peak():
     # 6 GFLOP per sample at 100 samples/s per device = 600 GFLOP/s of a 1 TFLOP/s device.
-    assert metrics.mfu(6e9, 100.0, 1e12) == pytest.approx(0.6)
-    assert metrics.mfu(None, 100.0, 1e12) is None  # FLOPs unknown
-    assert metrics.mfu(6e9, 100.0, None) is None  # device peak unknown (CPUs)
+    assert peaks.mfu(6e9, 100.0, 1e12) == pytest.approx(0.6)
+    assert peaks.mfu(None, 100.0, 1e12) is None  # FLOPs unknown
+    assert peaks.mfu(6e9, 100.0, None) is None  # device peak unknown (CPUs)
 
 
 def test_peak_flops_lookup_by_device_name_and_precision():
-    assert metrics.peak_flops_for("NVIDIA H100 80GB HBM3 SXM", "bf16") == pytest.approx(989.4e12)
-    assert metrics.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32") == pytest.approx(19.5e12)
-    assert metrics.peak_flops_for("cpu", "fp32") is None
+    assert peaks.peak_flops_for("NVIDIA H100 80GB HBM3 SXM", "bf16") == pytest.approx(989.4e12)
+    assert peaks.peak_flops_for("NVIDIA A100-SXM4-80GB", "fp32") == pytest.approx(19.5e12)
+    assert peaks.peak_flops_for("cpu", "fp32") is None
 
 
 # Two ranks, four measured steps, two repeats (windows of two steps), 4 samples per step.
@@ -54,7 +54,7 @@ RANK1 = {"step_time_s": [0.2, 0.1, 0.1, 0.4], "data_time_s": [0.0, 0.0, 0.0, 0.0
 
 
 def test_summarize_reduces_across_ranks_and_repeats():
-    s = metrics.summarize([RANK0, RANK1], samples_per_step=4, tokens_per_sample=1, repeats=2)
+    s = summary.summarize([RANK0, RANK1], samples_per_step=4, tokens_per_sample=1, repeats=2)
     assert s["world_size"] == 2 and s["measured_steps"] == 4
     # Window 1 (steps 0-1): rank0 8 samples / 0.3 s + rank1 8 / 0.3 s = 53.33 samples/s.
     # Window 2 (steps 2-3): rank0 8 / 0.3 s + rank1 8 / 0.5 s = 26.67 + 16 = 42.67 samples/s.
@@ -75,7 +75,7 @@ def test_summarize_reduces_across_ranks_and_repeats():
 
 
 def test_summarize_tokens_and_single_window():
-    s = metrics.summarize([RANK0, RANK1], samples_per_step=4, tokens_per_sample=32, repeats=1)
+    s = summary.summarize([RANK0, RANK1], samples_per_step=4, tokens_per_sample=32, repeats=1)
     # One window over all four steps: rank0 16 / 0.6 s + rank1 16 / 0.8 s.
     total = 16 / 0.6 + 16 / 0.8
     assert s["throughput_samples_per_s"] == pytest.approx(total)
@@ -87,7 +87,7 @@ def test_summarize_tokens_and_single_window():
 # ---- stragglers and cost ------------------------------------------------------------------------
 
 def test_stragglers_name_the_slowest_rank_above_ten_percent():
-    from jobs.metrics import stragglers
+    from jobs.summary import stragglers
 
     summary, tags = stragglers([0.010, 0.010, 0.013, 0.010], ["a", "a", "b", "b"])
     assert summary["step_time_rank_spread"] == pytest.approx(1.3)
@@ -97,7 +97,7 @@ def test_stragglers_name_the_slowest_rank_above_ten_percent():
 
 
 def test_cost_per_million_samples_and_tokens():
-    from jobs.metrics import cost_per_1m
+    from jobs.cost import cost_per_1m
 
     # 8 devices at $2/h = $16/h; 1000 samples/s = 3.6M samples/h: $4.44 per million.
     assert cost_per_1m(1000.0, devices=8, nodes=1, cost_per_device_hour=2.0, cost_per_node_hour=None) == \
@@ -112,28 +112,28 @@ def test_cost_per_million_samples_and_tokens():
 # ---- energy, measured matmul peak, system metrics ---------------------------------------------
 
 def test_energy_from_counter_in_millijoules_with_wrap_and_missing_readings():
-    assert metrics.energy_from_counter_j(1_000, 351_000) == pytest.approx(350.0)
+    assert energy.energy_from_counter_j(1_000, 351_000) == pytest.approx(350.0)
     # The unsigned 64-bit counter wrapped between the readings: still the 2 J spent.
-    assert metrics.energy_from_counter_j(2**64 - 500, 1_500) == pytest.approx(2.0)
-    assert metrics.energy_from_counter_j(None, 5) is None  # NotSupported at the start (pre-Volta)
-    assert metrics.energy_from_counter_j(5, None) is None
+    assert energy.energy_from_counter_j(2**64 - 500, 1_500) == pytest.approx(2.0)
+    assert energy.energy_from_counter_j(None, 5) is None  # NotSupported at the start (pre-Volta)
+    assert energy.energy_from_counter_j(5, None) is None
 
 
 def test_energy_from_power_samples_is_the_trapezoid_rule():
     # 100 W for 1 s, a ramp 100 -> 300 W over 2 s (400 J), 300 W for 0.5 s: 100 + 400 + 150.
     times = [0.0, 1.0, 3.0, 3.5]
     watts = [100.0, 100.0, 300.0, 300.0]
-    assert metrics.energy_from_power_j(times, watts) == pytest.approx(650.0)
-    assert metrics.energy_from_power_j([0.0], [100.0]) is None  # one reading: no duration
-    assert metrics.energy_from_power_j([], []) is None
+    assert energy.energy_from_power_j(times, watts) == pytest.approx(650.0)
+    assert energy.energy_from_power_j([0.0], [100.0]) is None  # one reading: no duration
+    assert energy.energy_from_power_j([], []) is None
     with pytest.raises(ValueError, match="2 sample times but 1"):
-        metrics.energy_from_power_j([0.0, 1.0], [1.0])
+        energy.energy_from_power_j([0.0, 1.0], [1.0])
 
 
 def test_energy_figures_sum_devices_over_the_job_samples():
     devices = [{"energy_j": 600.0, "window_s": 2.0, "method": "nvml_energy_counter"},
                {"energy_j": 400.0, "window_s": 2.0, "method": "nvml_power_samples"}]
-    summary, tags = metrics.energy_figures(devices, samples_in_window=500)
+    summary, tags = energy.energy_figures(devices, samples_in_window=500)
     assert summary == pytest.approx({"energy_j": 1000.0, "energy_j_per_sample": 2.0, "power_w_mean": 250.0})
     assert tags == {"energy_method": "nvml_energy_counter,nvml_power_samples"}
 
@@ -141,38 +141,38 @@ def test_energy_figures_sum_devices_over_the_job_samples():
 def test_energy_figures_leave_the_job_out_when_one_device_has_none():
     devices = [{"energy_j": 600.0, "window_s": 2.0, "method": "nvml_energy_counter"},
                {"missing": "nvmlDeviceGetPowerUsage: NVMLError_NotSupported"}]
-    summary, tags = metrics.energy_figures(devices, samples_in_window=500)
+    summary, tags = energy.energy_figures(devices, samples_in_window=500)
     assert summary == {}  # a sum over the other devices would understate the job's energy
     assert tags == {"energy_missing": "rank 1: nvmlDeviceGetPowerUsage: NVMLError_NotSupported"}
-    assert metrics.energy_figures([None], 10)[1] == {"energy_missing": "rank 0: no NVML sample"}
-    assert "energy_missing" in metrics.energy_figures(devices[:1], 0)[1]
+    assert energy.energy_figures([None], 10)[1] == {"energy_missing": "rank 0: no NVML sample"}
+    assert "energy_missing" in energy.energy_figures(devices[:1], 0)[1]
 
 
 def test_matmul_flop_count_and_rate():
-    assert metrics.matmul_flops(2, 3, 4) == 48  # 24 multiply-adds
-    assert metrics.matmul_flops(8192, 8192, 8192) == 2 * 8192**3
+    assert peaks.matmul_flops(2, 3, 4) == 48  # 24 multiply-adds
+    assert peaks.matmul_flops(8192, 8192, 8192) == 2 * 8192**3
     # Ten 8192^3 matmuls in 20 ms: 1.0995e15 FLOP x 10 / 0.02 s = 549.8 TFLOP/s.
-    assert metrics.matmul_tflops(8192, 10, 0.02) == pytest.approx(2 * 8192**3 * 10 / 0.02 / 1e12)
-    assert metrics.matmul_tflops(8192, 10, 0.02) == pytest.approx(549.76, abs=0.01)
+    assert peaks.matmul_tflops(8192, 10, 0.02) == pytest.approx(2 * 8192**3 * 10 / 0.02 / 1e12)
+    assert peaks.matmul_tflops(8192, 10, 0.02) == pytest.approx(549.76, abs=0.01)
     with pytest.raises(ValueError):
-        metrics.matmul_tflops(8192, 10, 0.0)
+        peaks.matmul_tflops(8192, 10, 0.0)
 
 
 def test_mfu_against_the_measured_peak():
-    peaks = [{"measured_matmul_tflops": 700.0}, {"measured_matmul_tflops": 660.0}]
-    tflops, why = metrics.measured_peak(peaks)
+    per_rank = [{"measured_matmul_tflops": 700.0}, {"measured_matmul_tflops": 660.0}]
+    tflops, why = peaks.measured_peak(per_rank)
     assert (tflops, why) == (pytest.approx(680.0), None)
     # 6e9 FLOP per sample at 34,000 samples/s per device: 204 TFLOP/s of 680 measured = 0.3.
-    assert metrics.mfu_checked(6e9, 34_000, tflops * 1e12) == (pytest.approx(0.3), None)
-    missing = metrics.measured_peak([peaks[0], {"missing": "cpu ranks"}])
+    assert peaks.mfu_checked(6e9, 34_000, tflops * 1e12) == (pytest.approx(0.3), None)
+    missing = peaks.measured_peak([per_rank[0], {"missing": "cpu ranks"}])
     assert missing == (None, "rank 1: cpu ranks")
-    assert metrics.measured_peak([])[0] is None
+    assert peaks.measured_peak([])[0] is None
 
 
 def test_thin_keeps_first_and_last_evenly():
-    assert metrics.thin(list(range(5)), 10) == [0, 1, 2, 3, 4]
-    assert metrics.thin(list(range(101)), 5) == [0, 25, 50, 75, 100]
-    assert metrics.thin(list(range(10)), 1) == [9]
+    assert energy.thin(list(range(5)), 10) == [0, 1, 2, 3, 4]
+    assert energy.thin(list(range(101)), 5) == [0, 25, 50, 75, 100]
+    assert energy.thin(list(range(10)), 1) == [9]
 
 
 def test_system_records_name_each_device_by_node_and_index():
@@ -182,7 +182,7 @@ def test_system_records_name_each_device_by_node_and_index():
               None,  # a rank without a sampler
               {"node_id": 1, "device_index": 3, "unsupported": {"power": "NotSupported"},
                "samples": [{"unix_s": 10.0, "util_percent": 50.0, "mem_used_gib": 2.0, "power_w": None}]}]
-    records = metrics.system_records(series)
+    records = energy.system_records(series)
     assert records == [
         {"step": 0, "time": 10.0, "system/node0/gpu0_utilization_percent": 90.0,
          "system/node0/gpu0_memory_used_gib": 30.5, "system/node0/gpu0_power_w": 400.0},
@@ -212,3 +212,26 @@ def test_bench_pair_ratio_median_and_t_interval_on_log_ratios():
     assert pair_ratio_ci([50.0], [100.0]) == (0.5, None)  # one pair: no interval, the median decides
     assert ratio_verdict(0.5, None, 0.98) == (False, None)
     assert pair_ratio_ci([], []) == (None, None)
+
+
+def test_a_partial_bench_run_writes_a_whole_results_file_that_says_what_it_measured(tmp_path):
+    """BENCH_RESULTS.md is written whole by every run (bench/results.py): a run of one part says
+    which figures it measured and which it did not, points at the hand-kept analysis, and lists
+    figure 2 part by part."""
+    from bench.common import Row, Settings
+    from bench.results import write_results
+
+    rows = [Row(figure="2. telemetry", unit="fraction", ours=[0.004, 0.006], reference=[], target="<= 0.01",
+                passed=True, ratio=0.005)]
+    parts = {"gather (the last rank's time in it)": 0.002, "finish": 0.03}
+    details = {"throughput": {"telemetry_parts_s": parts,
+                              "telemetry_parts_fraction": {k: v / 10 for k, v in parts.items()}}}
+    out = tmp_path / "BENCH_RESULTS.md"
+    write_results(out, command="python -m bench --only throughput", info={"cores": "2"}, settings=Settings(),
+                  rows=rows, details=details, elapsed_s=12.0, measured=["throughput"])
+    text = out.read_text()
+    assert text.startswith("# Benchmark results") and "bench/ANALYSIS.md" in text
+    assert "This run measured figures 1, 1b, 2, 2b-2d (`throughput`)." in text
+    assert "Not measured in this run, so not in the table: figure 1c (`paired`), figure 3 (`startup`)" in text
+    assert "| gather (the last rank's time in it) | 2.0 | 0.02% |" in text
+    assert "## How each figure is measured" in text

@@ -1,7 +1,7 @@
 """Fit before launch: each cell's model built on the meta device (no memory, no weights), and the
 bytes of parameters, gradients and optimizer state its busiest rank will hold under its strategy.
 
-The prediction follows what the worker measures (jobs.metrics.model_state_bytes, max over ranks):
+The prediction follows what the worker measures (jobs.memory.model_state_bytes, max over ranks):
 FSDP2 shards every parameter along dim 0 in ``torch.chunk`` pieces over the shard group, so a rank
 holds ceil(dim0 / shards) rows of it, and its gradients and optimizer state follow the shard.
 AdamW keeps two fp32 moments per element plus a one-element ``step``; SGD (momentum 0.9) one buffer.

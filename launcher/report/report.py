@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import mlflow_entry
+from jobs import mlflow_client
 from launcher.cli import guarded
 from launcher.cluster import colocation
 from launcher.cluster.backends import backend_for
@@ -103,7 +103,7 @@ def _train_settings(state: SweepState, cell) -> dict[str, Any]:
 
 def rows_from_experiment(tracking_uri: str, experiment: str) -> list[dict[str, Any]]:
     """One row per cell run (child run with a ``cell`` tag) of every sweep in the experiment."""
-    client = mlflow_entry.client(tracking_uri)
+    client = mlflow_client.client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         names = ", ".join(e.name for e in client.search_experiments()) or "none"
@@ -115,7 +115,7 @@ def rows_from_experiment(tracking_uri: str, experiment: str) -> list[dict[str, A
 
 def rows_from_parent_run(tracking_uri: str, run_id: str) -> list[dict[str, Any]]:
     """One row per cell run of one sweep, named by its MLflow parent run."""
-    client = mlflow_entry.client(tracking_uri)
+    client = mlflow_client.client(tracking_uri)
     try:
         parent = client.get_run(run_id)
     except Exception as exc:

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobs.metrics import scaling_efficiency
+from jobs.stats import scaling_efficiency
 
 GIB = 1024**3
 MIB = 1024**2

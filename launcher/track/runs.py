@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 
 import yaml
 
-from jobs import cell_run, mlflow_entry
-from jobs.mlflow_entry import METRICS_PER_BATCH, TAG_MAX_CHARS
+from jobs import cell_run, mlflow_client
+from jobs.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
 from jobs.sinks import read_records
 from launcher.cluster.backends import backend_for
 from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
@@ -83,7 +83,7 @@ def sync_cell(state: SweepState, cell) -> int:
     if not (state.tracking_uri and cell.run_id):
         return 0
     try:
-        return sync_run(mlflow_entry.client(state.tracking_uri), cell.run_id,
+        return sync_run(mlflow_client.client(state.tracking_uri), cell.run_id,
                         read_records(state.cell_dir(cell) / "metrics.jsonl"), cell_run.known_metrics(state.cell_dir(cell)))
     except Exception as exc:  # the records stay on disk; the next sync picks them up
         print(f"[mlflow] sync of {cell.name} failed, will retry on the next status/sync: {exc}", file=sys.stderr)
@@ -94,7 +94,7 @@ def sync_sweep(state: SweepState) -> dict[str, int]:
     """{cell: points added} for every cell that has records and a run."""
     if not state.tracking_uri:
         return {}
-    client = mlflow_entry.client(state.tracking_uri)
+    client = mlflow_client.client(state.tracking_uri)
     added = {}
     for cell in state.cells:
         if cell.run_id:
@@ -120,7 +120,7 @@ def finish_cell(state: SweepState, cell: CellState) -> None:
     if cell.status.terminal:
         sync_cell(state, cell)
     try:
-        client = mlflow_entry.client(state.tracking_uri)
+        client = mlflow_client.client(state.tracking_uri)
         if cell.status.terminal:
             tracking.attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell),
                                            state.path / "submitit", cell.job_id)
@@ -200,7 +200,7 @@ def settle(state: SweepState) -> int:
     they agree); returns how many runs were changed."""
     if not (state.tracking_uri and state.parent_run_id and state.experiment_id):
         return 0
-    client = mlflow_entry.client(state.tracking_uri)
+    client = mlflow_client.client(state.tracking_uri)
     by_id = {c.run_id: c for c in state.cells if c.run_id}
     changed, token = 0, None
     while True:

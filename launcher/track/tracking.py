@@ -11,12 +11,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs import mlflow_entry
-from jobs.mlflow_entry import TAG_MAX_CHARS
+from jobs import mlflow_client
+from jobs.mlflow_client import TAG_MAX_CHARS
 from launcher.masking import mask
 from launcher.state import MLFLOW_STATUS, CellStatus
 
-mlflow_entry.set_defaults()  # before anything imports MLflow
+mlflow_client.set_defaults()  # before anything imports MLflow
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -81,7 +81,7 @@ def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], sta
     """Attach the sweep's report (report.md at the top, plots under plots/ so its relative image
     links hold in the artifact view) to the parent run, and end the run where the sweep's last job
     ended (not when someone asked for the report)."""
-    client = mlflow_entry.client(uri)
+    client = mlflow_client.client(uri)
     client.log_artifact(run_id, str(report))
     for p in plots:
         client.log_artifact(run_id, str(p), "plots")
@@ -112,7 +112,7 @@ def ui_url(tracking_uri: str, route: str) -> str:
 class SweepTracker:
     def __init__(self, uri: str, experiment: str) -> None:
         self.uri = uri
-        self.client = mlflow_entry.client(uri)
+        self.client = mlflow_client.client(uri)
         found = self.client.get_experiment_by_name(experiment)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(
             experiment, artifact_location=artifact_location(uri), tags=EXPERIMENT_TAGS)
@@ -133,7 +133,7 @@ def reconcile(uri: str, run_id: str, status: CellStatus, error: str | None = Non
     if not status.terminal:
         return
     wanted = MLFLOW_STATUS[status]
-    client = mlflow_entry.client(uri)
+    client = mlflow_client.client(uri)
     run = client.get_run(run_id)
     wanted_tags = dict(tags or {})
     if error and wanted != "FINISHED":
@@ -151,7 +151,7 @@ def reconcile_children(uri: str, experiment_id: str, parent_run_id: str, cells: 
     """Every finished cell's run status, settled with one paged search instead of a call per run:
     runs created after their cell had ended (a large sweep's background creation) are still RUNNING.
     Returns how many runs were changed."""
-    client = mlflow_entry.client(uri)
+    client = mlflow_client.client(uri)
     by_id = {c.run_id: c for c in cells if c.run_id and c.status.terminal}
     changed, token = 0, None
     while True:
@@ -170,7 +170,7 @@ def reconcile_children(uri: str, experiment_id: str, parent_run_id: str, cells: 
 
 def end_parent(uri: str, run_id: str, status: str, tags: dict[str, str]) -> None:
     """End the sweep's parent run with ``status`` (KILLED for an interrupted sweep) and ``tags``."""
-    client = mlflow_entry.client(uri)
+    client = mlflow_client.client(uri)
     for key, value in tags.items():
         client.set_tag(run_id, key, value[:TAG_MAX_CHARS])
     client.set_terminated(run_id, status)
@@ -180,7 +180,7 @@ def tag_runs(uri: str, tags_by_run: dict[str, dict[str, str]]) -> None:
     """Set tags on several runs (values cut at MLflow's tag limit)."""
     if not tags_by_run:
         return
-    client = mlflow_entry.client(uri)
+    client = mlflow_client.client(uri)
     for run_id, tags in tags_by_run.items():
         for key, value in tags.items():
             client.set_tag(run_id, key, value[:TAG_MAX_CHARS])
@@ -188,7 +188,7 @@ def tag_runs(uri: str, tags_by_run: dict[str, dict[str, str]]) -> None:
 
 def reopen(uri: str, run_id: str) -> None:
     """A resubmitted cell logs on into its run: mark it running again."""
-    mlflow_entry.client(uri).update_run(run_id, status="RUNNING")
+    mlflow_client.client(uri).update_run(run_id, status="RUNNING")
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
@@ -293,7 +293,7 @@ def code_provenance() -> dict[str, str]:
 
 def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: Path, job_id: str | None) -> None:
     """The cell's resolved config, records, errors, rank logs and the rendered sbatch script."""
-    client = mlflow_entry.client(uri)
+    client = mlflow_client.client(uri)
     for name in ("config.yaml", "spec.json", "metrics.jsonl", "result.json", "preempted.txt"):
         if (cell_dir / name).exists():
             client.log_artifact(run_id, str(cell_dir / name))
@@ -309,7 +309,7 @@ def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: P
 def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()) -> None:
     """Set the sweep's parent run description (MLflow's ``mlflow.note.content`` tag, markdown) and
     attach ``files`` (cells.csv) at the top of its artifacts."""
-    client = mlflow_entry.client(uri)
+    client = mlflow_client.client(uri)
     if len(note) > TAG_MAX_CHARS:
         tail = "\n\n… (cut here: the full findings are in report.md)"
         note = note[: TAG_MAX_CHARS - len(tail)] + tail
