@@ -84,6 +84,8 @@ CORPUS = [
     (["model=custom", "model.target=os.path.join"], "os.path.join", "nn.Module"),
     (["model=custom", "model._target_=os.path.join"], "os.path.join", "nn.Module"),
     (["cluster=slurm", "cluster.container.runtime=pyxis"], "cluster.container.image", "worker image"),
+    (["cluster=slurm", "cluster.container.runtime=oci", "cluster.container.image=/nonexistent/bundle"],
+     "is not an OCI bundle", "scripts/oci-bundle"),
     (["-m", "cluster=local,slurm"], "cluster differs", "separate commands"),
     (["-m", "nodes=1,1"], "run twice", "remove the repeated value"),
     (["strategy=ddp,fsdp"], "strategy", "add -m"),

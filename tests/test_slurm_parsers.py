@@ -105,7 +105,7 @@ def test_cells_group_only_when_every_sbatch_parameter_matches_and_arrays_are_spl
     assert [[c.index for c in g] for g in groups(cells, 2)] == [[0, 2], [3], [1], [4]]
 
 
-def test_container_parameters_for_pyxis_and_apptainer():
+def test_container_parameters_for_pyxis_apptainer_and_slurms_oci():
     pyxis = ClusterConfig(container=ContainerConfig(runtime=ContainerRuntime.pyxis, image="nvcr.io#nvidia/pytorch:24.05-py3",
                                                     mounts=["/data:/data"]), gpus_per_node=8, tasks_per_node=8)
     params = slurm_parameters(pyxis, Layout(nodes=2, tasks_per_node=8, gpus_per_node=8, cpus_per_task=12), "s")
@@ -116,6 +116,9 @@ def test_container_parameters_for_pyxis_and_apptainer():
     apptainer = ClusterConfig(container=ContainerConfig(runtime=ContainerRuntime.apptainer, image="/img/bench.sif",
                                                         mounts=["/scratch"]), gpus_per_node=4)
     assert python_command(apptainer) == "apptainer exec --nv --bind /scratch /img/bench.sif python"
+    oci = ClusterConfig(container=ContainerConfig(runtime=ContainerRuntime.oci, image="/shared/bundles/cpu"))
+    assert slurm_parameters(oci, Layout(nodes=2), "s")["srun_args"][-1] == "--container=/shared/bundles/cpu"
+    assert python_command(oci) == "python"  # the bundle's own (scripts/oci-bundle)
     assert "exclusive" not in slurm_parameters(ClusterConfig(exclusive=False), Layout(), "s")
 
 
