@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import yaml
 
@@ -26,55 +27,67 @@ from launcher.track import tracking
 STEP_KEYS_SKIP = ("kind", "step", "time")
 
 
+@dataclass
+class Replay:
+    """What a job's records say its run must hold."""
+    points: dict[tuple[str, int], float] = field(default_factory=dict)  # (metric, step) -> value
+    stamps_ms: dict[tuple[str, int], int] = field(default_factory=dict)  # system samples keep their time
+    tags: dict[str, str] = field(default_factory=dict)
+    status: str | None = None
+    error: str | None = None  # the last status's error (none once a requeued job has finished)
+    end_s: float | None = None  # when the job wrote that it ended
+
+
+def _numbers(rec: dict, keep=lambda key: key not in STEP_KEYS_SKIP) -> Iterator[tuple[str, float]]:
+    return ((k, float(v)) for k, v in rec.items() if keep(k) and isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def replay(records: list[dict]) -> Replay:
+    """The run's points, tags and end, from a job's JSONL records (steps, summary, system samples,
+    tags, the final status)."""
+    out = Replay()
+    for rec in records:
+        kind = rec.get("kind")
+        if kind in ("step", "summary"):
+            step = int(rec["step"]) if kind == "step" else 0
+            out.points.update({(key, step): value for key, value in _numbers(rec)})
+        elif kind == "system":  # the job's own GPUs, sampled during the window (step: sample index)
+            for key, value in _numbers(rec, keep=lambda key: key.startswith("system/")):
+                out.points[(key, int(rec["step"]))] = value
+                out.stamps_ms[(key, int(rec["step"]))] = int(float(rec.get("time", time.time())) * 1000)
+        elif kind == "tags":
+            out.tags.update({k: str(v) for k, v in rec.items() if k != "kind"})
+        elif kind == "status":
+            out.status, out.error, out.end_s = rec.get("status"), rec.get("error"), rec.get("time")
+    if out.error:
+        out.tags["error"] = out.error
+    return out
+
+
 def sync_run(client, run_id: str, records: list[dict], known: dict[str, float] | None = None) -> int:
     """Log every JSONL point missing from the run, then the figures ``known`` before launch (the
     headline metrics first: jobs/cell_run.view_order); returns how many points were added."""
     from mlflow.entities import Metric, RunTag
 
-    wanted: dict[tuple[str, int], float] = {}
-    stamps_ms: dict[tuple[str, int], int] = {}  # system samples keep the time they were taken
-    tags: dict[str, str] = {}
-    status: str | None = None
-    error: str | None = None
-    end_s: float | None = None
-    for rec in records:
-        kind = rec.get("kind")
-        if kind == "step":
-            for key, value in rec.items():
-                if key not in STEP_KEYS_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    wanted[(key, int(rec["step"]))] = float(value)
-        elif kind == "summary":
-            for key, value in rec.items():
-                if key not in STEP_KEYS_SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    wanted[(key, 0)] = float(value)
-        elif kind == "system":  # the job's own GPUs, sampled during the window (step: sample index)
-            for key, value in rec.items():
-                if key.startswith("system/") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    wanted[(key, int(rec["step"]))] = float(value)
-                    stamps_ms[(key, int(rec["step"]))] = int(float(rec.get("time", time.time())) * 1000)
-        elif kind == "tags":
-            tags.update({k: str(v) for k, v in rec.items() if k != "kind"})
-        elif kind == "status":
-            status, error, end_s = rec.get("status"), rec.get("error"), rec.get("time")
+    want = replay(records)
     for key, value in (known or {}).items():
-        wanted.setdefault((key, 0), float(value))
+        want.points.setdefault((key, 0), float(value))
     have: set[tuple[str, int]] = set()
-    for key in {k for k, _ in wanted}:
+    for key in {k for k, _ in want.points}:
         have.update((key, m.step) for m in client.get_metric_history(run_id, key))
     now_ms = int(time.time() * 1000)
-    missing = [Metric(k, v, stamps_ms.get((k, s), now_ms), s) for (k, s), v in
-               sorted(wanted.items(), key=lambda item: (cell_run.view_order(item[0][0]), item[0]))
+    missing = [Metric(k, v, want.stamps_ms.get((k, s), now_ms), s) for (k, s), v in
+               sorted(want.points.items(), key=lambda item: (cell_run.view_order(item[0][0]), item[0]))
                if (k, s) not in have]
     for i in range(0, len(missing), METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=missing[i : i + METRICS_PER_BATCH])
     run = client.get_run(run_id)
-    if error:
-        tags["error"] = error
-    new_tags = [RunTag(k, v[:TAG_MAX_CHARS]) for k, v in tags.items() if run.data.tags.get(k) != v[:TAG_MAX_CHARS]]
+    new_tags = [RunTag(k, v[:TAG_MAX_CHARS]) for k, v in want.tags.items()
+                if run.data.tags.get(k) != v[:TAG_MAX_CHARS]]
     if new_tags:
         client.log_batch(run_id, tags=new_tags)
-    if status and run.info.status == "RUNNING":  # it ends when its job wrote that it ended
-        client.set_terminated(run_id, status, end_time=int(1000 * (end_s or time.time())))
+    if want.status and run.info.status == "RUNNING":  # it ends when its job wrote that it ended
+        client.set_terminated(run_id, want.status, end_time=int(1000 * (want.end_s or time.time())))
     return len(missing)
 
 
