@@ -781,7 +781,7 @@ cmd_down() {
         log "stopped in $((SECONDS - t0))s"
     fi
     if ((PURGE)); then
-        rm -rf "$ETC" "$MUNGE_DIR" "$NS_DIR" "$RUN" "$PIDS" "$LOGS" "$STATE" "$SPOOL" "$DB_DATA" "$DB_TMP"
+        rm -rf "$ETC" "$MUNGE_DIR" "$NS_DIR" "$RUN" "$PIDS" "$LOGS" "$STATE" "$SPOOL" "$DB_DATA" "$DB_TMP" "$DIR/oci-state"
         rm -f "$MARKER" "$DIR/.lock"
         rmdir "$DIR" 2>/dev/null || true
         log "purged $DIR (state, accounting database, logs)"

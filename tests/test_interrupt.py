@@ -24,12 +24,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SWEEP = [*FAST, "nodes=2", "comm_probe_steps=0"]
 
 
+def as_a_terminal_starts_it() -> None:
+    """The child's SIGINT as in a terminal's foreground job: a suite started in the background by a
+    shell without job control ignores SIGINT, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
     """The launcher as a terminal starts it: in a process group of its own, whose leader it is."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), MLFLOW_DISABLE_TELEMETRY="true")
     cmd = [sys.executable, "-m", "launcher", "-m", *SWEEP, f"output_root={tmp_path / 'out'}", *overrides]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            process_group=0)
+                            process_group=0, preexec_fn=as_a_terminal_starts_it)
 
 
 def sweep_dir(tmp_path: Path) -> Path:
@@ -225,7 +231,8 @@ def test_ctrl_c_while_waiting_for_slurm_stops_waiting_only(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "launcher", *FAST, "cluster=slurm", "cluster.timeout_min=10", "steps=4000", "wait=true",
            f"output_root={tmp_path}", f"sweep_dir={sweep}"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0,
+                            preexec_fn=as_a_terminal_starts_it)
     lines = []
     for line in proc.stdout:  # the launcher waits once it says how to follow the jobs
         lines.append(line)

@@ -366,7 +366,8 @@ def test_cancel_mid_sweep_is_one_thing_everywhere(tmp_path, capsys):
     # Every path reaches the one finishing step: sync settles the runs, writes the report, closes the parent.
     assert sync.main([state.sweep_dir]) == 0
     runs = {r.info.run_id: r for r in client.search_runs([state.experiment_id])}
-    kept, killed, parent = runs[quick.run_id], runs[slow.run_id], runs[state.parent_run_id]
+    final = SweepState.load(state.sweep_dir)  # the cancelled cell's run was created by --cancel, at its job's start
+    kept, killed, parent = (runs[final.cells[0].run_id], runs[final.cells[1].run_id], runs[state.parent_run_id])
     print(f"MLflow: {kept.info.status} {kept.data.tags.get('cell')}; {killed.info.status} "
           f"cancel_reason={killed.data.tags.get('cancel_reason')!r}; parent {parent.info.status}")
     assert killed.info.status == "KILLED" and killed.data.tags["cancel_reason"] == "cancelled by launcher.status --cancel"
