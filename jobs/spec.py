@@ -321,6 +321,10 @@ class ModelSpec:
                               "model.pretrained_path.",
                               f"add {unset}" + (" 'model.config={}'" if self.config else "")
                               + " (the shipped model=hf sets model.arch and a tiny model.config).")
+        if "model_type" in self.config:
+            raise ConfigError("model.config.model_type", self.config["model_type"], "the architecture is "
+                              "model.arch: model.config holds the settings of its config class.",
+                              f"set model.arch={self.config['model_type']} and drop model.config.model_type.")
         if self.config and not self.arch:
             raise ConfigError("model.config", dict(self.config), f"model.config overrides apply to model.arch; with "
                               f"model.{sources[0]} the directory's config.json is used as is.",

@@ -84,6 +84,7 @@ CORPUS = [
     (["model=custom", "model.target=os.path.join"], "os.path.join", "nn.Module"),
     (["model=custom", "model._target_=os.path.join"], "os.path.join", "nn.Module"),
     (["cluster=slurm", "cluster.container.runtime=pyxis"], "cluster.container.image", "worker image"),
+    (["model=hf", "+model.config.model_type=llama"], "model.config.model_type", "set model.arch=llama"),
     (["cluster=slurm", "cluster.container.runtime=oci", "cluster.container.image=/nonexistent/bundle"],
      "is not an OCI bundle", "scripts/oci-bundle"),
     (["-m", "cluster=local,slurm"], "cluster differs", "separate commands"),
