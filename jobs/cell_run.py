@@ -48,17 +48,11 @@ def run_id(cell_dir: Path) -> str | None:
     return (path.read_text().strip() or None) if path.exists() else None
 
 
-def job_times_s(records: Iterable[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """(the job's first start, its last end) in epoch seconds, from its metrics.jsonl records; None
-    where the job left no such record (never started; killed before it could write its end)."""
-    start_s = end_s = None
-    for rec in records:
-        kind = rec.get("kind")
-        if kind == "start" and start_s is None:
-            start_s = float(rec["time"])
-        elif kind == "status" and rec.get("time") is not None:
-            end_s = float(rec["time"])
-    return start_s, end_s
+def end_s(records: Iterable[dict[str, Any]]) -> float | None:
+    """The job's last end in epoch seconds, from its metrics.jsonl records; None where it left none
+    (never started; killed before it could write its end)."""
+    ends = [float(rec["time"]) for rec in records if rec.get("kind") == "status" and rec.get("time") is not None]
+    return ends[-1] if ends else None
 
 
 def first_start_s(metrics_file: Path) -> float | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.cell_run import RUN_ID_FILE
+from jobs import cell_run
 from jobs.codec import from_plain, to_plain
 from jobs.spec import Layout, RunSpec
 from launcher.plan.grid import Cell, model_label
@@ -232,9 +232,7 @@ class SweepState:
                             "(or restore it from a copy).", dict)
             self.experiment_id, self.parent_run_id = ids.get("experiment_id"), ids.get("parent_run_id")
         for cell in self.cells:
-            run_file = self.cell_dir(cell) / RUN_ID_FILE
-            if not cell.run_id and run_file.exists():
-                cell.run_id = run_file.read_text().strip() or None
+            cell.run_id = cell.run_id or cell_run.run_id(self.cell_dir(cell))
 
     def save_runs(self) -> None:
         (self.path / RUNS_FILE).write_text(json.dumps({"experiment_id": self.experiment_id,

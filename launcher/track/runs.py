@@ -262,8 +262,8 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
         missing = [c for c in state.cells if not c.run_id]
         if state.parent_run_id and not missing:
             return 0
-        opened = [c for c in missing if job_start_s(state, c) is not None]
-        if state.parent_run_id and not opened and all(cell_run.has_template(state.cell_dir(c)) for c in missing):
+        starts_s = {c.index: s for c in missing if (s := job_start_s(state, c)) is not None}
+        if state.parent_run_id and not starts_s and all(cell_run.has_template(state.cell_dir(c)) for c in missing):
             return 0  # nothing new: no MLflow call at all (a status of a queued sweep stays quick)
         tracker = tracking.SweepTracker(state.tracking_uri, state.experiment or "ddp-vs-fsdp")
         code = tracking.code_provenance()
@@ -277,8 +277,9 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
         for cell in missing:
             if not cell_run.has_template(state.cell_dir(cell)):
                 write_template(state, cell, code)
+        opened = [c for c in missing if c.index in starts_s]
         for cell in opened:
-            cell.run_id = cell_run.open_run(tracker.client, state.cell_dir(cell), job_start_s(state, cell) or time.time())
+            cell.run_id = cell_run.open_run(tracker.client, state.cell_dir(cell), starts_s[cell.index])
         return len(opened)
 
 
@@ -308,7 +309,7 @@ def job_end_s(state: SweepState, cell: CellState) -> float:
     """When the cell's job ended: its rank 0's end record; for a job killed before writing it, the
     last sign of life of any of its ranks (records, heartbeats); else when it was submitted."""
     cell_dir = state.cell_dir(cell)
-    _, ended = cell_run.job_times_s(read_records(cell_dir / cell_run.METRICS_FILE))
+    ended = cell_run.end_s(read_records(cell_dir / cell_run.METRICS_FILE))
     if ended is not None:
         return ended
     touched = [p.stat().st_mtime for p in (cell_dir / cell_run.METRICS_FILE, *cell_dir.glob("ranks/rank*.json"))

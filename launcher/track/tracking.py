@@ -14,7 +14,6 @@ from typing import Any
 from jobs import mlflow_client
 from jobs.mlflow_client import TAG_MAX_CHARS
 from launcher.masking import mask
-from launcher.state import MLFLOW_STATUS, CellStatus
 
 mlflow_client.set_defaults()  # before anything imports MLflow
 
@@ -125,47 +124,6 @@ class SweepTracker:
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags},
                                      start_time=int(start_s * 1000))
         return run.info.run_id
-
-
-def reconcile(uri: str, run_id: str, status: CellStatus, error: str | None = None,
-              tags: dict[str, str] | None = None) -> None:
-    """Make a child run's status agree with its cell's: a killed rank cannot report itself."""
-    if not status.terminal:
-        return
-    wanted = MLFLOW_STATUS[status]
-    client = mlflow_client.client(uri)
-    run = client.get_run(run_id)
-    wanted_tags = dict(tags or {})
-    if error and wanted != "FINISHED":
-        # The launcher's first-failure analysis (which rank died first, and where) replaces what a
-        # surviving rank saw, often only "connection closed by peer".
-        wanted_tags["error"] = error
-    for key, value in wanted_tags.items():
-        if run.data.tags.get(key) != value[:TAG_MAX_CHARS]:
-            client.set_tag(run_id, key, value[:TAG_MAX_CHARS])
-    if run.info.status == "RUNNING" or (wanted != "FINISHED" and run.info.status != wanted):
-        client.set_terminated(run_id, wanted)
-
-
-def reconcile_children(uri: str, experiment_id: str, parent_run_id: str, cells: Sequence[Any]) -> int:
-    """Every finished cell's run status, settled with one paged search instead of a call per run:
-    runs created after their cell had ended (a large sweep's background creation) are still RUNNING.
-    Returns how many runs were changed."""
-    client = mlflow_client.client(uri)
-    by_id = {c.run_id: c for c in cells if c.run_id and c.status.terminal}
-    changed, token = 0, None
-    while True:
-        page = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
-                                  max_results=1000, page_token=token)
-        for run in page:
-            cell = by_id.get(run.info.run_id)
-            if cell is not None and run.info.status == "RUNNING":
-                reconcile(uri, run.info.run_id, cell.status, cell.error,
-                          {"failure_class": cell.failure_class} if cell.failure_class else None)
-                changed += 1
-        token = page.token
-        if not token:
-            return changed
 
 
 def end_parent(uri: str, run_id: str, status: str, tags: dict[str, str]) -> None:
