@@ -18,11 +18,16 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# Field metadata for a value that lives in memory only: ``to_plain`` leaves it out, so it is never
+# written (a planned cell's whole resolved configuration, which its own spec.json keeps).
+TRANSIENT = {"transient": True}
+
 
 def to_plain(obj: Any) -> Any:
     """A dataclass tree as dicts, lists and scalars (enums by value)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not f.metadata.get("transient")}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, dict):
@@ -69,7 +74,7 @@ def _build(tp: Any, data: Any, where: str) -> Any:
         if not isinstance(data, dict):
             raise TypeError(f"{where}: expected a mapping for {tp.__name__}, got {type(data).__name__}")
         hints = _hints(tp)
-        names = {f.name for f in dataclasses.fields(tp) if f.init}
+        names = {f.name for f in dataclasses.fields(tp) if f.init and not f.metadata.get("transient")}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} for {tp.__name__}")

@@ -110,9 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if plan_only:
         from launcher import preview
         from launcher.cluster.backends import backend_for
-        from launcher.state import cell_state
 
-        size = backend_for(cells[0].config.cluster.name.value).max_array_size([cell_state(c) for c in cells])
+        size = backend_for(cells[0].cluster.name.value).max_array_size(cells)
         print(preview.render(cells, predicted, size))
         return 0
 

@@ -21,7 +21,8 @@ from jobs.codec import to_plain
 from jobs.spec import ConfigError, ModelSpec
 from launcher.cluster import memlimit
 from launcher.plan import fit, fitcache
-from launcher.plan.grid import Cell, SweepError
+from launcher.plan.cell import Cell
+from launcher.plan.grid import SweepError
 from launcher.plan.schema import ClusterKind, Config
 from launcher.track.tracking import check_reachable, default_uri
 
@@ -33,7 +34,7 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     _local_gpus(cells, errors)
     _local_memory(cells, errors)
     _refuse(errors)
-    if cells[0].config.cluster.name is ClusterKind.slurm:
+    if cells[0].cluster.name is ClusterKind.slurm:
         from launcher.cluster.slurm_commands import check_partitions
 
         errors += check_partitions(cells)  # also resolves cluster.gpu_mem_gib from the partition's GPU type
@@ -117,7 +118,7 @@ def parse_gpu_query(text: str) -> list[tuple[str, float]]:
 
 def _local_gpus(cells: list[Cell], errors: list[str]) -> None:
     wanted = max((c.layout.gpus_per_node * c.layout.nodes for c in cells
-                  if c.config.cluster.name is ClusterKind.local), default=0)
+                  if c.cluster.name is ClusterKind.local), default=0)
     if not wanted:
         return
     found = visible_gpus()
@@ -128,14 +129,14 @@ def _local_gpus(cells: list[Cell], errors: list[str]) -> None:
                       f"ranks.")
         return
     for cell in cells:  # fit is checked against the smallest GPU the cell may get
-        if cell.config.cluster.name is ClusterKind.local and cell.layout.gpus_per_node \
-                and cell.config.cluster.gpu_mem_gib is None:
-            cell.config.cluster.gpu_mem_gib = round(min(gib for _, gib in found), 1)
+        if cell.cluster.name is ClusterKind.local and cell.layout.gpus_per_node \
+                and cell.cluster.gpu_mem_gib is None:
+            cell.cluster.gpu_mem_gib = round(min(gib for _, gib in found), 1)
 
 
 def _local_memory(cells: list[Cell], errors: list[str]) -> None:
     """cluster.mem_gb on the local cluster is a memory cgroup per cell: refused where none can be made."""
-    if not any(c.config.cluster.name is ClusterKind.local and c.config.cluster.mem_gb for c in cells):
+    if not any(c.cluster.name is ClusterKind.local and c.cluster.mem_gb for c in cells):
         return
     problem = memlimit.problem()
     if problem:
@@ -148,7 +149,7 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
     """A GPU cell whose parameters, gradients, optimizer state and activation estimate exceed its GPU
     memory (cluster.gpu_mem_gib, or else what its GPU type holds) is refused, unless allow_oom=true."""
     for cell in cells:
-        limit_gib = cell.config.cluster.gpu_mem_gib
+        limit_gib = cell.cluster.gpu_mem_gib
         state = predicted.get(cell.index)
         if not limit_gib or state is None or cell.config.allow_oom or not cell.layout.gpus_per_node:
             continue

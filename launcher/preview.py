@@ -7,8 +7,7 @@ from pathlib import Path
 
 from launcher.cluster.backends import backend_for
 from launcher.plan import fit
-from launcher.plan.grid import Cell
-from launcher.state import cell_state
+from launcher.plan.cell import Cell
 
 
 def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_size: int | None = None) -> str:
@@ -22,7 +21,7 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
              "grads/rank | optimizer/rank | state/rank | activations/rank (est.) | GPU mem |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in cells:
-        c, lay, state = cell.config.cluster, cell.layout, predicted.get(cell.index)
+        c, lay, state = cell.cluster, cell.layout, predicted.get(cell.index)
         figures = ([f"{state.param_count:,}", fit.human(state.params), fit.human(state.grads),
                     fit.human(state.optimizer), fit.human(state.total),
                     fit.human(state.activations) if state.activations is not None else "-"]
@@ -30,7 +29,7 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
         gpu_mem = f"{c.gpu_mem_gib:g} GiB" if c.gpu_mem_gib and lay.gpus_per_node else "-"
         lines.append(f"| {cell.index} | {cell.name} | {lay.nodes} x {lay.tasks_per_node} | {lay.gpus_per_node} | "
                      f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + f" | {gpu_mem} |")
-    unchecked = [cell.name for cell in cells if cell.layout.gpus_per_node and not cell.config.cluster.gpu_mem_gib]
+    unchecked = [cell.name for cell in cells if cell.layout.gpus_per_node and not cell.cluster.gpu_mem_gib]
     if unchecked:
         lines += ["", f"fit not checked for {len(unchecked)} GPU cell(s): their GPU memory is unknown. Set "
                       "cluster.gpu_mem_gib, or cluster.gpu_type to a known GPU model (e.g. h100)."]
@@ -39,5 +38,5 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
 
 def _submissions(cells: list[Cell], max_array_size: int | None) -> list[str]:
     folder = Path(cells[0].config.output_root).resolve() / "<sweep>" / "submitit"
-    backend = backend_for(cells[0].config.cluster.name.value)
-    return backend.describe_submission([cell_state(c) for c in cells], folder, max_array_size)
+    backend = backend_for(cells[0].cluster.name.value)
+    return backend.describe_submission(cells, folder, max_array_size)

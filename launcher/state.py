@@ -8,7 +8,6 @@ sweep, and a document from another version is either read or refused with what t
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import socket
@@ -18,9 +17,8 @@ from typing import Any
 
 from jobs import cell_run
 from jobs.codec import from_plain, to_plain
-from jobs.spec import Layout, RunSpec
-from launcher.plan.grid import Cell, model_label
-from launcher.plan.schema import ClusterConfig
+from jobs.spec import RunSpec
+from launcher.plan.cell import Cell, CellStatus
 
 STATE_FILE = "sweep.json"
 SPEC_FILE = "spec.json"
@@ -35,20 +33,6 @@ VERSION = 2
 
 class StateError(Exception):
     """A sweep directory that cannot be read; the message says what to do."""
-
-
-class CellStatus(str, enum.Enum):
-    planned = "planned"  # in the document, not submitted yet
-    pending = "pending"  # submitted, waiting in the queue (or requeued)
-    running = "running"
-    done = "done"  # the job ended and left a result
-    failed = "failed"
-    cancelled = "cancelled"
-    lost = "lost"  # submitted, but neither the queue nor accounting knows the job any more
-
-    @property
-    def terminal(self) -> bool:
-        return self in (CellStatus.done, CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
 
 
 # The one Slurm -> cell status table (sacct/squeue State, first word, without "+").
@@ -113,50 +97,6 @@ def slurm_status(state: str) -> CellStatus:
 
 
 @dataclass
-class CellState:
-    index: int
-    name: str  # e.g. "strategy=fsdp nodes=2"
-    dirname: str  # e.g. "01-strategy_fsdp-nodes_2"
-    overrides: list[str]
-    strategy: str
-    precision: str
-    model: str
-    cluster: ClusterConfig  # this cell's own resolved cluster settings
-    layout: Layout  # nodes, tasks and cores it runs on
-    run: int = 1  # which independent launch of its grid point (1..runs)
-    job_id: str | None = None
-    run_id: str | None = None
-    status: CellStatus = CellStatus.planned
-    error: str | None = None
-    failure_class: str | None = None
-    interference: str | None = None  # what else its measurement saw (launcher/cluster/colocation.py)
-    predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
-    predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)
-    resubmits: int = 0
-    submitted_at: float | None = None  # epoch seconds of the latest submission
-    # Slurm's requeues of the current job (node failure, preemption), from its accounting records,
-    # and what ended each earlier start ("NODE_FAIL on node[1-2]").
-    restarts: int = 0
-    history: list[str] = field(default_factory=list)
-
-    @property
-    def nodes(self) -> int:
-        return self.layout.nodes
-
-    @property
-    def world_size(self) -> int:
-        return self.layout.world_size
-
-
-def cell_state(cell: Cell) -> CellState:
-    """The cell as the sweep document keeps it: name, directory, its own cluster settings and layout."""
-    cfg = cell.config
-    return CellState(index=cell.index, name=cell.name, dirname=cell.dirname, overrides=cell.overrides,
-                     strategy=cfg.strategy.label, precision=cfg.precision.name.value, model=model_label(cfg),
-                     cluster=cfg.cluster, layout=cell.layout, run=cell.run)
-
-
-@dataclass
 class SweepState:
     name: str
     sweep_dir: str
@@ -166,7 +106,7 @@ class SweepState:
     experiment: str | None = None
     experiment_id: str | None = None
     parent_run_id: str | None = None
-    cells: list[CellState] = field(default_factory=list)
+    cells: list[Cell] = field(default_factory=list)
     # "host:pid" of the process that last submitted cells: a planned cell whose submitter is gone
     # will never be submitted (launcher/track/reconcile.py says so instead of leaving it planned).
     submitter: str | None = None
@@ -178,7 +118,7 @@ class SweepState:
     def path(self) -> Path:
         return Path(self.sweep_dir)
 
-    def cell_dir(self, cell: CellState) -> Path:
+    def cell_dir(self, cell: Cell) -> Path:
         return self.path / "cells" / cell.dirname
 
     def save(self) -> None:
@@ -215,7 +155,7 @@ class SweepState:
                              f"{type(exc).__name__}: {exc}). Fix: {DOCUMENT_FIX}") from exc
         # Where the document is now: a sweep directory copied or moved elsewhere works in its new place.
         state.sweep_dir = str(Path(sweep_dir).resolve())
-        if not state.cells or not all(isinstance(c, CellState) for c in state.cells):
+        if not state.cells or not all(isinstance(c, Cell) for c in state.cells):
             raise StateError(f"{path} is not a readable sweep document (it lists no cells). Fix: {DOCUMENT_FIX}")
         if not (state.path / "cells").is_dir():
             raise StateError(f"{state.path / 'cells'} is missing: the cells' specs, results and records are gone "
@@ -238,13 +178,13 @@ class SweepState:
         (self.path / RUNS_FILE).write_text(json.dumps({"experiment_id": self.experiment_id,
                                                        "parent_run_id": self.parent_run_id}))
 
-    def save_spec(self, cell: CellState, spec: RunSpec) -> None:
+    def save_spec(self, cell: Cell, spec: RunSpec) -> None:
         d = self.cell_dir(cell)
         d.mkdir(parents=True, exist_ok=True)
         (d / SPEC_FILE).write_text(json.dumps(to_plain(spec), indent=1))
         self._specs()[cell.index] = spec
 
-    def load_spec(self, cell: CellState) -> RunSpec:
+    def load_spec(self, cell: Cell) -> RunSpec:
         """The cell's RunSpec: the one this process wrote, or read back from its spec.json."""
         specs = self._specs()
         if cell.index not in specs:
@@ -257,7 +197,7 @@ class SweepState:
                 raise StateError(f"{path} is not a readable spec ({type(exc).__name__}: {exc}). Fix: {fix}") from exc
         return specs[cell.index]
 
-    def read_result(self, cell: CellState) -> dict:
+    def read_result(self, cell: Cell) -> dict:
         """The cell's result.json ({} when it has none); a damaged one is an error, never an empty result."""
         path = self.cell_dir(cell) / "result.json"
         if not path.exists():

@@ -18,8 +18,9 @@ from launcher.cli import guarded
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER
 from launcher.cluster.failures import describe
+from launcher.plan.cell import Cell, CellStatus
 from launcher.report import report
-from launcher.state import CellState, CellStatus, StateError, SweepState
+from launcher.state import StateError, SweepState
 from launcher.track.reconcile import refresh
 from launcher.track.runs import ensure_runs, finish_cell
 from launcher.track.tracking import reopen
@@ -74,7 +75,7 @@ def wait(state: SweepState, poll_s: float = 2.0, timeout_s: float | None = None,
         time.sleep(poll_s)
 
 
-def cancel(state: SweepState) -> list[CellState]:
+def cancel(state: SweepState) -> list[Cell]:
     """Cancel every unfinished cell and record the decision: its status is cancelled at once, so no
     cell waits for an accounting record that a never-started array task does not get."""
     refresh(state)
@@ -90,7 +91,7 @@ def cancel(state: SweepState) -> list[CellState]:
 RESUBMITTED = (CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
 
 
-def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RESUBMITTED) -> list[CellState]:
+def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RESUBMITTED) -> list[Cell]:
     """Submit again the cells in ``which`` statuses, each with its own settings, into the same runs.
     Slurm's view is read first: a cell that finished (a requeued job that completed included) or
     that Slurm still runs or has requeued is never submitted again (:func:`skipped`)."""
@@ -105,7 +106,7 @@ def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RESUBMITTED) -> 
     return again
 
 
-def skipped(state: SweepState, resubmitted: list[CellState]) -> list[str]:
+def skipped(state: SweepState, resubmitted: list[Cell]) -> list[str]:
     """Why each cell that --resubmit-failed left alone was left alone, one line each (done cells are
     counted, not listed)."""
     chosen = {c.index for c in resubmitted}
@@ -128,7 +129,7 @@ def skipped(state: SweepState, resubmitted: list[CellState]) -> list[str]:
     return lines
 
 
-def resubmit_flagged(state: SweepState) -> list[CellState]:
+def resubmit_flagged(state: SweepState) -> list[Cell]:
     """Run again, on whole nodes, the finished cells that measured something else too. Each one's
     previous outputs move to ``attempt-<n>/`` in its directory, and it gets a new MLflow run: the old
     one keeps its numbers and its ``interference`` tag."""
@@ -147,7 +148,7 @@ def resubmit_flagged(state: SweepState) -> list[CellState]:
     return flagged
 
 
-def _rerun_ended(state: SweepState, cell: CellState) -> None:
+def _rerun_ended(state: SweepState, cell: Cell) -> None:
     ensure_runs(state)
     finish_cell(state, cell)
 

@@ -19,9 +19,10 @@ from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.cluster.interrupt import Interrupts, stop_waiting
 from launcher.masking import mask
 from launcher.plan import fit
-from launcher.plan.grid import Cell, SweepError, run_spec
+from launcher.plan.cell import Cell, CellStatus
+from launcher.plan.grid import SweepError, run_spec
 from launcher.report import report
-from launcher.state import STATE_FILE, CellState, CellStatus, StateError, SweepState, cell_state, this_process
+from launcher.state import STATE_FILE, StateError, SweepState, this_process
 from launcher.track import tracking
 
 
@@ -79,19 +80,19 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
                        submitter=this_process())
     if cfg.tracking.enabled:
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
-    state.cells = [cell_state(cell) for cell in cells]
-    for cs in state.cells:
-        state_bytes = (predicted or {}).get(cs.index)
+    state.cells = list(cells)
+    for cell in state.cells:
+        state_bytes = (predicted or {}).get(cell.index)
         if state_bytes is not None:
-            cs.predicted_state_bytes = state_bytes.total
-            cs.predicted_activation_bytes = state_bytes.activations
+            cell.predicted_state_bytes = state_bytes.total
+            cell.predicted_activation_bytes = state_bytes.activations
     # Cells run in the foreground log no MLflow from their ranks: the launcher waits for each cell
     # anyway and logs its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import
     # on rank 0). Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.
     worker_uri = backend_for(state.cluster).worker_tracking_uri(state)
-    for cs, cell in zip(state.cells, cells, strict=True):
-        state.save_spec(cs, run_spec(cell, sweep_dir, worker_uri, None))
-        write_resolved_config(state.cell_dir(cs) / "config.yaml", cell)
+    for cell in state.cells:
+        state.save_spec(cell, run_spec(cell, sweep_dir, worker_uri, None))
+        write_resolved_config(state.cell_dir(cell) / "config.yaml", cell)
     state.save()
     return state
 
@@ -113,11 +114,12 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
     by_name = {cell.name: cell for cell in cells}
     worker_uri = backend_for(state.cluster).worker_tracking_uri(state)
     for cs in again:
+        planned = by_name[cs.name]
         cs.status, cs.job_id, cs.error, cs.failure_class = CellStatus.planned, None, None, None
         # The command's settings now (a cluster.* setting fixed after sbatch refused it, say).
-        cs.cluster, cs.layout = by_name[cs.name].config.cluster, by_name[cs.name].layout
-        state.save_spec(cs, run_spec(by_name[cs.name], sweep_dir, worker_uri, None))
-        write_resolved_config(state.cell_dir(cs) / "config.yaml", by_name[cs.name])
+        cs.cluster, cs.layout, cs.resolved = planned.cluster, planned.layout, planned.resolved
+        state.save_spec(cs, run_spec(cs, sweep_dir, worker_uri, None))
+        write_resolved_config(state.cell_dir(cs) / "config.yaml", cs)
         if state.tracking_uri and cs.run_id:
             tracking.reopen(state.tracking_uri, cs.run_id)
     state.save()
@@ -186,7 +188,7 @@ def _create_runs(state: SweepState) -> None:
               file=sys.stderr, flush=True)
 
 
-def _cell_ended(state: SweepState, cell: CellState) -> None:
+def _cell_ended(state: SweepState, cell: Cell) -> None:
     """After each cell run in the foreground: its one-line result, then its MLflow run created (at its
     job's start) and brought up to date, while nothing runs, so the work never lands in a measurement."""
     if not (cell.error or "").startswith(submit.NOT_STARTED):  # cells an interrupt never started: no line
@@ -226,7 +228,7 @@ def _stopped_waiting(state: SweepState) -> int:
     return 130
 
 
-def progress_line(state: SweepState, cell: CellState) -> str:
+def progress_line(state: SweepState, cell: Cell) -> str:
     """``done: 98.2 samples/s, step p50 81.3 ms`` or ``failed: <first failure>``."""
     if cell.status is not CellStatus.done:
         return f"{cell.status.value}: {cell.error or '-'}"

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from jobs.spec import Layout
+from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig
 from launcher.report import compare, report
-from launcher.state import CellState, CellStatus, SweepState
+from launcher.state import SweepState
 
 GRID = [("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)]
 
@@ -25,7 +26,7 @@ def make_sweep(root: Path, name: str, results: dict, where: str = "/runs", runs:
         for strategy, nodes in GRID:
             i = len(state.cells)
             cell_name = f"strategy={strategy} nodes={nodes}" + (f" run={run}" if runs > 1 else "")
-            cell = CellState(index=i, name=cell_name, dirname=f"{i:02d}-{strategy}-{nodes}-{run}",
+            cell = Cell(index=i, name=cell_name, dirname=f"{i:02d}-{strategy}-{nodes}-{run}",
                              overrides=[f"strategy={strategy}", f"nodes={nodes}", "model=gpt_tiny", "batch_size=4",
                                         f"output_root={where}", f"sweep_dir={where}/{name}"],
                              strategy=strategy, precision="fp32", model="gpt_tiny", cluster=ClusterConfig(),

@@ -6,7 +6,6 @@ from jobs.spec import InputKind, Precision, Sharding, Strategy
 from launcher.__main__ import main
 from launcher.cluster import submit
 from launcher.plan.grid import CONF_DIR, SweepError, compose, expand, plan, search_path
-from launcher.state import cell_state
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
 # Options that need more than their own file to be valid (refused on CPU, or need a node count).
@@ -51,7 +50,30 @@ def test_grid_expansion_and_resources_per_point():
                                        "strategy=fsdp nodes=1", "strategy=fsdp nodes=2"]
     assert [c.layout.world_size for c in cells] == [2, 4, 2, 4]
     # two resource shapes -> two job arrays on Slurm
-    assert len(submit.groups([cell_state(c) for c in cells], None)) == 2
+    assert len(submit.groups(cells, None)) == 2
+
+
+def test_one_record_per_cell_from_planning_to_the_sweep_document(tmp_path):
+    """The cell planning makes is the cell the sweep document keeps and tracks: no conversion, every
+    planned field read back equal, and only the whole resolved config left out of sweep.json (its
+    spec.json keeps it); a cell read back says so when asked for it."""
+    import json
+
+    from launcher.plan.cell import Cell, NotPlannedHere
+    from launcher.state import STATE_FILE, SweepState
+
+    points, swept = expand(["strategy=ddp,fsdp", "nodes=1,2", "cluster.tasks_per_node=2", "runs=1"], multirun=True)
+    cells = plan(compose(points, swept))
+    assert all(type(c) is Cell and c.cluster is c.config.cluster for c in cells)
+    (tmp_path / "cells").mkdir()
+    state = SweepState(name="s", sweep_dir=str(tmp_path), cluster="local", argv=[], cells=cells)
+    state.save()
+    assert "resolved" not in json.loads((tmp_path / STATE_FILE).read_text())["cells"][0]
+    back = SweepState.load(tmp_path).cells
+    assert back == cells and [c.strategy for c in back] == ["ddp", "ddp", "fsdp", "fsdp"]
+    assert [c.layout.world_size for c in back] == [2, 4, 2, 4] and back[3].cluster == cells[3].cluster
+    with pytest.raises(NotPlannedHere, match="spec.json"):
+        back[0].config  # noqa: B018 - the property is what raises
 
 
 def test_runs_are_independent_launches_interleaved_over_the_sweep():
@@ -63,8 +85,8 @@ def test_runs_are_independent_launches_interleaved_over_the_sweep():
     assert [c.name for c in cells] == [f"strategy={s} run={r}" for r in (1, 2, 3) for s in ("ddp", "fsdp")]
     assert [c.run for c in cells] == [1, 1, 2, 2, 3, 3] and len({c.dirname for c in cells}) == 6
     assert cells[0].config == cells[2].config == cells[4].config  # the same configuration, launched 3 times
-    (group,) = submit.groups([cell_state(c) for c in cells], None)
-    assert len(group) == 6 and [cell_state(c).run for c in cells] == [1, 1, 2, 2, 3, 3]
+    (group,) = submit.groups(cells, None)
+    assert len(group) == 6 and [c.run for c in cells] == [1, 1, 2, 2, 3, 3]
     with pytest.raises(SweepError, match="runs"):
         plan(compose(*expand(["strategy=ddp,ddp"], multirun=True)))
     with pytest.raises(SweepError, match="runs=3"):

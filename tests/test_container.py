@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from launcher.__main__ import main
-from launcher.state import CellStatus, SweepState
+from launcher.plan.cell import CellStatus
+from launcher.state import SweepState
 from tests.conftest import FAST
 
 pytestmark = pytest.mark.slow

@@ -138,6 +138,16 @@ def _jobs_module_names() -> set[str]:
         p.name for p in (ROOT / "jobs").iterdir() if (p / "__init__.py").exists()}
 
 
+def test_one_record_per_cell():
+    """A cell is one class from planning to its last status (launcher/plan/cell.py): no other class in
+    the launcher declares a cell's name and directory, so there is no second record to convert into."""
+    declaring = sorted(f"{path.relative_to(ROOT)}:{node.name}" for path in (ROOT / "launcher").rglob("*.py")
+                       for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+                       and {"name", "dirname"} <= {s.target.id for s in node.body
+                                                   if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)})
+    assert declaring == ["launcher/plan/cell.py:Cell"], declaring
+
+
 def test_bench_uses_no_private_name_of_jobs():
     jobs_modules = _jobs_module_names()
     for path in (ROOT / "bench").rglob("*.py"):

@@ -12,7 +12,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from launcher import status
-from launcher.state import CellStatus, SweepState
+from launcher.plan.cell import CellStatus
+from launcher.state import SweepState
 
 pytestmark = pytest.mark.slow
 

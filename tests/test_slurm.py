@@ -17,8 +17,9 @@ from jobs.dist import expand_nodelist
 from launcher import status, sync
 from launcher.__main__ import main
 from launcher.cluster.slurm_commands import max_array_size
+from launcher.plan.cell import CellStatus
 from launcher.report import report
-from launcher.state import CellStatus, SweepState
+from launcher.state import SweepState
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -20,8 +20,9 @@ from launcher.cluster.slurm_commands import (
     parse_states,
 )
 from launcher.cluster.submit import group_key, groups, python_command, slurm_parameters
+from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig, ContainerConfig, ContainerRuntime
-from launcher.state import CellState, CellStatus, SweepState, slurm_status
+from launcher.state import SweepState, slurm_status
 from launcher.track import reconcile
 
 SACCT_STATES = """\
@@ -93,7 +94,7 @@ def test_sacct_times_and_overlap_on_shared_hosts():
 
 
 def _cell(index, **cluster):
-    return CellState(index=index, name=f"c{index}", dirname=f"{index:02d}", overrides=[], strategy="ddp",
+    return Cell(index=index, name=f"c{index}", dirname=f"{index:02d}", overrides=[], strategy="ddp",
                      precision="fp32", model="gpt_tiny", cluster=ClusterConfig(**cluster), layout=Layout())
 
 

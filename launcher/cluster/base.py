@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.state import CellState, SweepState, this_process
+from launcher.plan.cell import Cell
+from launcher.state import SweepState, this_process
 
 if TYPE_CHECKING:
     from launcher.cluster.interrupt import Interrupts
@@ -42,8 +43,8 @@ class Backend(ABC):
     # Whether the ranks log into their MLflow run themselves (so the runs exist before submission).
     ranks_log_to_tracking: bool
 
-    def submit(self, state: SweepState, cells: Sequence[CellState], *,
-               after_each_cell: Callable[[CellState], None] | None = None,
+    def submit(self, state: SweepState, cells: Sequence[Cell], *,
+               after_each_cell: Callable[[Cell], None] | None = None,
                interrupts: Interrupts | None = None) -> None:
         """The one submission path for every run, resume and resubmission of cells; the state is
         saved as jobs get ids. ``after_each_cell`` is called after each cell a foreground backend ran
@@ -55,20 +56,20 @@ class Backend(ABC):
         self._start(state, cells, after_each_cell, interrupts)
 
     @abstractmethod
-    def _start(self, state: SweepState, cells: Sequence[CellState],
-               after_each_cell: Callable[[CellState], None] | None, interrupts: Interrupts | None) -> None:
+    def _start(self, state: SweepState, cells: Sequence[Cell],
+               after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
         """Hand ``cells`` to the cluster, each with its own settings."""
 
     @abstractmethod
-    def max_array_size(self, cells: Sequence[CellState]) -> int | None:
+    def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         """The most cells one submission may hold (None: no limit)."""
 
     @abstractmethod
-    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+    def describe_submission(self, cells: Sequence[Cell], folder: Path, max_array_size: int | None) -> list[str]:
         """How ``cells`` would be submitted (``--plan``), as lines; nothing is submitted or written."""
 
     @abstractmethod
-    def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
+    def update_cells(self, state: SweepState, cells: Sequence[Cell]) -> JobTimes:
         """Move each submitted cell to the state its job is in now; the jobs' start, end and hosts
         where the cluster recorded them (the co-location check reads them)."""
 
@@ -77,11 +78,11 @@ class Backend(ABC):
         """Ask the cluster to stop these jobs (their ranks get their signal, then their grace)."""
 
     @abstractmethod
-    def allocations(self, state: SweepState, cells: Sequence[CellState], times: JobTimes | None) -> list[Allocation]:
+    def allocations(self, state: SweepState, cells: Sequence[Cell], times: JobTimes | None) -> list[Allocation]:
         """Where and when each finished cell ran; ``times`` when the caller has read them already."""
 
     @abstractmethod
-    def job_tags(self, cell: CellState) -> dict[str, str]:
+    def job_tags(self, cell: Cell) -> dict[str, str]:
         """The MLflow tags that name a cell's job in the cluster's own tools."""
 
     @abstractmethod

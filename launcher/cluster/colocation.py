@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import Allocation, JobTimes
-from launcher.state import CellState, CellStatus, SweepState
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import SweepState
 
 # Above this share of its cores' time used by other processes, a cell's numbers are not its own.
 FOREIGN_SHARE_LIMIT = 0.10
@@ -63,11 +64,11 @@ def foreign_use(summary: dict) -> str | None:
     return "; ".join(parts) or None
 
 
-def _summary(state: SweepState, cell: CellState) -> dict:
+def _summary(state: SweepState, cell: Cell) -> dict:
     return state.read_result(cell).get("summary", {})
 
 
-def flag(state: SweepState, times: JobTimes | None = None) -> list[CellState]:
+def flag(state: SweepState, times: JobTimes | None = None) -> list[Cell]:
     """Set ``interference`` on every finished cell that measured something else too; returns them.
     ``times``: the jobs' start, end and hosts when the caller has read them from sacct already."""
     done = [c for c in state.cells if c.status is CellStatus.done]

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from launcher.cluster import submit
 from launcher.cluster.base import Allocation, Backend, JobTimes, alive
 from launcher.cluster.failures import classify, first_failure
-from launcher.state import CellState, CellStatus, SweepState
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import SweepState
 
 if TYPE_CHECKING:
     from launcher.cluster.interrupt import Interrupts
@@ -28,17 +29,17 @@ class LocalBackend(Backend):
     runs_cells_in_foreground = True
     ranks_log_to_tracking = False
 
-    def _start(self, state: SweepState, cells: Sequence[CellState],
-               after_each_cell: Callable[[CellState], None] | None, interrupts: Interrupts | None) -> None:
+    def _start(self, state: SweepState, cells: Sequence[Cell],
+               after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
         submit.run_local(state, cells, after_each_cell, interrupts)
 
-    def max_array_size(self, cells: Sequence[CellState]) -> int | None:
+    def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         return None
 
-    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+    def describe_submission(self, cells: Sequence[Cell], folder: Path, max_array_size: int | None) -> list[str]:
         return [f"local: {len(cells)} job(s), one after another on this machine (submitit LocalExecutor)."]
 
-    def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
+    def update_cells(self, state: SweepState, cells: Sequence[Cell]) -> JobTimes:
         for cell in cells:
             if not cell.status.terminal:
                 _follow(state, cell)
@@ -51,7 +52,7 @@ class LocalBackend(Backend):
             except (OSError, ValueError):
                 pass
 
-    def allocations(self, state: SweepState, cells: Sequence[CellState], times: JobTimes | None) -> list[Allocation]:
+    def allocations(self, state: SweepState, cells: Sequence[Cell], times: JobTimes | None) -> list[Allocation]:
         """Each cell's first step to the moment its result was written, on the hosts its ranks reported."""
         out = []
         for cell in cells:
@@ -65,14 +66,14 @@ class LocalBackend(Backend):
                                       path.stat().st_mtime))
         return out
 
-    def job_tags(self, cell: CellState) -> dict[str, str]:
+    def job_tags(self, cell: Cell) -> dict[str, str]:
         return {}  # a local job id is a pid, which names nothing once the cell has ended
 
     def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
         return f"local:{socket.gethostname()}"
 
 
-def _follow(state: SweepState, cell: CellState) -> None:
+def _follow(state: SweepState, cell: Cell) -> None:
     """A local cell runs in the foreground of its launcher: a result means done; a live process
     running; anything else is a cell whose processes are gone."""
     if (state.cell_dir(cell) / "result.json").exists():

@@ -25,7 +25,8 @@ from launcher.cluster import slurm_commands, submit
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, Backend, JobTimes
 from launcher.cluster.failures import classify, first_failure
 from launcher.cluster.slurm_commands import JobRecord, first_word
-from launcher.state import CellState, CellStatus, SweepState, slurm_status
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import SweepState, slurm_status
 
 if TYPE_CHECKING:
     from launcher.cluster.interrupt import Interrupts
@@ -43,14 +44,14 @@ class SlurmBackend(Backend):
     runs_cells_in_foreground = False
     ranks_log_to_tracking = True
 
-    def _start(self, state: SweepState, cells: Sequence[CellState],
-               after_each_cell: Callable[[CellState], None] | None, interrupts: Interrupts | None) -> None:
+    def _start(self, state: SweepState, cells: Sequence[Cell],
+               after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
         submit.submit_slurm(state, cells, self.max_array_size(cells))
 
-    def max_array_size(self, cells: Sequence[CellState]) -> int | None:
+    def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         return submit.max_array_size_for(cells)
 
-    def describe_submission(self, cells: Sequence[CellState], folder: Path, max_array_size: int | None) -> list[str]:
+    def describe_submission(self, cells: Sequence[Cell], folder: Path, max_array_size: int | None) -> list[str]:
         """Each sbatch call with the script submitit would write for it."""
         calls = submit.groups(cells, max_array_size)
         lines = [f"slurm: {len(calls)} sbatch call(s)" + (f" (arrays split at MaxArraySize {max_array_size})"
@@ -60,7 +61,7 @@ class SlurmBackend(Backend):
                       submit.sbatch_script(group, folder, "<sweep name>").rstrip()]
         return lines
 
-    def update_cells(self, state: SweepState, cells: Sequence[CellState]) -> JobTimes:
+    def update_cells(self, state: SweepState, cells: Sequence[Cell]) -> JobTimes:
         """One sacct call (every accounting record of every job: requeues included) and one squeue
         call, whatever the number of cells."""
         records = slurm_commands.job_records([c.job_id for c in cells if c.job_id])
@@ -72,14 +73,14 @@ class SlurmBackend(Backend):
     def cancel(self, job_ids: Sequence[str]) -> None:
         slurm_commands.cancel(list(job_ids))
 
-    def allocations(self, state: SweepState, cells: Sequence[CellState], times: JobTimes | None) -> list[Allocation]:
+    def allocations(self, state: SweepState, cells: Sequence[Cell], times: JobTimes | None) -> list[Allocation]:
         """sacct's Start, End and NodeList of every cell's job."""
         if times is None:
             times = slurm_commands.job_times([c.job_id for c in cells if c.job_id])
         return [Allocation(c.index, frozenset(times[c.job_id][2]), times[c.job_id][0], times[c.job_id][1])
                 for c in cells if c.job_id in times]
 
-    def job_tags(self, cell: CellState) -> dict[str, str]:
+    def job_tags(self, cell: Cell) -> dict[str, str]:
         return {"slurm_job_id": cell.job_id} if cell.job_id else {}
 
     def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
@@ -89,7 +90,7 @@ class SlurmBackend(Backend):
         return cell_count > BACKGROUND_RUNS_ABOVE
 
 
-def _follow(state: SweepState, cell: CellState, record: JobRecord | None) -> None:
+def _follow(state: SweepState, cell: Cell, record: JobRecord | None) -> None:
     if record is None:
         waited_s = time.time() - (cell.submitted_at or 0.0)
         if not cell.status.terminal and waited_s >= LOST_AFTER_S:
@@ -110,7 +111,7 @@ def _follow(state: SweepState, cell: CellState, record: JobRecord | None) -> Non
     if job is cell.status and job.terminal:
         return  # already settled: keep its reason and class
     _set(state, cell, job, record)
-def _set(state: SweepState, cell: CellState, status: CellStatus, record: JobRecord | None) -> None:
+def _set(state: SweepState, cell: Cell, status: CellStatus, record: JobRecord | None) -> None:
     cell.status = status
     cell.error, cell.failure_class = None, None
     if status is CellStatus.cancelled:
@@ -125,7 +126,7 @@ def _set(state: SweepState, cell: CellState, status: CellStatus, record: JobReco
         cell.failure_class = classify(state.cell_dir(cell), raw, cell.error)
 
 
-def _cancel_reason(cell: CellState, record: JobRecord | None) -> str:
+def _cancel_reason(cell: Cell, record: JobRecord | None) -> str:
     if record is None:
         return cell.error or CANCELLED_BY_LAUNCHER
     word = first_word(record.state)

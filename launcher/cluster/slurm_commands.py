@@ -16,7 +16,8 @@ from pathlib import Path
 
 from jobs.dist import expand_nodelist
 from launcher.plan import fit
-from launcher.plan.grid import Cell, SweepError
+from launcher.plan.cell import Cell
+from launcher.plan.grid import SweepError
 
 __all__ = ["JobRecord", "cancel", "check_partitions", "job_records", "job_states", "max_array_size", "partitions"]
 
@@ -87,7 +88,7 @@ def check_partitions(cells: list[Cell]) -> list[str]:
     parts = partitions()
     errors = []
     for cell in cells:
-        c = cell.config.cluster
+        c = cell.cluster
         name = c.partition or next((p for p, v in parts.items() if v["default"]), None)
         if name not in parts:
             errors.append(f"[{cell.name}] cluster.partition={c.partition!r}: no such partition on this cluster. "
@@ -110,7 +111,7 @@ def check_partitions(cells: list[Cell]) -> list[str]:
     if not errors:
         all_nodes = cluster_nodes()
         for cell in cells:
-            name = cell.config.cluster.partition or next((p for p, v in parts.items() if v["default"]), "")
+            name = cell.cluster.partition or next((p for p, v in parts.items() if v["default"]), "")
             errors += check_capacity(cell, name, all_nodes)
         _accounting(cells, errors)
     return errors
@@ -169,7 +170,7 @@ def _features_match(constraint: str, features: frozenset[str]) -> bool | None:
 
 def _shortfalls(cell: Cell, node: Node) -> dict[str, str]:
     """{what: the cell's request} that ``node`` cannot give one of the cell's nodes (empty: it fits)."""
-    c, lay = cell.config.cluster, cell.layout
+    c, lay = cell.cluster, cell.layout
     missing = {}
     cpus = lay.tasks_per_node * (lay.cpus_per_task or 1)
     if node.cpus and cpus > node.cpus:
@@ -193,7 +194,7 @@ def _most(kind: str, cell: Cell, nodes: list[Node]) -> str:
         most = max(n.mem_mb for n in nodes)
         return f"the most a node has is {most} MB (cluster.mem_gb<={int(most / 1024 * 10) / 10:g})"
     if kind == "gpus":
-        return f"the most a node has is {max(n.gpu_count(cell.config.cluster.gpu_type) for n in nodes)}"
+        return f"the most a node has is {max(n.gpu_count(cell.cluster.gpu_type) for n in nodes)}"
     return "features there: " + (", ".join(sorted(set().union(*(n.features for n in nodes)))) or "none")
 
 
@@ -203,7 +204,7 @@ def check_capacity(cell: Cell, partition: str, nodes: dict[str, Node]) -> list[s
     refuse (or leave pending for good), said before anything is created, with the fix."""
     if not nodes:
         return []  # sinfo -N did not answer: sbatch decides
-    c, want = cell.config.cluster, cell.layout.nodes
+    c, want = cell.cluster, cell.layout.nodes
     where = f"[{cell.name}]"
     members = [n for n in nodes.values() if partition in n.partitions]
     excluded = set(expand_nodelist(c.exclude)) if c.exclude else set()
@@ -235,7 +236,7 @@ def check_capacity(cell: Cell, partition: str, nodes: dict[str, Node]) -> list[s
 
 def _nodelist_errors(cell: Cell, partition: str, nodes: dict[str, Node], members: list[Node],
                      excluded: set[str]) -> list[str]:
-    c, where = cell.config.cluster, f"[{cell.name}]"
+    c, where = cell.cluster, f"[{cell.name}]"
     listed = expand_nodelist(c.nodelist or "")
     unknown = [n for n in listed if n not in nodes or partition not in nodes[n].partitions]
     if unknown:
@@ -286,7 +287,7 @@ def parse_associations(text: str) -> tuple[set[str], set[str]]:
 def _accounting(cells: list[Cell], errors: list[str]) -> None:
     """cluster.account and cluster.qos against the user's associations: an error where the cluster
     enforces them, a warning where it does not (Slurm then accepts any name silently)."""
-    asked = {(c.config.cluster.account, c.config.cluster.qos) for c in cells}
+    asked = {(c.cluster.account, c.cluster.qos) for c in cells}
     if all(a is None and q is None for a, q in asked) or not shutil.which("sacctmgr"):
         return
     import getpass
@@ -318,7 +319,7 @@ def _accounting(cells: list[Cell], errors: list[str]) -> None:
 def _gpu_memory(cell: Cell, partition: str, gpu_types: set[str], errors: list[str]) -> None:
     """The cell's GPU type must be one the partition has; its memory (or that of the partition's only
     GPU type) becomes cluster.gpu_mem_gib when none was given, so fit is checked against it."""
-    c = cell.config.cluster
+    c = cell.cluster
     if c.gpu_type and gpu_types and c.gpu_type not in gpu_types:
         errors.append(f"[{cell.name}] cluster.gpu_type={c.gpu_type}: partition {partition} has GPU type(s) "
                       f"{', '.join(sorted(gpu_types))} (sinfo's gres). Fix: use one of them, or another partition.")

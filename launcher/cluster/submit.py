@@ -2,7 +2,7 @@
 of cells goes through ``Backend.submit``, which ends here.
 
 The only module that talks to submitit. Each cell carries its own resolved cluster settings
-(``CellState.cluster``) and layout; cells share a job array only when everything sbatch would be
+(``Cell.cluster``) and layout; cells share a job array only when everything sbatch would be
 given is identical (:func:`group_key`), and an array never exceeds the cluster's MaxArraySize.
 Local cells run one after another in the foreground: they share this machine's cores, and two
 benchmarks running at once would measure each other.
@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from jobs.codec import to_plain
 from jobs.spec import Layout
 from launcher.cluster import memlimit
+from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig, ContainerRuntime
-from launcher.state import CellState, CellStatus, SweepState
+from launcher.state import SweepState
 
 if TYPE_CHECKING:
     from launcher.cluster.interrupt import Interrupts
@@ -73,22 +74,22 @@ def python_command(cluster: ClusterConfig) -> str:
     return python
 
 
-def group_key(cell: CellState) -> str:
+def group_key(cell: Cell) -> str:
     """Cells with equal keys may share one sbatch call: every submission parameter is identical."""
     params = slurm_parameters(cell.cluster, cell.layout, "")
     return json.dumps([to_plain(params), python_command(cell.cluster)], sort_keys=True, default=str)
 
 
-def groups(cells: Sequence[CellState], max_array_size: int | None) -> list[list[CellState]]:
+def groups(cells: Sequence[Cell], max_array_size: int | None) -> list[list[Cell]]:
     """Cells in submission order, split by :func:`group_key`, each group at most max_array_size long."""
-    by_key: dict[str, list[CellState]] = {}
+    by_key: dict[str, list[Cell]] = {}
     for cell in cells:
         by_key.setdefault(group_key(cell), []).append(cell)
     size = max_array_size or max(1, len(cells))
     return [g[i : i + size] for g in by_key.values() for i in range(0, len(g), size)]
 
 
-def submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: int | None) -> None:
+def submit_slurm(state: SweepState, cells: Sequence[Cell], max_array_size: int | None) -> None:
     """One sbatch per group, returning at once (launcher.cluster.slurm)."""
     from jobs.worker import Worker
 
@@ -112,7 +113,7 @@ def submit_slurm(state: SweepState, cells: Sequence[CellState], max_array_size: 
           + (f"; sbatch refused {refused} cell(s)" if refused else "") + ".", flush=True)
 
 
-def _refused(state: SweepState, group: Sequence[CellState], exc: Exception) -> None:
+def _refused(state: SweepState, group: Sequence[Cell], exc: Exception) -> None:
     """Cells sbatch refused are failed with sbatch's own words and what to do: the sweep can be fixed
     and run again (same command, same sweep_dir) or resubmitted; none stays planned."""
     from launcher.cluster.failures import SUBMIT_REFUSED
@@ -128,7 +129,7 @@ def _refused(state: SweepState, group: Sequence[CellState], exc: Exception) -> N
           f"{' ...' if len(group) > 3 else ''}): {said}", file=sys.stderr, flush=True)
 
 
-def max_array_size_for(cells: Sequence[CellState]) -> int | None:
+def max_array_size_for(cells: Sequence[Cell]) -> int | None:
     """The cells' own cluster.max_array_size where set, else the cluster's MaxArraySize."""
     configured = [c.cluster.max_array_size for c in cells if c.cluster.max_array_size]
     if configured:
@@ -138,7 +139,7 @@ def max_array_size_for(cells: Sequence[CellState]) -> int | None:
     return max_array_size()
 
 
-def run_local(state: SweepState, cells: Sequence[CellState], after_each_cell: Callable[[CellState], None] | None,
+def run_local(state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
               interrupts: Interrupts | None = None) -> None:
     """Each cell to its end, one after another (launcher.cluster.local), then ``after_each_cell``
     (tracking, progress). Ctrl-C, SIGTERM or SIGHUP (``interrupts``, or handlers of this call's own)
@@ -166,7 +167,7 @@ def run_local(state: SweepState, cells: Sequence[CellState], after_each_cell: Ca
                   f"launcher.status {state.sweep_dir} --resubmit-failed", file=sys.stderr, flush=True)
 
 
-def _run_local_cell(state: SweepState, cell: CellState, stops: Interrupts) -> None:
+def _run_local_cell(state: SweepState, cell: Cell, stops: Interrupts) -> None:
     from jobs.worker import Worker
 
     # The cell's own memory limit (cluster.mem_gb per emulated node), as sbatch --mem would set.
@@ -199,7 +200,7 @@ def _run_local_cell(state: SweepState, cell: CellState, stops: Interrupts) -> No
 NOT_STARTED = "not started: the sweep was interrupted by "
 
 
-def _abandon(state: SweepState, cells: Sequence[CellState], reason: str) -> list[CellState]:
+def _abandon(state: SweepState, cells: Sequence[Cell], reason: str) -> list[Cell]:
     """Cancel what an interrupt leaves: a cell still running (its processes were killed) and the cells
     not started. Returns the cells it changed; the document is saved."""
     changed = [c for c in cells if not c.status.terminal]
@@ -212,7 +213,7 @@ def _abandon(state: SweepState, cells: Sequence[CellState], reason: str) -> list
     return changed
 
 
-def _record_interrupted(state: SweepState, cell: CellState, stops: Interrupts) -> None:
+def _record_interrupted(state: SweepState, cell: Cell, stops: Interrupts) -> None:
     """A cell the interrupt stopped before its measured window completed: cancelled, never done."""
     cell_dir = state.cell_dir(cell)
     try:
@@ -229,14 +230,14 @@ def _record_interrupted(state: SweepState, cell: CellState, stops: Interrupts) -
     cell.error = f"interrupted by {stops.reason}{at}, before its measured window completed; {how}"
 
 
-def _stopped_summary(cells: Sequence[CellState]) -> str:
+def _stopped_summary(cells: Sequence[Cell]) -> str:
     cancelled = [c for c in cells if c.status is CellStatus.cancelled]
     unstarted = sum((c.error or "").startswith(NOT_STARTED) for c in cancelled)
     return (f"{len(cancelled) - unstarted} cell(s) stopped, {unstarted} not started, all marked cancelled in "
             f"sweep.json")
 
 
-def _record_local_failure(state: SweepState, cell: CellState, exc: Exception, cgroup: Path | None) -> None:
+def _record_local_failure(state: SweepState, cell: Cell, exc: Exception, cgroup: Path | None) -> None:
     """The first failure and its class; the cell's memory cgroup is what sacct is on Slurm: an OOM kill
     it counted is decisive, whatever the other ranks then reported."""
     from launcher.cluster.failures import classify, first_failure
@@ -336,7 +337,7 @@ def _start_controller(folder: Path, command: str, params: dict[str, Any]) -> sub
     return subprocess.Popen(controller, env=env, start_new_session=True)
 
 
-def sbatch_script(group: Sequence[CellState], folder: Path, job_name: str) -> str:
+def sbatch_script(group: Sequence[Cell], folder: Path, job_name: str) -> str:
     """The sbatch script submitit would write for ``group`` (a job array when it holds several cells):
     submitit's own rendering, and nothing is written."""
     from submitit.slurm.slurm import _make_sbatch_string

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
+from launcher.plan.cell import Cell
 from launcher.plan.schema import (
     ClusterKind,
     Config,
@@ -40,17 +41,6 @@ class Point:
     overrides: list[str]
     swept: dict[str, str]  # the keys that vary across the sweep, with this point's values
     config: Config
-
-
-@dataclass
-class Cell:
-    index: int
-    name: str  # e.g. "strategy=fsdp nodes=2"
-    dirname: str  # e.g. "01-strategy_fsdp-nodes_2"
-    overrides: list[str]
-    config: Config
-    layout: Layout
-    run: int = 1  # which independent launch of its grid point (1..config.runs)
 
 
 def search_path(config_dirs: Sequence[str | Path]) -> list[str]:
@@ -390,8 +380,11 @@ def plan(points: list[Point]) -> list[Cell]:
                 continue
             i = len(cells)
             full = f"{name} run={run}" if p.config.runs > 1 else name
-            cells.append(Cell(i, full, f"{i:02d}-{_slug(full.replace('=', '_').replace(' ', '-'))}",
-                              p.overrides, p.config, layout_for(p.config), run))
+            cfg = p.config
+            cells.append(Cell(index=i, name=full, dirname=f"{i:02d}-{_slug(full.replace('=', '_').replace(' ', '-'))}",
+                              overrides=p.overrides, strategy=cfg.strategy.label, precision=cfg.precision.name.value,
+                              model=model_label(cfg), cluster=cfg.cluster, layout=layout_for(cfg), run=run,
+                              resolved=cfg))
     _check_uniform(cells)
     return cells
 

@@ -25,6 +25,7 @@ from launcher.cli import guarded
 from launcher.cluster import colocation
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
+from launcher.plan.cell import CellStatus
 from launcher.report import compare, findings, noisefloor, plots, stats
 from launcher.report.rows import (
     GIB,
@@ -38,7 +39,7 @@ from launcher.report.rows import (
     peak_memory_gib,
     ranked,
 )
-from launcher.state import FROM_MLFLOW, CellStatus, StateError, SweepState
+from launcher.state import FROM_MLFLOW, StateError, SweepState
 from launcher.track import reconcile, runs, tracking
 
 REPORT_FILE = "report.md"

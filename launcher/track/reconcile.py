@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import JobTimes, alive
-from launcher.state import CellState, CellStatus, SweepState
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import SweepState
 from launcher.track.runs import finish_cell
 
 
 @dataclass
 class Refreshed:
-    changed: list[CellState] = field(default_factory=list)
+    changed: list[Cell] = field(default_factory=list)
     # The jobs' latest starts, where the cluster recorded them (the co-location check reads them).
     times: JobTimes = field(default_factory=dict)
 
@@ -51,7 +52,7 @@ def submitter_gone(state: SweepState) -> bool:
     return not alive(pid)
 
 
-def _unsubmitted(state: SweepState, cell: CellState) -> None:
+def _unsubmitted(state: SweepState, cell: Cell) -> None:
     if cell.status is CellStatus.planned and submitter_gone(state):
         cell.status = CellStatus.cancelled
         cell.error = (f"never submitted: the process that was submitting the sweep ({state.submitter or 'unknown'}) "

@@ -21,7 +21,8 @@ from jobs import cell_run, mlflow_client
 from jobs.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
 from jobs.sinks import read_records
 from launcher.cluster.backends import backend_for
-from launcher.state import MLFLOW_STATUS, CellState, CellStatus, SweepState
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import MLFLOW_STATUS, SweepState
 from launcher.track import tracking
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
@@ -116,7 +117,7 @@ def sync_sweep(state: SweepState) -> dict[str, int]:
     return added
 
 
-def finish_cell(state: SweepState, cell: CellState) -> None:
+def finish_cell(state: SweepState, cell: Cell) -> None:
     """A cell whose status changed: once it has ended, replay what its ranks could not log and attach
     its files; then make its run's status and tags agree with the cell's (best-effort: the next
     status or sync retries)."""
@@ -147,7 +148,7 @@ def finish_cell(state: SweepState, cell: CellState) -> None:
 FAILURE_TAGS = ("failure_class", "error")
 
 
-def run_tags(cell: CellState) -> tuple[dict[str, str], list[str]]:
+def run_tags(cell: Cell) -> tuple[dict[str, str], list[str]]:
     """(tags the cell's run must carry, tags it must not) for the cell's current status."""
     tags: dict[str, str] = {}
     drop: list[str] = []
@@ -166,7 +167,7 @@ def run_tags(cell: CellState) -> tuple[dict[str, str], list[str]]:
     return tags, drop
 
 
-def settle_run(client, run, cell: CellState, end_s: Callable[[], float] = time.time) -> bool:
+def settle_run(client, run, cell: Cell, end_s: Callable[[], float] = time.time) -> bool:
     """Make one run agree with its cell: status (KILLED for a cancelled cell, RUNNING again for a
     requeued one), failure and cancel tags, Slurm's restarts. A run still RUNNING whose cell has
     ended was left open by processes that are gone: it is closed with ``closed_by`` saying so.
@@ -283,7 +284,7 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
         return len(opened)
 
 
-def write_template(state: SweepState, cell: CellState, code: dict[str, str]) -> None:
+def write_template(state: SweepState, cell: Cell, code: dict[str, str]) -> None:
     """What the cell's run is created with, whoever creates it (jobs/cell_run.py)."""
     tags = {"mlflow.parentRunId": str(state.parent_run_id), "strategy": cell.strategy, "precision": cell.precision,
             "nodes": str(cell.nodes), "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name,
@@ -295,7 +296,7 @@ def write_template(state: SweepState, cell: CellState, code: dict[str, str]) -> 
                             tracking.flatten(_resolved(state, cell)), metrics)
 
 
-def job_start_s(state: SweepState, cell: CellState) -> float | None:
+def job_start_s(state: SweepState, cell: Cell) -> float | None:
     """When the cell's job started (its first attempt), from its own records; a cell that ended
     without a job starting (refused, cancelled while queued) starts where it was submitted. None
     while its job has not started."""
@@ -305,7 +306,7 @@ def job_start_s(state: SweepState, cell: CellState) -> float | None:
     return cell.submitted_at or time.time()
 
 
-def job_end_s(state: SweepState, cell: CellState) -> float:
+def job_end_s(state: SweepState, cell: Cell) -> float:
     """When the cell's job ended: its rank 0's end record; for a job killed before writing it, the
     last sign of life of any of its ranks (records, heartbeats); else when it was submitted."""
     cell_dir = state.cell_dir(cell)
@@ -327,7 +328,7 @@ def sweep_end_s(state: SweepState) -> float:
     return max((job_end_s(state, c) for c in state.cells if c.status.terminal), default=time.time())
 
 
-def _resolved(state: SweepState, cell: CellState) -> dict:
+def _resolved(state: SweepState, cell: Cell) -> dict:
     """The cell's resolved config, as written to its config.yaml (the params of its run)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return yaml.load((state.cell_dir(cell) / "config.yaml").read_text(), Loader=loader) or {}
