@@ -13,17 +13,15 @@ import dataclasses
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 from jobs.codec import to_plain
 from jobs.spec import ConfigError, ModelSpec
-from launcher.cluster import memlimit
+from launcher.cluster.backends import backend_for
 from launcher.plan import fit, fitcache
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
-from launcher.plan.schema import ClusterKind, Config
+from launcher.plan.schema import Config
 from launcher.track.tracking import check_reachable, default_uri
 
 
@@ -31,13 +29,9 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     """Raise SweepError listing every problem; return each cell's predicted per-rank state bytes."""
     errors: list[str] = []
     predicted = _models(cells, errors)
-    _local_gpus(cells, errors)
-    _local_memory(cells, errors)
     _refuse(errors)
-    if cells[0].cluster.name is ClusterKind.slurm:
-        from launcher.cluster.slurm_commands import check_partitions
-
-        errors += check_partitions(cells)  # also resolves cluster.gpu_mem_gib from the partition's GPU type
+    # What the cluster cannot give (GPUs, memory limits, partitions): also resolves cluster.gpu_mem_gib.
+    errors += backend_for(cells[0].cluster.name.value).check_resources(cells)
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _writable(cells[0].config)
@@ -95,54 +89,6 @@ def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
     shapes, activations = fit.analyse(model, **shape)
     fitcache.write(cache_key, {"shapes": shapes, "activations": activations})
     return shapes, activations
-
-
-def visible_gpus() -> list[tuple[str, float]]:
-    """(name, memory GiB) of each GPU on this machine, from nvidia-smi (no CUDA initialisation here)."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    proc = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=30)
-    return parse_gpu_query(proc.stdout) if proc.returncode == 0 else []
-
-
-def parse_gpu_query(text: str) -> list[tuple[str, float]]:
-    """``NVIDIA H100 80GB HBM3, 81559`` lines (memory in MiB) -> [(name, GiB)]."""
-    gpus = []
-    for line in text.splitlines():
-        name, _, mib = line.rpartition(",")
-        if name.strip() and mib.strip().isdigit():
-            gpus.append((name.strip(), int(mib) / 1024))
-    return gpus
-
-
-def _local_gpus(cells: list[Cell], errors: list[str]) -> None:
-    wanted = max((c.layout.gpus_per_node * c.layout.nodes for c in cells
-                  if c.cluster.name is ClusterKind.local), default=0)
-    if not wanted:
-        return
-    found = visible_gpus()
-    if len(found) < wanted:
-        errors.append(f"cluster.gpus_per_node: the local cluster runs one rank per GPU and a cell needs {wanted} "
-                      f"GPU(s) on this machine; nvidia-smi finds {len(found)}. Fix: lower cluster.gpus_per_node "
-                      f"(and cluster.tasks_per_node) or nodes, use cluster=slurm, or cluster.gpus_per_node=0 for CPU "
-                      f"ranks.")
-        return
-    for cell in cells:  # fit is checked against the smallest GPU the cell may get
-        if cell.cluster.name is ClusterKind.local and cell.layout.gpus_per_node \
-                and cell.cluster.gpu_mem_gib is None:
-            cell.cluster.gpu_mem_gib = round(min(gib for _, gib in found), 1)
-
-
-def _local_memory(cells: list[Cell], errors: list[str]) -> None:
-    """cluster.mem_gb on the local cluster is a memory cgroup per cell: refused where none can be made."""
-    if not any(c.cluster.name is ClusterKind.local and c.cluster.mem_gb for c in cells):
-        return
-    problem = memlimit.problem()
-    if problem:
-        errors.append(f"cluster.mem_gb: on cluster=local it is a memory cgroup around each cell, and {problem}. "
-                      f"Fix: drop cluster.mem_gb (no host memory limit), run where memory cgroups can be created "
-                      f"(root, or a delegated cgroup), or use cluster=slurm.")
 
 
 def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[str]) -> None:

@@ -93,6 +93,40 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
             assert banned not in text, f"{path.relative_to(ROOT)} uses {banned}"
 
 
+# What the launcher may import from jobs, and why: the worker's side of a contract both sides must
+# read alike. Anything else of jobs belongs to the ranks. (jobs.models and jobs.loop are imported
+# inside preflight's functions only, for the meta-device fit before launch: never at start-up.)
+LAUNCHER_USES_OF_JOBS = {
+    "jobs": "its version, in the fit cache's key",
+    "jobs.spec": "the spec types: what one cell runs",
+    "jobs.codec": "how spec.json and sweep.json are written and read",
+    "jobs.worker": "the entry point every rank runs",
+    "jobs.sinks": "the reader of metrics.jsonl, beside its writer",
+    "jobs.cell_run": "a cell's MLflow run, created by whichever side needs it first",
+    "jobs.mlflow_client": "MLflow's limits, which both writers keep",
+    "jobs.stats": "scaling efficiency, computed one way by the ranks and the report",
+    "jobs.dist": "Slurm's node-list syntax, read one way by the ranks and the launcher",
+    "jobs.models": "building a model on the meta device before launch (preflight's fit)",
+    "jobs.loop": "the loss a cell trains with, for the activation estimate before launch",
+}
+
+
+def test_the_launcher_imports_only_the_contract_from_jobs():
+    modules = {_module_name(p) for p in (ROOT / "jobs").rglob("*.py")}
+    used: dict[str, set[str]] = {}
+    for path in (ROOT / "launcher").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                      for a in node.names] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                if name == "jobs" or name.startswith("jobs."):
+                    used.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    unlisted = {m: sorted(p) for m, p in used.items() if m not in LAUNCHER_USES_OF_JOBS}
+    assert not unlisted, f"the launcher imports {unlisted} from jobs: say why in LAUNCHER_USES_OF_JOBS, or move it"
+    assert set(LAUNCHER_USES_OF_JOBS) <= set(used), set(LAUNCHER_USES_OF_JOBS) - set(used)
+
+
 def test_submitit_is_used_by_one_module_of_the_launcher():
     users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "launcher").rglob("*.py") if "submitit" in
                    {n.split(".")[0] for node in ast.walk(ast.parse(p.read_text()))
@@ -105,13 +139,14 @@ BACKEND_NAMES = {"slurm", "local"}
 
 
 def _backend_comparisons(path: Path) -> list[int]:
-    """Lines of ``path`` that compare something with a backend's name (==, !=, in, is, ...)."""
+    """Lines of ``path`` that compare something with a backend's name or kind (==, !=, in, is, ...)."""
     lines = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             names = [e for o in operands for e in (o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [o])]
-            if any(isinstance(n, ast.Constant) and n.value in BACKEND_NAMES for n in names):
+            if any(isinstance(n, ast.Constant) and n.value in BACKEND_NAMES or isinstance(n, ast.Attribute)
+                   and n.attr in BACKEND_NAMES and _root(n) == "ClusterKind" for n in names):
                 lines.append(node.lineno)
     return lines
 
@@ -119,8 +154,11 @@ def _backend_comparisons(path: Path) -> list[int]:
 def test_only_the_backend_modules_compare_backend_names():
     """What differs between clusters is asked of the backend (launcher/cluster/base.py), never decided
     by comparing ``state.cluster`` with a name. Scoped to launcher/: jobs/dist.py reads submitit's
-    ``SUBMITIT_EXECUTOR == "local"`` to find the rank environment, which is the worker's own concern."""
+    ``SUBMITIT_EXECUTOR == "local"`` to find the rank environment, which is the worker's own concern.
+    ``ClusterKind.local`` counts as a name too, except in the schema that declares the kinds and which
+    keys each reads."""
     backends = {ROOT / "launcher" / "cluster" / f"{name}.py" for name in (*BACKEND_NAMES, "backends")}
+    backends.add(ROOT / "launcher" / "plan" / "schema.py")
     found = {str(p.relative_to(ROOT)): _backend_comparisons(p) for p in (ROOT / "launcher").rglob("*.py")
              if p not in backends}
     assert not {path: lines for path, lines in found.items() if lines}

@@ -61,6 +61,11 @@ class Backend(ABC):
         """Hand ``cells`` to the cluster, each with its own settings."""
 
     @abstractmethod
+    def check_resources(self, cells: Sequence[Cell]) -> list[str]:
+        """What the cluster cannot give ``cells``, each with its fix, found before anything is created
+        or submitted; fills in ``cluster.gpu_mem_gib`` where the cluster tells it (the fit check reads it)."""
+
+    @abstractmethod
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         """The most cells one submission may hold (None: no limit)."""
 

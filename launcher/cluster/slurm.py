@@ -48,6 +48,11 @@ class SlurmBackend(Backend):
                after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
         submit.submit_slurm(state, cells, self.max_array_size(cells))
 
+    def check_resources(self, cells: Sequence[Cell]) -> list[str]:
+        """The partitions hold the cells (sinfo): nodes, GPUs, cores, memory, node lists, account and QoS;
+        a cell's GPU memory is read from its partition's GPU type."""
+        return slurm_commands.check_partitions(cells)
+
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         return submit.max_array_size_for(cells)
 

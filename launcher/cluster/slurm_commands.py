@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -82,7 +83,7 @@ def parse_sinfo(text: str) -> dict[str, dict]:
     return out
 
 
-def check_partitions(cells: list[Cell]) -> list[str]:
+def check_partitions(cells: Sequence[Cell]) -> list[str]:
     """Errors for cells the partitions cannot run (partition, node counts, what the nodes hold,
     accounts); also resolves each GPU cell's CPUs, memory and GPU memory from its partition."""
     parts = partitions()
@@ -284,7 +285,7 @@ def parse_associations(text: str) -> tuple[set[str], set[str]]:
     return accounts, qos
 
 
-def _accounting(cells: list[Cell], errors: list[str]) -> None:
+def _accounting(cells: Sequence[Cell], errors: list[str]) -> None:
     """cluster.account and cluster.qos against the user's associations: an error where the cluster
     enforces them, a warning where it does not (Slurm then accepts any name silently)."""
     asked = {(c.cluster.account, c.cluster.qos) for c in cells}

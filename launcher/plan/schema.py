@@ -45,6 +45,13 @@ class ClusterKind(enum.Enum):
     local = "local"  # submitit's LocalExecutor: real processes on this machine
     slurm = "slurm"
 
+    @property
+    def one_machine(self) -> bool:
+        """Whether every node of a cell is a group of ranks on this machine: planning emulates the nodes
+        and shares the machine's cores among all ranks. (What else differs is the backend's:
+        launcher/cluster/base.py.)"""
+        return self is ClusterKind.local
+
 
 class ContainerRuntime(enum.Enum):
     none = "none"
