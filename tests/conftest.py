@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -13,3 +14,18 @@ FAST = ["model=gpt_tiny", "model.seq_len=32", "model.vocab_size=256", "batch_siz
 @pytest.fixture
 def fast_overrides():
     return list(FAST)
+
+
+CHECKOUT_OUTPUTS = Path(__file__).resolve().parent.parent / "outputs"
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_outputs_in_the_checkout():
+    """A test writes under its tmp_path: the launcher's default output_root (outputs/ in the checkout)
+    is the user's. Catches, e.g., a read-only lookup that creates an empty MLflow store there."""
+    existed = CHECKOUT_OUTPUTS.exists()
+    yield
+    if not existed and CHECKOUT_OUTPUTS.exists():
+        created = sorted(str(p.relative_to(CHECKOUT_OUTPUTS)) for p in CHECKOUT_OUTPUTS.rglob("*"))
+        pytest.fail(f"this test created {CHECKOUT_OUTPUTS} ({', '.join(created) or 'empty'}): give it output_root "
+                    f"under tmp_path")

@@ -102,9 +102,17 @@ def _train_settings(state: SweepState, cell) -> dict[str, Any]:
 
 # ---- rows from an MLflow experiment ------------------------------------------------------------
 
+def _reading_client(tracking_uri: str):
+    """A client for a store that exists: a lookup never leaves an empty SQLite store behind."""
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
+        raise ReportError(f"no MLflow store at {tracking_uri} (no such file). Fix: pass --tracking-uri of the store "
+                          f"the sweeps logged to, or a sweep directory.")
+    return mlflow_client.client(tracking_uri)
+
+
 def rows_from_experiment(tracking_uri: str, experiment: str) -> list[dict[str, Any]]:
     """One row per cell run (child run with a ``cell`` tag) of every sweep in the experiment."""
-    client = mlflow_client.client(tracking_uri)
+    client = _reading_client(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         names = ", ".join(e.name for e in client.search_experiments()) or "none"
@@ -116,7 +124,7 @@ def rows_from_experiment(tracking_uri: str, experiment: str) -> list[dict[str, A
 
 def rows_from_parent_run(tracking_uri: str, run_id: str) -> list[dict[str, Any]]:
     """One row per cell run of one sweep, named by its MLflow parent run."""
-    client = mlflow_client.client(tracking_uri)
+    client = _reading_client(tracking_uri)
     try:
         parent = client.get_run(run_id)
     except Exception as exc:
