@@ -75,26 +75,33 @@ def _barh(ax, labels: list[str], values: list[float | None], colors: list[Any], 
         ax.text((v or 0.0) + top * 0.01, y, "-" if v is None else format(v, fmt), va="center", fontsize=8)
 
 
-def throughput(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Total and per-device throughput per cell, ranked as in the table."""
-    measured, note = _capped(_measured(rows))
-    if not measured:
-        return None
+def _two_panels(rows: Sequence[dict[str, Any]], measured: list[dict[str, Any]], title: str,
+                panels: list[tuple[str, list[float | None], str, str]], path: Path) -> Path:
+    """One figure of two bar panels over the same cells (ranked as in the table, one colour per
+    strategy): each panel is (title, values, number format, axis label)."""
     multi = len({r.get("sweep") for r in rows}) > 1
     labels = [_short(cell_label(r, multi)) for r in measured]
     colors = _colors(rows)
     bar_colors = [colors[str(r.get("strategy"))] for r in measured]
     fig = _figure(11, 1.4 + 0.42 * len(measured))
-    left, right = fig.subplots(1, 2, sharey=True)
-    _barh(left, labels, [r["throughput_samples_per_s"] for r in measured], bar_colors, ",.1f",
-          "samples/s (all ranks)")
-    _barh(right, labels, [r.get("throughput_samples_per_s_per_device") for r in measured], bar_colors, ",.1f",
-          "samples/s per device")
-    left.set_title("Total throughput")
-    right.set_title("Per-device throughput")
-    fig.suptitle(f"Throughput by cell (measured steps only){note}")
+    for ax, (panel_title, values, fmt, xlabel) in zip(fig.subplots(1, 2, sharey=True), panels, strict=True):
+        _barh(ax, labels, values, bar_colors, fmt, xlabel)
+        ax.set_title(panel_title)
+    fig.suptitle(title)
     fig.savefig(path)
     return path
+
+
+def throughput(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """Total and per-device throughput per cell, ranked as in the table."""
+    measured, note = _capped(_measured(rows))
+    if not measured:
+        return None
+    return _two_panels(rows, measured, f"Throughput by cell (measured steps only){note}", [
+        ("Total throughput", [r["throughput_samples_per_s"] for r in measured], ",.1f", "samples/s (all ranks)"),
+        ("Per-device throughput", [r.get("throughput_samples_per_s_per_device") for r in measured], ",.1f",
+         "samples/s per device"),
+    ], path)
 
 
 def memory(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
@@ -103,22 +110,14 @@ def memory(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
                               if peak_memory_gib(r) is not None or r.get("model_state_bytes")])
     if not measured:
         return None
-    multi = len({r.get("sweep") for r in rows}) > 1
-    labels = [_short(cell_label(r, multi)) for r in measured]
-    colors = _colors(rows)
-    bar_colors = [colors[str(r.get("strategy"))] for r in measured]
     largest = max((r.get("model_state_bytes") or 0 for r in measured), default=0)
     unit, div = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
-    fig = _figure(11, 1.4 + 0.42 * len(measured))
-    left, right = fig.subplots(1, 2, sharey=True)
-    _barh(left, labels, [peak_memory_gib(r) for r in measured], bar_colors, ".2f", "GiB (max over ranks)")
     state = [None if r.get("model_state_bytes") is None else r["model_state_bytes"] / div for r in measured]
-    _barh(right, labels, state, bar_colors, ".2f" if unit == "GiB" else ".1f", f"{unit} per rank (max over ranks)")
-    left.set_title("Peak memory")
-    right.set_title("Model state (params + grads + optimizer)")
-    fig.suptitle(f"Memory by cell{note}")
-    fig.savefig(path)
-    return path
+    return _two_panels(rows, measured, f"Memory by cell{note}", [
+        ("Peak memory", [peak_memory_gib(r) for r in measured], ".2f", "GiB (max over ranks)"),
+        ("Model state (params + grads + optimizer)", state, ".2f" if unit == "GiB" else ".1f",
+         f"{unit} per rank (max over ranks)"),
+    ], path)
 
 
 def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
