@@ -12,6 +12,7 @@ import torch
 from jobs.health import DIVERGED, LOSS_FROZEN, STEPS_SKIPPED, inspect
 from launcher.cluster.failures import FIXES
 from launcher.report.rows import throughput
+from tests.stores import existing_store
 
 
 class NanInitLM(torch.nn.Module):
@@ -60,6 +61,7 @@ def test_nan_loss_cell_fails_as_diverged_and_is_left_out(tmp_path, fast_override
     from launcher.__main__ import main
     from launcher.state import SweepState
 
+    existing_store(tmp_path)
     code = main(["-m", *fast_overrides, "model=custom", f"model.target={__name__}.NanInitLM",
                  "model.input=tokens", "model.seq_len=8", "model.vocab_size=64", "+model.params.vocab_size=64",
                  "+model.params.nan=true,false",

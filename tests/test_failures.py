@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from launcher.cluster.failures import CLASSES, FIXES, classify, describe, first_failure
+from tests.stores import existing_store
 
 # Literal first lines, as jobs/worker.py writes them ("rank R on HOST failed: Type: message").
 CUDA_OOM = ("rank 1 on gpu3 failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a "
@@ -138,6 +139,7 @@ def test_real_runtime_error_through_the_launcher(tmp_path, fast_overrides, capsy
     from launcher.__main__ import main
     from launcher.state import SweepState
 
+    existing_store(tmp_path)
     code = main(["-m", *fast_overrides, "model=custom", "model.target=torch.nn.Linear", "model.input=image",
                  "model.image_size=8", "model.num_classes=2", "+model.params.in_features=4",
                  "+model.params.out_features=2", "cluster.tasks_per_node=2", f"output_root={tmp_path}",

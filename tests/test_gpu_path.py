@@ -404,7 +404,9 @@ def test_fsdp_setup_never_holds_the_unsharded_model(tmp_path):
 
     with torch.device("meta"):
         full = 4 * param_count(build_model(ModelSpec(**{**BIG, "input": InputKind.tokens})))
-    common = dict(model=BIG, batch_size=1, steps=2, warmup_steps=1, optimizer="sgd", comm_probe_steps=0)
+    # One step, no probes: setup is what this test measures (a 200M-parameter step takes seconds on 2 cores).
+    common = dict(model=BIG, batch_size=1, steps=1, warmup_steps=0, optimizer="sgd", comm_probe_steps=0,
+                  local_probe_steps=0, warmup_extend_max=0)
     # Separate processes: memory one run frees stays resident and would hide the next run's growth.
     fsdp, ddp = (run_ranks(make_spec(tmp_path / s, strategy=s, **common), world_size=2, timeout_s=240)[0]
                  for s in ("fsdp", "ddp"))

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.conftest import FAST
+from tests.stores import existing_store
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +34,7 @@ def as_a_terminal_starts_it() -> None:
 def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
     """The launcher as a terminal starts it: in a process group of its own, whose leader it is."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), MLFLOW_DISABLE_TELEMETRY="true")
+    existing_store(tmp_path / "out")
     cmd = [sys.executable, "-m", "launcher", "-m", *SWEEP, f"output_root={tmp_path / 'out'}", *overrides]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             process_group=0, preexec_fn=as_a_terminal_starts_it)

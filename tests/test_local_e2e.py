@@ -9,17 +9,23 @@ from mlflow.tracking import MlflowClient
 
 from launcher.__main__ import main
 from launcher.state import SweepState
+from tests.stores import existing_store
 
 pytestmark = pytest.mark.slow
 
 
-def run_sweep(tmp_path, *overrides):
+def run_sweep(tmp_path, *overrides, fresh_store=False):
+    """The sweep in ``tmp_path``, logging to the store there: one that exists (tests/stores.py) unless
+    ``fresh_store``, when the launcher creates it."""
+    if not fresh_store:
+        existing_store(tmp_path)
     code = main(["-m", *overrides, f"output_root={tmp_path}", f"sweep_dir={tmp_path / 'sweep'}"])
     return code, SweepState.load(tmp_path / "sweep")
 
 
 def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, capsys):
-    code, state = run_sweep(tmp_path, "strategy=ddp,fsdp", "cluster.tasks_per_node=2", *fast_overrides)
+    code, state = run_sweep(tmp_path, "strategy=ddp,fsdp", "cluster.tasks_per_node=2", *fast_overrides,
+                            fresh_store=True)
     out = capsys.readouterr().out
     assert code == 0, out
     assert [c.status for c in state.cells] == ["done", "done"]

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from launcher import status
 from launcher.plan.cell import CellStatus
 from launcher.state import SweepState
+from tests.stores import existing_store
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +28,7 @@ def _killpg(pid: int) -> None:
 
 def test_runs_left_running_by_a_killed_local_sweep_are_closed_with_the_reason(tmp_path, fast_overrides, capsys):
     sweep_dir = tmp_path / "sweep"
+    existing_store(tmp_path)
     cmd = [sys.executable, "-m", "launcher", "-m", *fast_overrides, "steps=8,4000", f"output_root={tmp_path}",
            f"sweep_dir={sweep_dir}"]
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -20,6 +20,7 @@ from launcher.cluster.slurm_commands import max_array_size
 from launcher.plan.cell import CellStatus
 from launcher.report import report
 from launcher.state import SweepState
+from tests.stores import existing_store
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -45,6 +46,7 @@ def slurm_cluster():
 
 
 def submit(tmp_path, *overrides, name="sweep"):
+    existing_store(tmp_path)
     code = main(["-m", *FAST, *overrides, f"output_root={tmp_path}", f"sweep_dir={tmp_path / name}"])
     assert code == 0
     return SweepState.load(tmp_path / name)
