@@ -162,3 +162,18 @@ def test_compare_reads_mlflow_parent_runs(tmp_path, capsys):
     assert "| strategy=ddp | samples/s | 100.0 | 70.0 | -30.0% | **regression** |" in out and "3 + 3 runs" in out
     assert report.main(["--compare", "nope", parents[0], "--tracking-uri", uri]) == 2
     assert "no MLflow run 'nope'" in capsys.readouterr().err
+
+
+def test_a_lookup_in_a_store_that_does_not_exist_creates_none(tmp_path, capsys, monkeypatch):
+    """--compare by parent run id and --experiment read a store; one that is not there is refused with
+    the fix, and no empty store is left behind (the default is outputs/mlflow.db under the cwd)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert report.main(["--compare", "parent-a", "parent-b"]) == 2
+    assert "no MLflow store at sqlite:///" in capsys.readouterr().err
+    assert report.main(["--experiment", "bench"]) == 2
+    err = capsys.readouterr().err
+    assert "no MLflow store at" in err and "Fix: pass --tracking-uri" in err
+    absent = tmp_path / "elsewhere" / "mlflow.db"
+    assert report.main(["--experiment", "bench", "--tracking-uri", f"sqlite:///{absent}"]) == 2
+    assert not list(tmp_path.rglob("*")), list(tmp_path.rglob("*"))
