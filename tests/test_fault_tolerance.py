@@ -50,7 +50,7 @@ def assert_resumed_exactly(state: SweepState, steps: int) -> dict:
 
 
 def test_scontrol_requeue_resumes_at_the_right_step(tmp_path):
-    steps, every = 200, 20
+    steps, every = 400, 20
     state = submit(tmp_path, "nodes=2", f"steps={steps}", "warmup_steps=5", "cluster.cpus_per_task=1",
                    f"checkpoint.every_steps={every}")
     beat = wait_for_step(state, 1, 45)
@@ -67,7 +67,7 @@ def test_scontrol_requeue_resumes_at_the_right_step(tmp_path):
 
 
 def test_warning_signal_checkpoints_all_ranks_and_requeues(tmp_path):
-    steps = 200
+    steps = 400
     state = submit(tmp_path, "nodes=2", f"steps={steps}", "warmup_steps=5", "cluster.cpus_per_task=1")
     beat = wait_for_step(state, 0, 40)
     # What Slurm sends signal_delay_s before the time limit or a preemption: USR2 to every task.
