@@ -501,21 +501,40 @@ def _check_sizes(spec: ModelSpec, cfg: Any) -> None:
 
 
 def _check_hf(spec: ModelSpec) -> None:
-    import difflib
+    """A model=hf spec that transformers can build, refused with its fix before anything runs."""
+    transformers = _import_transformers()
+    _require_input(spec, InputKind.tokens)
+    _check_arch(spec, transformers)
+    cfg = _hf_config(spec)
+    _check_head(spec, cfg)
+    _check_hf_sizes(spec, cfg)
+    _check_weights(spec)
+    _build_hf_on_meta(spec, cfg)
 
+
+def _import_transformers():
     try:
         import transformers
     except ImportError as exc:
         raise ConfigError("model", "hf", "builds Hugging Face models and needs the transformers package, which "
                           "does not import here.", f"{HF_INSTALL} (where the launcher and the ranks run).") from exc
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
+    return transformers
 
-    from jobs.models.hf import build_hf, hf_config, pick_head, size_problem, unknown_config_keys
 
-    _require_input(spec, InputKind.tokens)
+def _hf_source(spec: ModelSpec) -> tuple[str, Any]:
+    """The setting the model's config comes from, and its value."""
+    if spec.arch:
+        return "model.arch", spec.arch
+    key = "config_path" if spec.config_path else "pretrained_path"
+    return f"model.{key}", getattr(spec, key)
+
+
+def _check_arch(spec: ModelSpec, transformers) -> None:
+    """model.arch names an architecture of this transformers, and its sizes are in range."""
+    import difflib
+
+    from jobs.models.hf import size_problem
+
     known = list(transformers.CONFIG_MAPPING.keys())
     if spec.arch and spec.arch not in known:
         close = difflib.get_close_matches(spec.arch, known, n=5, cutoff=0.5)
@@ -526,15 +545,21 @@ def _check_hf(spec: ModelSpec) -> None:
     problem = size_problem(spec) if spec.arch else None
     if problem:
         raise ConfigError(*problem)
-    source = "model.arch" if spec.arch else ("model.config_path" if spec.config_path else "model.pretrained_path")
+
+
+def _hf_config(spec: ModelSpec):
+    """transformers' config of the spec: not an encoder-decoder, and no key its class does not have."""
+    from jobs.models.hf import hf_config, unknown_config_keys
+
+    source, value = _hf_source(spec)
     try:
         cfg = hf_config(spec)
     except Exception as exc:  # a bad override value, an unreadable config.json
-        setting, value = ("model.config", dict(spec.config)) if spec.arch else (source, getattr(spec, source[6:]))
-        raise ConfigError(setting, value, f"transformers cannot make a config of it: {type(exc).__name__}: {exc}",
+        setting, given = ("model.config", dict(spec.config)) if spec.arch else (source, value)
+        raise ConfigError(setting, given, f"transformers cannot make a config of it: {type(exc).__name__}: {exc}",
                           "correct the value (see the architecture's config class in the transformers docs).") from exc
     if getattr(cfg, "is_encoder_decoder", False):
-        raise ConfigError(source, spec.arch or getattr(spec, source[6:]), f"is an encoder-decoder ({cfg.model_type}): "
+        raise ConfigError(source, value, f"is an encoder-decoder ({cfg.model_type}): "
                           "its forward needs decoder inputs, which the benchmark's data does not give.",
                           "use a decoder (gpt2, llama, qwen2, mistral, ...) or an encoder (bert, roberta, ...).")
     unknown = unknown_config_keys(spec) if spec.arch else None
@@ -545,6 +570,18 @@ def _check_hf(spec: ModelSpec) -> None:
                           f"setting {key!r}: transformers would keep it and build the model without it.",
                           f"{hint}Use a setting of {class_name} (its documentation, or "
                           f"sorted({class_name}().to_dict())).")
+    return cfg
+
+
+def _check_head(spec: ModelSpec, cfg) -> None:
+    """transformers has a model of the asked head (causal or masked LM) for this model_type."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    from jobs.models.hf import pick_head
+
     head = pick_head(cfg, LMHead(spec.head))
     mapping = MODEL_FOR_MASKED_LM_MAPPING_NAMES if head is LMHead.masked_lm else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if cfg.model_type not in mapping:
@@ -554,15 +591,16 @@ def _check_hf(spec: ModelSpec) -> None:
                else "use a language-model architecture such as gpt2, llama, qwen2 or bert.")
         raise ConfigError("model.head", LMHead(spec.head).value, f"transformers has no {head.value} model for "
                           f"model_type {cfg.model_type!r}.", fix)
+
+
+def _check_hf_sizes(spec: ModelSpec, cfg) -> None:
+    """Sizes in range, the data's shapes within the model's, and head counts the first forward accepts."""
+    from jobs.models.hf import size_problem
+
     problem = size_problem(spec, cfg) if spec.arch else None
     if problem:
         raise ConfigError(*problem)
     _check_sizes(spec, cfg)
-    if spec.pretrained_path:
-        names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-        if not any(os.path.isfile(os.path.join(spec.pretrained_path, n)) for n in names):
-            raise ConfigError("model.pretrained_path", spec.pretrained_path, f"holds none of {', '.join(names)}.",
-                              "write the directory with save_pretrained, or use model.config_path for a config alone.")
     # Construction accepts head counts that only the first forward refuses (a forward on meta
     # tensors stops earlier, at the masks' data-dependent checks), so they are checked here.
     heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
@@ -571,10 +609,24 @@ def _check_hf(spec: ModelSpec) -> None:
                           f"of num_key_value_heads={kv_heads} (the {cfg.model_type} default where not set).",
                           f"set model.config.num_key_value_heads to a divisor of {heads} (e.g. {heads}: "
                           "multi-head attention).")
+
+
+def _check_weights(spec: ModelSpec) -> None:
+    """model.pretrained_path holds weights that from_pretrained reads."""
+    if spec.pretrained_path:
+        names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+        if not any(os.path.isfile(os.path.join(spec.pretrained_path, n)) for n in names):
+            raise ConfigError("model.pretrained_path", spec.pretrained_path, f"holds none of {', '.join(names)}.",
+                              "write the directory with save_pretrained, or use model.config_path for a config alone.")
+
+
+def _build_hf_on_meta(spec: ModelSpec, cfg) -> None:
+    from jobs.models.hf import build_hf
+
+    source, value = _hf_source(spec)
     try:
         _on_meta(lambda: build_hf(spec))
     except Exception as exc:
-        raise ConfigError("model.config" if spec.arch else source, dict(spec.config) if spec.arch
-                          else getattr(spec, source[6:]), f"transformers cannot build a {cfg.model_type} model "
-                          f"from it: {type(exc).__name__}: {exc}", "correct the sizes (e.g. hidden_size divisible "
-                          "by num_attention_heads).") from exc
+        raise ConfigError("model.config" if spec.arch else source, dict(spec.config) if spec.arch else value,
+                          f"transformers cannot build a {cfg.model_type} model from it: {type(exc).__name__}: {exc}",
+                          "correct the sizes (e.g. hidden_size divisible by num_attention_heads).") from exc
