@@ -396,56 +396,67 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     noise floor, the noise of configurations that ran once."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tables = _tables(rows, floor)
-    done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
+    report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor), findings=findings.findings(rows, floor=floor),
+                    cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
+    parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
+             *_results_section(rows, report.tables), *_plots_section(rows, out_dir, report),
+             "## How measured", "", _how_measured(rows), "",
+             "## Environment", "", _environment(rows, source), "",
+             "## Cells without results", "", _failures(rows), ""]
+    report.path.write_text("\n".join(parts))
+    return report
+
+
+def _summary_section(rows: list[dict[str, Any]], title: str) -> list[str]:
     counts: dict[str, int] = {}
     for r in rows:
         counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
     models = ", ".join(_distinct(rows, "model")) or "-"
-    parts = [f"# {title}", "",
-             f"{len(rows)} cell(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); model {models}; "
-             f"{len({r.get('sweep') for r in rows})} sweep(s).", ""]
-    found = findings.findings(rows, floor=floor)
-    parts += ["## Findings", "", found, ""]
-    parts += ["## Results", "",
-              "Cells ranked by total throughput (higher is better) among cells of the same model and world size "
-              "(# restarts at 1 for each). Rel perf and scaling eff are defined under *How measured*; the full "
-              f"per-cell table is [{CELLS_FILE}]({CELLS_FILE}).", "", tables, ""]
-    if done:
-        noisy = [r for r in done if _cv(r).endswith(NOISY_FLAG)]
-        multi_model = len(_distinct(done, "model")) > 1
-        units = [u for u in grouped(rows) if num(u.get("throughput_samples_per_s")) is not None]
-        for (model, ws) in sorted({(str(r.get("model")), r.get("world_size") or 0) for r in units}):
-            peers = [r for r in units if str(r.get("model")) == model and (r.get("world_size") or 0) == ws]
-            best = max(peers, key=lambda r: r["throughput_samples_per_s"])
-            parts.append(f"Best at {ws} rank(s){f' ({model})' if multi_model else ''}: **{md_cell(best['cell'])}** at "
-                         f"{_rate(best['throughput_samples_per_s'])} samples/s "
-                         f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).")
-            parts.append("")
-        if noisy:
-            parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between the measured "
-                         "windows of one run: a noisy neighbour or an unsteady state; the claims rest on the spread "
-                         "between runs, not on these windows.")
-        parts.append("")
-    report = Report(out_dir / REPORT_FILE, tables=tables, findings=found,
-                    cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
-    parts += ["## Plots", ""]
+    return [f"# {title}", "",
+            f"{len(rows)} cell(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}); model {models}; "
+            f"{len({r.get('sweep') for r in rows})} sweep(s).", ""]
+
+
+def _results_section(rows: list[dict[str, Any]], tables: str) -> list[str]:
+    """The ranking tables, the best cell of each model and world size, and a word on noisy windows."""
+    parts = ["## Results", "",
+             "Cells ranked by total throughput (higher is better) among cells of the same model and world size "
+             "(# restarts at 1 for each). Rel perf and scaling eff are defined under *How measured*; the full "
+             f"per-cell table is [{CELLS_FILE}]({CELLS_FILE}).", "", tables, ""]
+    done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
+    if not done:
+        return parts
+    multi_model = len(_distinct(done, "model")) > 1
+    units = [u for u in grouped(rows) if num(u.get("throughput_samples_per_s")) is not None]
+    for (model, ws) in sorted({(str(r.get("model")), r.get("world_size") or 0) for r in units}):
+        peers = [r for r in units if str(r.get("model")) == model and (r.get("world_size") or 0) == ws]
+        best = max(peers, key=lambda r: r["throughput_samples_per_s"])
+        parts += [f"Best at {ws} rank(s){f' ({model})' if multi_model else ''}: **{md_cell(best['cell'])}** at "
+                  f"{_rate(best['throughput_samples_per_s'])} samples/s "
+                  f"({_rate(best.get('throughput_samples_per_s_per_device'))} per device).", ""]
+    noisy = [r for r in done if _cv(r).endswith(NOISY_FLAG)]
+    if noisy:
+        parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between the measured "
+                     "windows of one run: a noisy neighbour or an unsteady state; the claims rest on the spread "
+                     "between runs, not on these windows.")
+    return [*parts, ""]
+
+
+def _plots_section(rows: list[dict[str, Any]], out_dir: Path, report: Report) -> list[str]:
+    """The plots, made into out_dir/plots and listed on ``report``; a plotting problem is said, never
+    raised: it must not cost the measured table."""
+    parts = ["## Plots", ""]
     try:
         made = plots.make_all(rows, out_dir / PLOTS_DIR)
-    except Exception as exc:  # a plotting problem must not cost the measured table
+    except Exception as exc:
         print(f"report: plots failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        made = []
-        parts += [f"Plots failed: {md_cell(type(exc).__name__)}: {md_cell(exc)}", ""]
+        return [*parts, f"Plots failed: {md_cell(type(exc).__name__)}: {md_cell(exc)}", ""]
     for path, caption in made:
         report.plots.append(path)
         parts += [f"![{path.stem}]({PLOTS_DIR}/{path.name})", "", f"*{caption}*", ""]
-    if not made and done:
+    if not made and any(num(r.get("throughput_samples_per_s")) is not None for r in rows):
         parts += ["No plots.", ""]
-    parts += ["## How measured", "", _how_measured(rows), "",
-              "## Environment", "", _environment(rows, source), "",
-              "## Cells without results", "", _failures(rows), ""]
-    report.path.write_text("\n".join(parts))
-    return report
+    return parts
 
 
 # Leading columns of cells.csv; every other key any row has follows, sorted.
