@@ -25,6 +25,13 @@ from tests.ranks import TINY_CNN, RanksTimeout, make_spec, run_ranks
 
 slow = pytest.mark.slow
 
+
+def spec_without_probes(*args, **train):
+    """A RunSpec without the probes after the window (3 profiled steps, 3 local passes): these tests
+    compare losses and memory, and the probes cost about 0.7 s per run (tests/test_comm.py and
+    tests/test_stragglers.py test them)."""
+    return make_spec(*args, comm_probe_steps=0, local_probe_steps=0, **train)
+
 LR = 3e-3  # AdamW: memorises the repeated batch in 4 steps; 1e-2 overshoots on this tiny model
 STEPS = POOL_STEPS + 1  # the last step sees the first step's batch again
 SHARDED = ["fsdp", "zero2", "fsdp_noshard"]
@@ -45,38 +52,38 @@ def two_ranks(tmp_path_factory):
     specs = {}
     for strategy in ["ddp", *SHARDED]:
         for precision in PRECISIONS:
-            specs[f"{strategy}-{precision}"] = make_spec(root / f"{strategy}-{precision}", strategy=strategy,
+            specs[f"{strategy}-{precision}"] = spec_without_probes(root / f"{strategy}-{precision}", strategy=strategy,
                                                          precision=precision, lr=LR, steps=STEPS)
     for strategy in ["ddp", "fsdp"]:
         # Two micro-batches of 2 per step: the same samples as the base runs' one batch of 4.
-        specs[f"{strategy}-accum"] = make_spec(root / f"{strategy}-accum", strategy=strategy, lr=LR, steps=STEPS,
+        specs[f"{strategy}-accum"] = spec_without_probes(root / f"{strategy}-accum", strategy=strategy, lr=LR, steps=STEPS,
                                                batch_size=2, grad_accum_steps=2)
-        specs[f"{strategy}-ckpt"] = make_spec(root / f"{strategy}-ckpt", strategy=strategy, lr=LR, steps=STEPS,
+        specs[f"{strategy}-ckpt"] = spec_without_probes(root / f"{strategy}-ckpt", strategy=strategy, lr=LR, steps=STEPS,
                                               activation_checkpointing=True)
     # FSDP knobs that change scheduling or unit boundaries, not the arithmetic.
-    specs["fsdp-prefetch2"] = make_spec(root / "fsdp-prefetch2", strategy="fsdp", lr=LR, steps=STEPS,
+    specs["fsdp-prefetch2"] = spec_without_probes(root / "fsdp-prefetch2", strategy="fsdp", lr=LR, steps=STEPS,
                                         strategy_args={"prefetch": 2})
-    specs["fsdp-wrap-model"] = make_spec(root / "fsdp-wrap-model", strategy="fsdp", lr=LR, steps=STEPS,
+    specs["fsdp-wrap-model"] = spec_without_probes(root / "fsdp-wrap-model", strategy="fsdp", lr=LR, steps=STEPS,
                                          strategy_args={"wrap": WrapPolicy.model})
     for strategy in ["ddp", "fsdp"]:
         for precision in PRECISIONS:
-            specs[f"cnn-{strategy}-{precision}"] = make_spec(root / f"cnn-{strategy}-{precision}", model=TINY_CNN,
+            specs[f"cnn-{strategy}-{precision}"] = spec_without_probes(root / f"cnn-{strategy}-{precision}", model=TINY_CNN,
                                                              strategy=strategy, precision=precision, lr=LR,
                                                              steps=STEPS)
     for scaling in ("linear", "sqrt"):
-        specs[f"lr-{scaling}"] = make_spec(root / f"lr-{scaling}", lr=LR, lr_scaling=scaling, steps=2)
-    specs["syncbn"] = make_spec(root / "syncbn", model=TINY_CNN, sync_batchnorm=True, steps=2)
+        specs[f"lr-{scaling}"] = spec_without_probes(root / f"lr-{scaling}", lr=LR, lr_scaling=scaling, steps=2)
+    specs["syncbn"] = spec_without_probes(root / "syncbn", model=TINY_CNN, sync_batchnorm=True, steps=2)
     # precision.mode=params: FSDP casts the parameters themselves (BatchNorm kept fp32, both ways).
-    specs["fsdp-bf16-params"] = make_spec(root / "fsdp-bf16-params", strategy="fsdp", precision="bf16", lr=LR,
+    specs["fsdp-bf16-params"] = spec_without_probes(root / "fsdp-bf16-params", strategy="fsdp", precision="bf16", lr=LR,
                                           steps=STEPS, precision_args={"mode": "params"})
     for bn in ("unit", "grouped"):
-        specs[f"cnn-fsdp-bf16-params-{bn}"] = make_spec(
+        specs[f"cnn-fsdp-bf16-params-{bn}"] = spec_without_probes(
             root / f"cnn-fsdp-bf16-params-{bn}", model=TINY_CNN, strategy="fsdp", precision="bf16", lr=LR,
             steps=STEPS, precision_args={"mode": "params", "batchnorm": bn})
-    specs["ddp-bf16-params"] = make_spec(root / "ddp-bf16-params", precision="bf16", steps=2,
+    specs["ddp-bf16-params"] = spec_without_probes(root / "ddp-bf16-params", precision="bf16", steps=2,
                                          precision_args={"mode": "params"})
     # fp16 with the plain GradScaler under FSDP2 (found-inf all-reduced over the mesh on gloo).
-    specs["fsdp-fp16"] = make_spec(root / "fsdp-fp16", strategy="fsdp", precision="fp16", lr=LR, steps=STEPS)
+    specs["fsdp-fp16"] = spec_without_probes(root / "fsdp-fp16", strategy="fsdp", precision="fp16", lr=LR, steps=STEPS)
     results = run_ranks(list(specs.values()), world_size=2, timeout_s=300)
     return dict(zip(specs, results, strict=True))
 
@@ -85,7 +92,7 @@ def two_ranks(tmp_path_factory):
 def four_ranks(tmp_path_factory):
     """Four ranks as two emulated nodes of two (HSDP shards within a node, replicates across)."""
     root = tmp_path_factory.mktemp("four_ranks")
-    specs = {f"{s}-{p}": make_spec(root / f"{s}-{p}", strategy=s, precision=p, nodes=2, world_size=4, lr=LR,
+    specs = {f"{s}-{p}": spec_without_probes(root / f"{s}-{p}", strategy=s, precision=p, nodes=2, world_size=4, lr=LR,
                                    steps=STEPS)
              for s in ["ddp", "fsdp", "hsdp"] for p in PRECISIONS}
     results = run_ranks(list(specs.values()), world_size=4, nodes=2, timeout_s=240)
@@ -96,7 +103,7 @@ def four_ranks(tmp_path_factory):
 def test_ranks_that_do_not_finish_in_time_are_killed(tmp_path):
     started = time.monotonic()
     with pytest.raises(RanksTimeout, match="killed"):
-        run_ranks(make_spec(tmp_path / "late"), world_size=2, timeout_s=0.5)  # importing torch alone takes longer
+        run_ranks(spec_without_probes(tmp_path / "late"), world_size=2, timeout_s=0.5)  # importing torch alone takes longer
     assert time.monotonic() - started < 10
 
 
