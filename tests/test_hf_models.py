@@ -309,8 +309,11 @@ def hf_runs(tmp_path_factory):
     from tests.ranks import make_spec, run_ranks
 
     root = tmp_path_factory.mktemp("hf_ranks")
+    # The probes after the window (about 0.7 s a run) run on one of them: the comparisons are of losses.
+    with_probes = "llama-fsdp-bf16"
     specs = {f"{arch}-{s}-{p}": make_spec(root / f"{arch}-{s}-{p}", model=hf_model(arch), strategy=s, precision=p,
-                                          lr=LR, steps=STEPS)
+                                          lr=LR, steps=STEPS, **({} if f"{arch}-{s}-{p}" == with_probes else
+                                                                 {"comm_probe_steps": 0, "local_probe_steps": 0}))
              for arch in ("gpt2", "llama") for s in ("ddp", "fsdp") for p in ("fp32", "bf16")}
     results = run_ranks(list(specs.values()), world_size=2, timeout_s=240)
     return dict(zip(specs, results, strict=True))
@@ -328,6 +331,8 @@ def ok(results):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_tiny_hf_models_learn_on_two_ranks(hf_runs, arch, strategy, precision):
     result = ok(hf_runs[f"{arch}-{strategy}-{precision}"])
+    probed = {"comm_time_ms", "comm_share", "step_time_rank_spread"} <= set(result["summary"])
+    assert probed == (f"{arch}-{strategy}-{precision}" == "llama-fsdp-bf16"), sorted(result["summary"])
     losses = result["losses"]
     assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0] - 0.05, losses
