@@ -104,7 +104,8 @@ def _train_settings(state: SweepState, cell) -> dict[str, Any]:
 
 def _reading_client(tracking_uri: str):
     """A client for a store that exists: a lookup never leaves an empty SQLite store behind."""
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
+    path = tracking.sqlite_path(tracking_uri)
+    if path is not None and not path.is_file():
         raise ReportError(f"no MLflow store at {tracking_uri} (no such file). Fix: pass --tracking-uri of the store "
                           f"the sweeps logged to, or a sweep directory.")
     return mlflow_client.client(tracking_uri)
@@ -398,8 +399,9 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor), findings=findings.findings(rows, floor=floor),
                     cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
+    done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
-             *_results_section(rows, report.tables), *_plots_section(rows, out_dir, report),
+             *_results_section(rows, done, report.tables), *_plots_section(rows, bool(done), out_dir, report),
              "## How measured", "", _how_measured(rows), "",
              "## Environment", "", _environment(rows, source), "",
              "## Cells without results", "", _failures(rows), ""]
@@ -417,13 +419,13 @@ def _summary_section(rows: list[dict[str, Any]], title: str) -> list[str]:
             f"{len({r.get('sweep') for r in rows})} sweep(s).", ""]
 
 
-def _results_section(rows: list[dict[str, Any]], tables: str) -> list[str]:
-    """The ranking tables, the best cell of each model and world size, and a word on noisy windows."""
+def _results_section(rows: list[dict[str, Any]], done: list[dict[str, Any]], tables: str) -> list[str]:
+    """The ranking tables, the best cell of each model and world size, and a word on noisy windows
+    (``done``: the rows with a measured throughput)."""
     parts = ["## Results", "",
              "Cells ranked by total throughput (higher is better) among cells of the same model and world size "
              "(# restarts at 1 for each). Rel perf and scaling eff are defined under *How measured*; the full "
              f"per-cell table is [{CELLS_FILE}]({CELLS_FILE}).", "", tables, ""]
-    done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     if not done:
         return parts
     multi_model = len(_distinct(done, "model")) > 1
@@ -442,7 +444,7 @@ def _results_section(rows: list[dict[str, Any]], tables: str) -> list[str]:
     return [*parts, ""]
 
 
-def _plots_section(rows: list[dict[str, Any]], out_dir: Path, report: Report) -> list[str]:
+def _plots_section(rows: list[dict[str, Any]], measured: bool, out_dir: Path, report: Report) -> list[str]:
     """The plots, made into out_dir/plots and listed on ``report``; a plotting problem is said, never
     raised: it must not cost the measured table."""
     parts = ["## Plots", ""]
@@ -454,7 +456,7 @@ def _plots_section(rows: list[dict[str, Any]], out_dir: Path, report: Report) ->
     for path, caption in made:
         report.plots.append(path)
         parts += [f"![{path.stem}]({PLOTS_DIR}/{path.name})", "", f"*{caption}*", ""]
-    if not made and any(num(r.get("throughput_samples_per_s")) is not None for r in rows):
+    if not made and measured:
         parts += ["No plots.", ""]
     return parts
 

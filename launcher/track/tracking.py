@@ -38,12 +38,16 @@ def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store; None for any other URI."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def artifact_location(uri: str) -> str | None:
     """Artifacts of a SQLite store go beside its database file. MLflow's own default is ./mlruns
     under whatever directory the launcher happened to start in. A server decides for itself."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return None
+    path = sqlite_path(uri)
+    return (path.parent / "mlartifacts").resolve().as_uri() if path is not None else None
 
 
 def compare_route(run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
@@ -172,7 +176,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
         except (urllib.error.URLError, OSError) as exc:
             return f"no MLflow server answers there ({getattr(exc, 'reason', exc)})"
     if parsed.scheme == "sqlite":
-        path = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+        path = sqlite_path(uri)
         if path is None or not path.parent.is_dir():
             return f"the directory of the SQLite file ({path.parent if path else uri}) does not exist"
         if not os.access(path.parent, os.W_OK):
