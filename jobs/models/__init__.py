@@ -529,6 +529,12 @@ def _hf_source(spec: ModelSpec) -> tuple[str, Any]:
     return f"model.{key}", getattr(spec, key)
 
 
+def _hf_settings(spec: ModelSpec) -> tuple[str, Any]:
+    """The setting whose values transformers read into the config, and its value: model.config over
+    model.arch's defaults, else the directory the config comes from."""
+    return ("model.config", dict(spec.config)) if spec.arch else _hf_source(spec)
+
+
 def _check_arch(spec: ModelSpec, transformers) -> None:
     """model.arch names an architecture of this transformers, and its sizes are in range."""
     import difflib
@@ -551,15 +557,13 @@ def _hf_config(spec: ModelSpec):
     """transformers' config of the spec: not an encoder-decoder, and no key its class does not have."""
     from jobs.models.hf import hf_config, unknown_config_keys
 
-    source, value = _hf_source(spec)
     try:
         cfg = hf_config(spec)
     except Exception as exc:  # a bad override value, an unreadable config.json
-        setting, given = ("model.config", dict(spec.config)) if spec.arch else (source, value)
-        raise ConfigError(setting, given, f"transformers cannot make a config of it: {type(exc).__name__}: {exc}",
+        raise ConfigError(*_hf_settings(spec), f"transformers cannot make a config of it: {type(exc).__name__}: {exc}",
                           "correct the value (see the architecture's config class in the transformers docs).") from exc
     if getattr(cfg, "is_encoder_decoder", False):
-        raise ConfigError(source, value, f"is an encoder-decoder ({cfg.model_type}): "
+        raise ConfigError(*_hf_source(spec), f"is an encoder-decoder ({cfg.model_type}): "
                           "its forward needs decoder inputs, which the benchmark's data does not give.",
                           "use a decoder (gpt2, llama, qwen2, mistral, ...) or an encoder (bert, roberta, ...).")
     unknown = unknown_config_keys(spec) if spec.arch else None
@@ -623,10 +627,8 @@ def _check_weights(spec: ModelSpec) -> None:
 def _build_hf_on_meta(spec: ModelSpec, cfg) -> None:
     from jobs.models.hf import build_hf
 
-    source, value = _hf_source(spec)
     try:
         _on_meta(lambda: build_hf(spec))
     except Exception as exc:
-        raise ConfigError("model.config" if spec.arch else source, dict(spec.config) if spec.arch else value,
-                          f"transformers cannot build a {cfg.model_type} model from it: {type(exc).__name__}: {exc}",
+        raise ConfigError(*_hf_settings(spec), f"transformers cannot build a {cfg.model_type} model from it: {type(exc).__name__}: {exc}",
                           "correct the sizes (e.g. hidden_size divisible by num_attention_heads).") from exc
