@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--model", default="gpt_tiny")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--input", choices=("tokens", "image"), default="tokens", help="image: a CNN (DDP only)")
+    p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--blocks", type=int, default=16, help="blocks per side")
     p.add_argument("--block-steps", type=int, default=5)
@@ -54,7 +56,7 @@ def main() -> None:
     from jobs.heartbeat import Heartbeat
     from jobs.loop import Trainer
     from jobs.models import build_model
-    from jobs.spec import ModelSpec, PrecisionSpec, Strategy, StrategySpec
+    from jobs.spec import InputKind, ModelSpec, PrecisionSpec, Strategy, StrategySpec
 
     env = DistEnv.detect(os.environ)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -67,7 +69,10 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dist.init_process_group(backend_for(device.type), device_id=device if device.type == "cuda" else None)
     control_group = dist.new_group(backend="gloo")  # as jobs.dist.process_group opens it for the worker
-    spec = ModelSpec(name=args.model, seq_len=args.seq_len, vocab_size=args.vocab_size)
+    if args.input == "image" and args.strategy != "ddp":
+        p.error("--input image runs DDP only: the bare FSDP side wraps a transformer's blocks")
+    spec = ModelSpec(name=args.model, input=InputKind(args.input), seq_len=args.seq_len, vocab_size=args.vocab_size,
+                     image_size=args.image_size)
 
     def fresh_model():
         torch.manual_seed(0)
