@@ -442,7 +442,8 @@ for line in sys.stdin:
                                       low_dtype=LOW.get(spec.precision.name.value),
                                       checkpointing=spec.train.activation_checkpointing)
     state = fit.predict(shapes, spec.strategy, spec.layout, spec.train.optimizer)
-    print(json.dumps({"cell": spec.cell, "state": state.total, "activations": activations}), flush=True)
+    print(json.dumps({"cell": spec.cell, "state": state.total, "activations": activations,
+                      "loss_grads": fit.loss_grad_bytes(spec.model, spec.train.batch_size)}), flush=True)
 """
 
 
@@ -458,19 +459,19 @@ def memory(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
     predicted = {d["cell"]: d for d in map(json.loads, proc.stdout.splitlines())}
     if proc.returncode != 0:
         return "FAIL", "the fit check did not run", tail(proc.stderr)
-    table = [f"| cell | predicted state GiB | predicted activations GiB | predicted peak GiB | measured {measured_key} | measured / predicted |",
-             "|---|---:|---:|---:|---:|---:|"]
+    table = [f"| cell | predicted state GiB | activations GiB | loss gradients GiB | predicted peak GiB | "
+             f"measured {measured_key} | measured / predicted |", "|---|---:|---:|---:|---:|---:|---:|"]
     ratios = []
     for row in rows:
         p = predicted.get(row["cell"])
         if p is None:
             continue
-        peak = (p["state"] + (p["activations"] or 0)) / 2**30
+        peak = (p["state"] + (p["activations"] or 0) + p["loss_grads"]) / 2**30
         measured = row["summary"][measured_key]
         ratios.append(measured / peak)
         activations = "-" if p["activations"] is None else f"{p['activations'] / 2**30:.2f}"
-        table.append(f"| {row['cell']} | {p['state'] / 2**30:.2f} | {activations} | {peak:.2f} | {measured:.2f} | "
-                     f"{ratios[-1]:.2f} |")
+        table.append(f"| {row['cell']} | {p['state'] / 2**30:.2f} | {activations} | {p['loss_grads'] / 2**30:.2f} | "
+                     f"{peak:.2f} | {measured:.2f} | {ratios[-1]:.2f} |")
     figures = f"measured / predicted {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} cells"
     # On CPU the measurement is the whole process's RSS (the interpreter, torch): a comparison of
     # scale only. On a GPU a ratio above 1 means the fit check would let some OOMs through.

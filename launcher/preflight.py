@@ -65,7 +65,8 @@ def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
         found = analyses[key]
         if found is not None:
             state = fit.predict(found[0], cfg.strategy, cell.layout, cfg.optimizer)
-            predicted[cell.index] = dataclasses.replace(state, activations=found[1])
+            predicted[cell.index] = dataclasses.replace(state, activations=found[1],
+                                                        loss_grads=fit.loss_grad_bytes(cfg.model, cfg.batch_size))
     return predicted
 
 
@@ -104,7 +105,8 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
         if state.peak > limit_gib * fit.GIB:
             errors.append(f"[{cell.name}] predicted {fit.human(state.peak)} per rank (params "
                           f"{fit.human(state.params)}, grads {fit.human(state.grads)}, optimizer "
-                          f"{fit.human(state.optimizer)}, activations {_about(state.activations)}) exceeds "
+                          f"{fit.human(state.optimizer)}, activations {_about(state.activations)}, loss gradients "
+                          f"{fit.human(state.loss_grads)}) exceeds "
                           f"the {limit_gib:g} GiB of each GPU (cluster.gpu_mem_gib, or the memory of its GPU type). "
                           f"Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller "
                           f"batch_size, activation_checkpointing=true, precision=bf16, a smaller model, or "

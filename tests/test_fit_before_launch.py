@@ -166,3 +166,23 @@ def test_the_fit_analysis_is_cached_between_launches_except_for_user_code(tmp_pa
             "+model.params.in_features=4", "+model.params.out_features=2", f"output_root={tmp_path / 'out'}")
     assert _plan_imports_torch(cache, *user) and _plan_imports_torch(cache, *user)
     assert not (tmp_path / "out").exists()
+
+
+# What the first GPU check measured on an H200 (docs/gpu/run1, torch.cuda.max_memory_allocated over
+# the measured window, one rank): the fit check's predicted peak must hold them, within 10%.
+GPU_RUN1_PEAK_GIB = [
+    (ModelSpec(name="gpt2-small", seq_len=1024, vocab_size=50257), 16, "bfloat16", 16.51),
+    (ModelSpec(name="resnet50", input=InputKind.image, image_size=224, num_classes=1000), 128, None, 11.01),
+    (ModelSpec(name="resnet50", input=InputKind.image, image_size=224, num_classes=1000), 128, "bfloat16", 6.07),
+]
+
+
+@pytest.mark.parametrize("spec, batch_size, low_dtype, measured_gib", GPU_RUN1_PEAK_GIB)
+def test_predicted_peak_holds_what_the_gpu_measured(spec, batch_size, low_dtype, measured_gib):
+    # Before the loss's gradients were counted, GPT-2 small's prediction was 10.3 GiB (0.62x).
+    from jobs.spec import Layout, Optimizer, StrategySpec
+
+    shapes, activations = fit.analyse(spec, batch_size, low_dtype, checkpointing=False)
+    state = fit.predict(shapes, StrategySpec(), Layout(nodes=1, tasks_per_node=1, gpus_per_node=1), Optimizer.adamw)
+    peak_gib = (state.total + activations + fit.loss_grad_bytes(spec, batch_size)) / fit.GIB
+    assert 0.9 <= measured_gib / peak_gib <= 1.1, (peak_gib, measured_gib)

@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from jobs.spec import Layout, ModelSpec, Optimizer, Sharding, Strategy, StrategySpec
+from jobs.spec import InputKind, Layout, ModelSpec, Optimizer, Sharding, Strategy, StrategySpec
 
 GIB = 1024**3
 
@@ -45,6 +45,9 @@ class StateBytes:
     # An estimate (_activations): what autograd keeps for backward at the end of the forward;
     # None where the model's forward cannot run on fake tensors.
     activations: int | None = None
+    # The first moment of backward (loss_grad_bytes): the loss's gradients over the model's output,
+    # made while everything saved is still alive.
+    loss_grads: int = 0
 
     @property
     def total(self) -> int:
@@ -53,8 +56,18 @@ class StateBytes:
 
     @property
     def peak(self) -> int:
-        """Model state plus the activation estimate: what must fit in the GPU's memory."""
-        return self.total + (self.activations or 0)
+        """Model state, the activation estimate and the loss's gradients: what must fit in the GPU's memory."""
+        return self.total + (self.activations or 0) + self.loss_grads
+
+
+def loss_grad_bytes(model: ModelSpec, batch_size: int) -> int:
+    """The loss's gradients at the start of backward: the loss takes the model's output in fp32
+    (jobs.loop.loss_fn), and cross-entropy's backward holds two fp32 tensors of its size at once
+    (nll_loss's gradient and log-softmax's) while every saved tensor still lives. Next to a 50k
+    vocabulary this is gigabytes: GPT-2 small at batch 16 x 1024 tokens, 6.6 GB. The first GPU
+    check measured 16.5 GiB where model state and saved tensors made 10.3 (docs/gpu/run1)."""
+    per_sample = model.seq_len * model.vocab_size if model.input is InputKind.tokens else model.num_classes
+    return 2 * 4 * batch_size * per_sample
 
 
 def analyse(model: ModelSpec, batch_size: int, low_dtype: str | None,
@@ -103,7 +116,6 @@ def _saved_bytes(module, model: ModelSpec, batch_size: int, low_dtype: str | Non
 
     from jobs.loop import loss_fn
     from jobs.models import shard_units
-    from jobs.spec import InputKind
 
     # Fake tensors: meta storage (no memory, no compute) that still say "cpu", so kernels are chosen
     # as on a real device (fused attention, autocast's op lists), and libraries that skip
