@@ -6,8 +6,9 @@ leaves what it has measured.
     GPU_CHECK_OUT=/tmp/out scripts/gpu-check --only environment,reference
     scripts/gpu-check --cpu                   # the rehearsal: the same parts with CPU settings
 
-Parts (budgets in seconds, 480 in all; a part ends at its budget or at the check's, whichever
-comes first):
+Parts (budgets in PARTS, 480 s in all; a part ends at its budget or at the check's, whichever
+comes first; ``--budget PART=S`` changes one, ``--only`` runs some, ``--tests-k`` and
+``--harness`` rerun some of a part's runs):
 
 1. environment: device, capability, memory, driver, CUDA, NCCL, NVML, TF32 settings;
 2. install: the offline bundle (``scripts/offline-bundle``) with no index, the site's torch kept;
@@ -47,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TOTAL_BUDGET_S = 480.0
+TOTAL_BUDGET_S = 480.0  # the sum of the parts' budgets (PARTS)
 # A part past its budget gets SIGINT (pytest and the launcher then write what they have), and
 # SIGKILL this much later.
 GRACE_S = 8.0
@@ -78,6 +79,8 @@ class Check:
     work: Path
     outcomes: list[Outcome] = field(default_factory=list)
     sweeps: dict[str, Path] = field(default_factory=dict)
+    tests_k: str | None = None  # one pytest -k expression instead of TEST_GROUPS (a rerun of some tests)
+    harness_runs: set[str] | None = None  # "model:strategy" names (a rerun of some of figure 1c's runs)
 
     def remaining_s(self) -> float:
         return self.deadline - time.monotonic()
@@ -203,17 +206,17 @@ def install(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
 # ---- 3. the GPU-marked tests ------------------------------------------------------------------
 
 # Slowest last: each group gets what is left of the part's budget.
-# The duplicate-GPU check goes last: a rank that waits for its peer instead of failing fast holds
-# it up to its own 120 s timeout.
+# The duplicate-GPU check after the matrix: a rank that waited for its peer instead of failing fast
+# would hold it up to its own 120 s timeout. Resume last: six launches, the slowest per test.
 TEST_GROUPS = (("quick", "not matrix and not resume and not two_ranks"), ("NCCL matrix", "matrix"),
-               ("resume", "resume"), ("duplicate GPU", "two_ranks"))
+               ("duplicate GPU", "two_ranks"), ("resume", "resume"))
 
 
 def gpu_tests(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
     end = time.monotonic() + budget_s
     counts: dict[str, int] = {}
     details, stopped, failed = [], [], []
-    for group, expr in TEST_GROUPS:
+    for group, expr in ((("selected", check.tests_k),) if check.tests_k else TEST_GROUPS):
         left = end - time.monotonic()
         if left < 5:
             stopped.append(f"{group} (no time left)")
@@ -264,7 +267,7 @@ def sweep_settings(check: Check, part: str) -> list[str]:
             return ["model=cnn", "strategy=ddp,fsdp", "precision=fp32,bf16", "batch_size=8", "steps=14",
                     "warmup_steps=4", "repeats=2", "runs=2", "comm_probe_steps=0", "local_probe_steps=0"]
         return [*gpu, "model=resnet50", "strategy=ddp,fsdp", "precision=fp32,bf16,fp16", "batch_size=128",
-                "steps=45", "warmup_steps=20", "repeats=2", "runs=2", "comm_probe_steps=0",
+                "steps=40", "warmup_steps=18", "repeats=2", "runs=2", "comm_probe_steps=0",
                 "local_probe_steps=0"]
     if check.cpu:
         return ["model=gpt_tiny", "strategy=ddp,fsdp", "precision=bf16", "batch_size=8", "steps=14",
@@ -390,12 +393,14 @@ def _pct(x: float | None) -> str:
 def harness(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
     end = time.monotonic() + budget_s
     if check.cpu:
-        runs = [("gpt_tiny", "ddp", []), ("gpt_tiny", "fsdp", []), ("cnn", "ddp", ["--input", "image", "--image-size", "32"])]
+        runs = [("gpt_tiny", "ddp", []), ("cnn", "ddp", ["--input", "image", "--image-size", "32"]), ("gpt_tiny", "fsdp", [])]
         sizes = ["--seq-len", "128", "--vocab-size", "4096", "--batch-size", "8", "--blocks", "4", "--warmup-steps", "3"]
     else:
-        runs = [("gpt2-small", "ddp", []), ("gpt2-small", "fsdp", []),
-                ("resnet50", "ddp", ["--input", "image", "--image-size", "224", "--batch-size", "64"])]
-        sizes = ["--seq-len", "512", "--vocab-size", "50257", "--batch-size", "8", "--blocks", "8", "--warmup-steps", "5"]
+        runs = [("gpt2-small", "ddp", []), ("resnet50", "ddp", ["--input", "image", "--image-size", "224", "--batch-size", "64"]),
+                ("gpt2-small", "fsdp", [])]
+        sizes = ["--seq-len", "512", "--vocab-size", "50257", "--batch-size", "8", "--blocks", "6", "--warmup-steps", "5"]
+    if check.harness_runs is not None:
+        runs = [r for r in runs if f"{r[0]}:{r[1]}" in check.harness_runs]
     table = ["| model | strategy | pairs | median bare/ours | range |", "|---|---|---:|---:|---|"]
     medians, stopped = [], False
     for model, strategy, extra in runs:
@@ -482,12 +487,12 @@ def memory(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
 # ---- the check ---------------------------------------------------------------------------------
 
 PARTS: tuple[tuple[str, float, Callable[[Check, float], tuple[str, str, list[str]]]], ...] = (
-    ("environment", 15, environment),
-    ("install", 30, install),
-    ("tests", 190, gpu_tests),
-    ("reference", 120, reference),
-    ("transformer", 65, transformer),
-    ("harness", 50, harness),
+    ("environment", 10, environment),
+    ("install", 20, install),
+    ("tests", 165, gpu_tests),
+    ("reference", 195, reference),
+    ("transformer", 45, transformer),
+    ("harness", 35, harness),
     ("memory", 10, memory),
 )
 
@@ -532,7 +537,7 @@ def _atomic(path: Path, text: str) -> None:
 def render(check: Check, started: str) -> str:
     spent = sum(o.took_s for o in check.outcomes)
     lines = ["# GPU check", "",
-             f"`scripts/gpu-check`{' --cpu (the rehearsal on CPU)' if check.cpu else ''}, started {started} on "
+             f"`scripts/gpu-check {shlex.join(sys.argv[1:])}`, started {started} on "
              f"{os.uname().nodename}, commit {_commit()}; {spent:.0f} s of its {TOTAL_BUDGET_S:.0f} s budget so far. "
              "Each part writes this file before the next starts.", "",
              "| part | budget s | took s | verdict | key figures |", "|---|---:|---:|---|---|"]
@@ -559,7 +564,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="the rehearsal: every part with CPU settings")
     p.add_argument("--only", help=f"comma-separated parts of {','.join(n for n, _, _ in PARTS)}")
     p.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S, help="the whole check's budget")
+    p.add_argument("--budget", action="append", default=[], metavar="PART=S", help="one part's budget, e.g. reference=200")
+    p.add_argument("--tests-k", help="the tests part runs this pytest -k expression instead of its groups")
+    p.add_argument("--harness", help="the harness part runs these of its runs only, e.g. resnet50:ddp,gpt2-small:fsdp")
     args = p.parse_args(argv)
+    budgets = {name: budget_s for name, budget_s, _ in PARTS}
+    for item in args.budget:
+        name, _, value = item.partition("=")
+        if name not in budgets:
+            p.error(f"--budget {item}: no part {name!r}; the parts: {', '.join(budgets)}")
+        budgets[name] = float(value)
     out = Path(os.environ.get("GPU_CHECK_OUT") or REPO / "outputs" / "gpu-check").resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = out.parent / f".{out.name}-work"  # sweeps and the installed bundle: beside the results, not in them
@@ -567,12 +581,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     check = Check(out=out, python=os.environ.get("PYTHON", sys.executable), cpu=args.cpu,
-                  deadline=time.monotonic() + args.budget_s, env=env, work=work)
+                  deadline=time.monotonic() + args.budget_s, env=env, work=work, tests_k=args.tests_k,
+                  harness_runs=set(args.harness.split(",")) if args.harness else None)
     only = set(args.only.split(",")) if args.only else None
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for name, budget_s, fn in PARTS:
+    for name, _, fn in PARTS:
         if only is None or name in only:
-            run_part(check, name, budget_s, fn)
+            run_part(check, name, budgets[name], fn)
             write_results(check, started)
             print(f"gpu-check: {name}: {check.outcomes[-1].verdict} in {check.outcomes[-1].took_s:.0f} s "
                   f"({check.outcomes[-1].figures})", file=sys.stderr, flush=True)
