@@ -38,9 +38,7 @@ def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
 
 
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` store; None for any other URI."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+sqlite_path = mlflow_client.sqlite_path  # the one reading of a sqlite:/// URI, shared with the ranks
 
 
 def artifact_location(uri: str) -> str | None:
@@ -116,12 +114,21 @@ class SweepTracker:
     def __init__(self, uri: str, experiment: str) -> None:
         self.uri = uri
         self.client = mlflow_client.client(uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(
-            experiment, artifact_location=artifact_location(uri), tags=EXPERIMENT_TAGS)
-        if found and found.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+        found = self.client.get_experiment_by_name(experiment) or self._create_experiment(experiment)
+        self.experiment_id = found.experiment_id
+        if found.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
             # An experiment made by an older version (or by hand): mark it too, once.
             self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+
+    def _create_experiment(self, name: str):
+        """The experiment, created here; when another sweep that started at the same moment created it
+        first (its name is unique in the store: mlflow#4123), that one."""
+        try:
+            self.client.create_experiment(name, artifact_location=artifact_location(self.uri), tags=EXPERIMENT_TAGS)
+        except Exception:
+            if self.client.get_experiment_by_name(name) is None:
+                raise
+        return self.client.get_experiment_by_name(name)
 
     def parent(self, name: str, tags: dict[str, str], start_s: float) -> str:
         """The sweep's parent run, starting at the sweep's start (its cells' runs: jobs/cell_run.py)."""
