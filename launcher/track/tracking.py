@@ -136,6 +136,28 @@ class SweepTracker:
                                      start_time=int(start_s * 1000))
         return run.info.run_id
 
+    def find_parent(self, sweep_id: str) -> str | None:
+        """The parent run this store already holds for the sweep (tag ``sweep_id``), if any."""
+        found = self.client.search_runs([self.experiment_id], f"tags.{SWEEP_ID_TAG} = '{sweep_id}'", max_results=10,
+                                        order_by=["attributes.start_time ASC"])
+        parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+        return parents[0].info.run_id if parents else None
+
+    def cell_runs(self, parent_run_id: str) -> dict[str, str]:
+        """{cell name: run id} of the parent's child runs."""
+        found, token = {}, None
+        while True:
+            page = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                                           max_results=1000, page_token=token)
+            found.update({r.data.tags["cell"]: r.info.run_id for r in page if "cell" in r.data.tags})
+            token = page.token
+            if not token:
+                return found
+
+
+# The parent run's tag that names its sweep in any store (launcher.state.SweepState.sweep_id).
+SWEEP_ID_TAG = "sweep_id"
+
 
 def end_parent(uri: str, run_id: str, status: str, tags: dict[str, str]) -> None:
     """End the sweep's parent run with ``status`` (KILLED for an interrupted sweep) and ``tags``."""
