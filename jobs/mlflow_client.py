@@ -73,7 +73,11 @@ def store_lock(uri: str) -> Iterator[None]:
         yield
         return
     with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: open it as MLflow alone would
+            yield
+            return
         try:
             yield
         finally:

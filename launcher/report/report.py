@@ -519,7 +519,7 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
     finished = all(c.status.terminal for c in state.cells)
     outcome = state.outcome()
     write_now = force or (finished and state.reported != outcome)
-    close_now = finished and bool(state.tracking_uri) and state.closed != outcome
+    close_now = finished and bool(state.tracking_uri) and (write_now or state.closed != outcome)
     state.save()
     if state.tracking_uri and (refreshed.changed or flags_changed or write_now or close_now):
         _settle_runs(state)
