@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from launcher.cli import USER_ERROR_EXIT, guarded
+from launcher.masking import mask
 from launcher.report import report
 from launcher.state import SweepState
 from launcher.track import tracking
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return USER_ERROR_EXIT
     if args.tracking_uri and move_to_store(state, args.tracking_uri):
-        print(f"{state.name}: logging to {args.tracking_uri} from now on (sweep id {state.sweep_id})")
+        print(f"{state.name}: logging to {mask('', args.tracking_uri)} from now on (sweep id {state.sweep_id})")
     created = complete_runs(state)
     if created:
         print(f"created {created} cell run(s) under parent run {state.parent_run_id}")
@@ -82,21 +83,22 @@ def _store_problem(state: SweepState, uri: str | None) -> str | None:
     """Why the sweep cannot be synced to ``uri`` (None: its own store), or None."""
     if uri and uri != state.tracking_uri and not all(c.status.terminal for c in state.cells):
         return (f"{state.sweep_dir} has cells still queued or running, which log to "
-                f"{state.tracking_uri or 'no store (tracking=off)'}. Fix: sync it to another store once they have "
+                f"{mask('', state.tracking_uri) or 'no store (tracking=off)'}. Fix: sync it to another store once they have "
                 f"ended (python -m launcher.status {state.sweep_dir} --wait).")
     reason = tracking.check_reachable(uri) if uri else None
-    return f"cannot log to {uri}: {reason}" if reason else None
+    return f"cannot log to {mask('', uri)}: {reason}" if reason else None
 
 
 def _said_what_is_missing(state: SweepState) -> int:
     """1 when the store still lacks part of the sweep (it failed during this sync), said on stderr."""
     missing = missing_runs(state)
     if not missing:
-        print(f"MLflow: {state.tracking_uri} holds the sweep (parent run {state.parent_run_id}, "
+        print(f"MLflow: {mask('', state.tracking_uri)} holds the sweep (parent run {state.parent_run_id}, "
               f"{sum(1 for c in state.cells if c.run_id)} cell run(s))")
         return 0
     print(f"MLflow still lacks {'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}: run this again once "
-          f"{state.tracking_uri} answers", file=sys.stderr)
+          f"{mask('', state.tracking_uri)} answers, or log the sweep to a store that does: python -m launcher.sync "
+          f"{state.sweep_dir} --tracking-uri URI", file=sys.stderr)
     return 1
 
 
