@@ -102,6 +102,25 @@ def open_run(client, cell_dir: Path, start_s: float) -> str | None:
         return run.info.run_id
 
 
+def remember_run(cell_dir: Path, run: str) -> str:
+    """Record ``run`` as the cell's run (one found in the store: the sweep was synced before) unless
+    the cell has one already; returns the cell's run id."""
+    cell_dir = Path(cell_dir)
+    with _locked(cell_dir / LOCK_FILE):
+        existing = run_id(cell_dir)
+        if not existing:
+            _write_atomically(cell_dir / RUN_ID_FILE, run + "\n")
+        return existing or run
+
+
+def forget_run(cell_dir: Path) -> None:
+    """Drop the cell's run id and template: they name runs of a store the sweep no longer logs to."""
+    cell_dir = Path(cell_dir)
+    with _locked(cell_dir / LOCK_FILE):
+        for name in (RUN_ID_FILE, TEMPLATE_FILE):
+            (cell_dir / name).unlink(missing_ok=True)
+
+
 def _log_params(client, run_id: str, template: dict[str, Any]) -> None:
     from mlflow.entities import Param
 

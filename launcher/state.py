@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,15 @@ class SweepState:
     submitter: str | None = None
     # The cells' statuses when report.md was last written (report.finalize writes it again on change).
     reported: str | None = None
+    # The cells' statuses when the parent run was last closed with the report (a sweep whose store
+    # missed that, or that ran with tracking=off and was synced later, is closed by the next status/sync).
+    closed: str | None = None
+    # What names the sweep in any MLflow store (the parent run's tag ``sweep_id``): a sweep synced
+    # twice, or from two copies of its directory, finds its runs instead of making new ones.
+    sweep_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The code that ran the sweep (git commit, dirty flag), recorded where it ran: a sweep synced
+    # from another machine is tagged with its own code, not the syncing checkout's.
+    code: dict[str, str] | None = None
     version: int = VERSION
 
     @property
@@ -120,6 +130,10 @@ class SweepState:
 
     def cell_dir(self, cell: Cell) -> Path:
         return self.path / "cells" / cell.dirname
+
+    def outcome(self) -> str:
+        """The cells' statuses as the report shows them (``reported`` and ``closed`` keep this value)."""
+        return json.dumps([[c.status.value, c.job_id, c.interference] for c in self.cells])
 
     def save(self) -> None:
         tmp = self.path / (STATE_FILE + ".tmp")
@@ -161,6 +175,8 @@ class SweepState:
             raise StateError(f"{state.path / 'cells'} is missing: the cells' specs, results and records are gone "
                              f"(a partial copy?). Fix: copy the whole sweep directory, or run the grid again into a "
                              f"new sweep_dir.")
+        if "sweep_id" not in data:  # a document from before sweep ids: the same derived id for every copy of it
+            state.sweep_id = uuid.uuid5(uuid.NAMESPACE_URL, " ".join([state.name, *state.argv])).hex
         state.adopt_runs()
         return state
 

@@ -63,6 +63,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
             return _stopped_waiting(state)
     print(report.finalize(state))
     _print_mlflow(state)
+    _print_missing_runs(state)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
 
 
@@ -77,7 +78,7 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
     sweep_dir.mkdir(parents=True, exist_ok=True)
     state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name.value,
                        argv=argv, experiment=cfg.tracking.experiment if cfg.tracking.enabled else None,
-                       submitter=this_process())
+                       submitter=this_process(), code=tracking.code_provenance())
     if cfg.tracking.enabled:
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
     state.cells = list(cells)
@@ -109,7 +110,7 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
                          f"{', '.join(c.name for c in state.cells[:4])}...). Fix: repeat that sweep's grid to resume "
                          f"it, or give a new sweep_dir.")
     status.refresh(state)  # Slurm's view first: a cell it still runs, or has requeued, is not run twice
-    state.submitter = this_process()
+    state.submitter, state.code = this_process(), tracking.code_provenance()
     again = [cs for cs in state.cells if cs.status in (CellStatus.planned, *status.RESUBMITTED)]
     by_name = {cell.name: cell for cell in cells}
     worker_uri = backend_for(state.cluster).worker_tracking_uri(state)
@@ -258,6 +259,15 @@ def _print_mlflow(state: SweepState) -> None:
         f"mlflow ui --backend-store-uri {mask('', state.tracking_uri)}, then open "
     print(f"MLflow: {state.tracking_uri} (experiment {state.experiment}, parent run {state.parent_run_id})\n"
           f"Open the UI: {start}{where}", flush=True)
+
+
+def _print_missing_runs(state: SweepState) -> None:
+    """What the store missed (it failed while the sweep ran), and the command that completes it."""
+    missing = sync.missing_runs(state)
+    if missing:
+        print(f"MLflow lacks part of this sweep ({'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}): its "
+              f"store failed while it ran. The records are in the sweep directory; complete the runs, at their jobs' "
+              f"own times: python -m launcher.sync {state.sweep_dir}", file=sys.stderr, flush=True)
 
 
 def write_resolved_config(path: Path, cell: Cell) -> None:

@@ -1,38 +1,72 @@
-"""``python -m launcher.sync <sweep_dir>``: create the MLflow runs a sweep lacks, and replay what did
-not reach MLflow from the JSONL records, then finish the sweep as ``launcher.status`` does
-(report.finalize: cells reconciled with Slurm, runs settled, report once every cell has ended).
+"""``python -m launcher.sync <sweep_dir> [--tracking-uri URI]``: create the MLflow runs a sweep lacks,
+and replay what did not reach MLflow from the JSONL records, then finish the sweep as
+``launcher.status`` does (report.finalize: cells reconciled with Slurm, runs settled, the parent run
+closed with the report once every cell has ended).
 
 Workers write every metric to ``metrics.jsonl`` first and log to MLflow best-effort. If the
 tracking server was down, this puts the missing points in, and only those: a (metric, step)
 already in the run is skipped, so syncing twice never duplicates anything. ``launcher.status``
 and the report run it for finished cells.
+
+With ``--tracking-uri``, a sweep that ran with ``tracking=off`` (an offline GPU node without MLflow)
+or whose store cannot be reached from here is logged to that store afterwards: its parent run and one
+run per cell, at the jobs' own start and end times, with every metric and tag of their records, the
+params a tracked sweep logs and its report.md. The sweep directory may have moved (a tarball
+extracted elsewhere); it then remembers the store and run ids, and a second sync finds the runs by
+the sweep's id instead of making new ones.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from launcher.cli import guarded
+from launcher.cli import USER_ERROR_EXIT, guarded
+from launcher.masking import mask
 from launcher.report import report
-from launcher.state import StateError, SweepState
-from launcher.track.runs import BACKGROUND_LOG, ensure_runs, finish_cell, start_in_background, sync_run, sync_sweep
+from launcher.state import SweepState
+from launcher.track import tracking
+from launcher.track.runs import (
+    BACKGROUND_LOG,
+    complete_runs,
+    ensure_runs,
+    finish_cell,
+    missing_runs,
+    move_to_store,
+    start_in_background,
+    sync_run,
+    sync_sweep,
+)
 
-__all__ = ["BACKGROUND_LOG", "ensure_runs", "finish_cell", "main", "start_in_background", "sync_run", "sync_sweep"]
+__all__ = ["BACKGROUND_LOG", "ensure_runs", "finish_cell", "main", "missing_runs", "start_in_background", "sync_run",
+           "sync_sweep"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m launcher.sync", description=__doc__.splitlines()[0])
+    p.add_argument("sweep_dir", type=Path)
+    p.add_argument("--tracking-uri", help="the MLflow store to log the sweep to (a sweep that ran with tracking=off, "
+                                          "or whose store cannot be reached from here); default: the sweep's own")
+    return p
 
 
 @guarded
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m launcher.sync <sweep_dir>", file=sys.stderr)
-        return 2
-    try:
-        state = SweepState.load(Path(args[0]))
-    except StateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    created = ensure_runs(state)
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    state = SweepState.load(args.sweep_dir)
+    if not (args.tracking_uri or state.tracking_uri):
+        print(f"{state.sweep_dir} ran with tracking=off: nothing to sync without a store. To log it to one: python -m "
+              f"launcher.sync {state.sweep_dir} --tracking-uri URI (an MLflow server http://host:5000, or "
+              f"sqlite:///path/mlflow.db)")
+        return 0
+    problem = _store_problem(state, args.tracking_uri)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    if args.tracking_uri and move_to_store(state, args.tracking_uri):
+        print(f"{state.name}: logging to {mask('', args.tracking_uri)} from now on (sweep id {state.sweep_id})")
+    created = complete_runs(state)
     if created:
         print(f"created {created} cell run(s) under parent run {state.parent_run_id}")
     for cell, n in sync_sweep(state).items():
@@ -42,7 +76,30 @@ def main(argv: list[str] | None = None) -> int:
     finished = report.finalize(state, force=False)
     if finished:
         print(finished)
-    return 0
+    return _said_what_is_missing(state)
+
+
+def _store_problem(state: SweepState, uri: str | None) -> str | None:
+    """Why the sweep cannot be synced to ``uri`` (None: its own store), or None."""
+    if uri and uri != state.tracking_uri and not all(c.status.terminal for c in state.cells):
+        return (f"{state.sweep_dir} has cells still queued or running, which log to "
+                f"{mask('', state.tracking_uri) or 'no store (tracking=off)'}. Fix: sync it to another store once they have "
+                f"ended (python -m launcher.status {state.sweep_dir} --wait).")
+    reason = tracking.check_reachable(uri) if uri else None
+    return f"cannot log to {mask('', uri)}: {reason}" if reason else None
+
+
+def _said_what_is_missing(state: SweepState) -> int:
+    """1 when the store still lacks part of the sweep (it failed during this sync), said on stderr."""
+    missing = missing_runs(state)
+    if not missing:
+        print(f"MLflow: {mask('', state.tracking_uri)} holds the sweep (parent run {state.parent_run_id}, "
+              f"{sum(1 for c in state.cells if c.run_id)} cell run(s))")
+        return 0
+    print(f"MLflow still lacks {'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}: run this again once "
+          f"{mask('', state.tracking_uri)} answers, or log the sweep to a store that does: python -m launcher.sync "
+          f"{state.sweep_dir} --tracking-uri URI", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

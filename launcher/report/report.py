@@ -505,46 +505,83 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
     """The one finishing step, reached by every path (the launcher with wait=true, ``launcher.status``
     with or without --wait, ``launcher.report`` and ``launcher.sync``): each cell reconciled with
     Slurm (launcher/track/reconcile.py), the finished cells' interference flagged, the MLflow runs settled
-    (statuses, failure and cancel tags, runs left RUNNING by processes that are gone closed), then
-    report.md with its findings written and the parent run closed (FAILED if any cell did not
-    finish, KILLED if those were all cancelled). The report is written when ``force``, or when every
-    cell has ended and the report does not show these statuses yet. Returns the ranking table and the
-    report's path when it wrote one."""
+    (statuses, failure and cancel tags, runs left RUNNING by processes that are gone closed, runs the
+    store missed created), then report.md with its findings written and the parent run closed (FAILED
+    if any cell did not finish, KILLED if those were all cancelled). The report is written when
+    ``force``, or when every cell has ended and the report does not show these statuses yet; a parent
+    run that missed the report (its store failed, or the sweep ran with tracking=off and was synced
+    since) is closed with the report as it was written. Returns the ranking table and the report's
+    path when it wrote one."""
     refreshed = reconcile.refresh(state)
     before = [c.interference for c in state.cells]
     colocation.flag(state, refreshed.times)  # before the rows: the findings leave flagged cells out
     flags_changed = before != [c.interference for c in state.cells]
     finished = all(c.status.terminal for c in state.cells)
-    fingerprint = json.dumps([[c.status.value, c.job_id, c.interference] for c in state.cells])
-    write_now = force or (finished and state.reported != fingerprint)
+    outcome = state.outcome()
+    write_now = force or (finished and state.reported != outcome)
+    close_now = finished and bool(state.tracking_uri) and (write_now or state.closed != outcome)
     state.save()
-    if state.tracking_uri and (refreshed.changed or flags_changed or write_now):
+    if state.tracking_uri and (refreshed.changed or flags_changed or write_now or close_now):
         _settle_runs(state)
+    elif runs.missing_runs(state):  # a run the store missed; none waits on a background creator
+        _settle_runs(state, wait=False)
+    if not (write_now or close_now):
+        return None
+    written = write_sweep_report(state) if write_now else written_report(state)
+    if close_now:
+        _close_parent(state, written, outcome)
+    if finished:
+        state.reported = outcome
+    state.save()
     if not write_now:
         return None
-    written = write_sweep_report(state)
-    if finished and state.tracking_uri and state.parent_run_id:
-        # KILLED when the cells that did not finish were all cancelled (an interrupted sweep), as their runs.
-        ended = {c.status for c in state.cells} - {CellStatus.done}
-        parent_status = "FINISHED" if not ended else "KILLED" if ended == {CellStatus.cancelled} else "FAILED"
-        try:
-            # The parent run's description (its page in the MLflow UI): links to the report and the compare
-            # page, the ranking table, the findings.
-            links = tracking.parent_links(str(state.experiment_id), state.parent_run_id,
-                                          [c.run_id for c in state.cells if c.run_id])
-            tracking.describe_parent(state.tracking_uri, state.parent_run_id,
-                                     f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
-                                     [written.cells_csv] if written.cells_csv else [])
-            tracking.close_parent(state.tracking_uri, state.parent_run_id, written.path, written.plots, parent_status,
-                                  runs.sweep_end_s(state))
-        except Exception as exc:  # the report is on disk; a tracking outage must not hide it
-            print(f"[mlflow] could not attach the report to run {state.parent_run_id}: {exc}", file=sys.stderr)
-    if finished:
-        state.reported = fingerprint
-        state.save()
     measured = any(c.status is CellStatus.done for c in state.cells)
     claims = _claims(written.findings) if measured else "nothing was measured: no cell finished"
     return f"{written.tables}\n\nFindings (the full section is in report.md):\n{claims}\n\nreport: {written.path}"
+
+
+def _close_parent(state: SweepState, written: Report, outcome: str) -> None:
+    """The parent run's description (its page in the MLflow UI: links to the report and the compare
+    page, the ranking table, the findings), the report attached, and its end: KILLED when the cells
+    that did not finish were all cancelled (an interrupted sweep), as their runs."""
+    uri, parent = state.tracking_uri, state.parent_run_id
+    if not (uri and parent):
+        return
+    ended = {c.status for c in state.cells} - {CellStatus.done}
+    parent_status = "FINISHED" if not ended else "KILLED" if ended == {CellStatus.cancelled} else "FAILED"
+    try:
+        links = tracking.parent_links(str(state.experiment_id), parent, [c.run_id for c in state.cells if c.run_id])
+        tracking.describe_parent(uri, parent,
+                                 f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
+                                 [written.cells_csv] if written.cells_csv else [])
+        tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
+        state.closed = outcome
+    except Exception as exc:  # the report is on disk; a tracking outage must not hide it
+        print(f"[mlflow] could not attach the report to run {parent}: {exc}", file=sys.stderr)
+
+
+def written_report(state: SweepState) -> Report:
+    """The sweep's report as it was written, to close a parent run with it unchanged: it was written
+    where the sweep ran (a synced sweep's noise floor and host are that machine's, not this one's).
+    Written now only where it is gone."""
+    out_dir = state.path
+    if not (out_dir / REPORT_FILE).exists():
+        return write_sweep_report(state)
+    text = (out_dir / REPORT_FILE).read_text()
+    cells_csv = out_dir / CELLS_FILE
+    return Report(out_dir / REPORT_FILE, plots=sorted((out_dir / PLOTS_DIR).glob("*.png")),
+                  tables=_section(text, "Results"), findings=_section(text, "Findings"),
+                  cells_csv=cells_csv if cells_csv.exists() else None)
+
+
+def _section(markdown: str, heading: str) -> str:
+    """The text under ``## heading``, up to the next heading of that level."""
+    lines = markdown.splitlines()
+    if f"## {heading}" not in lines:
+        return ""
+    start = lines.index(f"## {heading}") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join(lines[start:end]).strip()
 
 
 def _claims(findings: str) -> str:
@@ -562,10 +599,11 @@ def _claims(findings: str) -> str:
     return "\n".join(out) or "no measurable difference to report"
 
 
-def _settle_runs(state: SweepState) -> None:
-    """The runs a large sweep created in the background exist, and each agrees with its cell."""
+def _settle_runs(state: SweepState, wait: bool = True) -> None:
+    """Every run the sweep's cells have reached exists (a large sweep's are created in the background;
+    ``wait``: for that creator), and each agrees with its cell."""
     try:
-        runs.ensure_runs(state)
+        runs.complete_runs(state, wait)
         runs.settle(state)
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it
         print(f"[mlflow] could not settle the runs in {state.tracking_uri}: {exc}", file=sys.stderr)

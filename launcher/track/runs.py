@@ -22,7 +22,7 @@ from jobs.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
 from jobs.sinks import read_records
 from launcher.cluster.backends import backend_for
 from launcher.plan.cell import Cell, CellStatus
-from launcher.state import MLFLOW_STATUS, SweepState
+from launcher.state import MLFLOW_STATUS, RUNS_FILE, SweepState
 from launcher.track import tracking
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
@@ -267,14 +267,10 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
         if state.parent_run_id and not starts_s and all(cell_run.has_template(state.cell_dir(c)) for c in missing):
             return 0  # nothing new: no MLflow call at all (a status of a queued sweep stays quick)
         tracker = tracking.SweepTracker(state.tracking_uri, state.experiment or "ddp-vs-fsdp")
-        code = tracking.code_provenance()
+        code = state.code or tracking.code_provenance()
         if not state.parent_run_id:
-            state.experiment_id = tracker.experiment_id
-            state.parent_run_id = tracker.parent(state.name, {"sweep_dir": state.sweep_dir,
-                                                              "argv": " ".join(state.argv), "cluster": state.cluster,
-                                                              "cells": str(len(state.cells)), **code},
-                                                 start_s=sweep_start_s(state))
-            state.save_runs()
+            open_parent(state, tracker, code)
+            missing = [c for c in missing if not c.run_id]
         for cell in missing:
             if not cell_run.has_template(state.cell_dir(cell)):
                 write_template(state, cell, code)
@@ -282,6 +278,79 @@ def ensure_runs(state: SweepState, wait: bool = True) -> int:
         for cell in opened:
             cell.run_id = cell_run.open_run(tracker.client, state.cell_dir(cell), starts_s[cell.index])
         return len(opened)
+
+
+def complete_runs(state: SweepState, wait: bool = True) -> int:
+    """Every run the sweep lacks, created at its job's own times (ensure_runs), and each ended cell's
+    run that is new to this directory (created, or found in the store by a sync that may have stopped
+    half-way) filled from its records and settled as its cell (finish_cell). Returns how many cell
+    runs were created."""
+    state.adopt_runs()  # runs other processes made are theirs to fill, not new here
+    had = {c.index for c in state.cells if c.run_id}
+    created = ensure_runs(state, wait)
+    for cell in state.cells:
+        if cell.run_id and cell.index not in had and cell.status.terminal:
+            finish_cell(state, cell)
+    return created
+
+
+def missing_runs(state: SweepState) -> list[str]:
+    """What the sweep's store lacks, read from the sweep directory alone (no MLflow call): the parent
+    run once a cell has ended, the runs of ended cells, and, once all have ended, the parent's end with
+    the report (report.finalize)."""
+    if not state.tracking_uri:
+        return []
+    ended = [c for c in state.cells if c.status.terminal]
+    lost = [f"the run of {c.name}" for c in ended if not c.run_id]
+    if ended and not state.parent_run_id:
+        lost.insert(0, "the parent run")
+    elif len(ended) == len(state.cells) and state.closed != state.outcome():
+        lost.insert(0, "the parent run's end and report")
+    return lost
+
+
+def move_to_store(state: SweepState, uri: str) -> bool:
+    """Log the sweep to ``uri`` from now on: a sweep that ran with tracking=off, or whose store cannot
+    be reached from here. The ids of an earlier store are forgotten (that store keeps its runs); in
+    ``uri`` the runs are found by the sweep's id, or created. Returns whether the store changed."""
+    if state.tracking_uri == uri:
+        return False
+    state.tracking_uri, state.experiment = uri, state.experiment or _experiment_of(state)
+    state.experiment_id = state.parent_run_id = state.closed = None
+    # A document from before code was recorded: the syncing checkout's commit would be a guess.
+    state.code = state.code or {"git_commit": "unknown"}
+    (state.path / RUNS_FILE).unlink(missing_ok=True)
+    for cell in state.cells:
+        cell.run_id = None
+        cell_run.forget_run(state.cell_dir(cell))
+    state.save()
+    return True
+
+
+def _experiment_of(state: SweepState) -> str | None:
+    """The experiment the sweep's config names (tracking.experiment; tracking=off keeps the name)."""
+    try:
+        return (_resolved(state, state.cells[0]).get("tracking") or {}).get("experiment")
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def open_parent(state: SweepState, tracker: tracking.SweepTracker, code: dict[str, str]) -> None:
+    """The sweep's parent run: the one the store holds for this sweep already (synced before, from this
+    directory or a copy of it), with its cells' runs; else a new one, starting with the sweep."""
+    state.experiment_id = tracker.experiment_id
+    found = tracker.find_parent(state.sweep_id)
+    if found:
+        state.parent_run_id = found
+        by_name = tracker.cell_runs(found)
+        for cell in state.cells:
+            if cell.name in by_name and not cell.run_id:
+                cell.run_id = cell_run.remember_run(state.cell_dir(cell), by_name[cell.name])
+    else:
+        tags = {"sweep_dir": state.sweep_dir, "argv": " ".join(state.argv), "cluster": state.cluster,
+                "cells": str(len(state.cells)), tracking.SWEEP_ID_TAG: state.sweep_id, **code}
+        state.parent_run_id = tracker.parent(state.name, tags, start_s=sweep_start_s(state))
+    state.save_runs()
 
 
 def write_template(state: SweepState, cell: Cell, code: dict[str, str]) -> None:

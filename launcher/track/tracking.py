@@ -38,9 +38,7 @@ def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
 
 
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` store; None for any other URI."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+sqlite_path = mlflow_client.sqlite_path  # the one reading of a sqlite:/// URI, shared with the ranks
 
 
 def artifact_location(uri: str) -> str | None:
@@ -116,18 +114,49 @@ class SweepTracker:
     def __init__(self, uri: str, experiment: str) -> None:
         self.uri = uri
         self.client = mlflow_client.client(uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(
-            experiment, artifact_location=artifact_location(uri), tags=EXPERIMENT_TAGS)
-        if found and found.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
+        found = self.client.get_experiment_by_name(experiment) or self._create_experiment(experiment)
+        self.experiment_id = found.experiment_id
+        if found.tags.get(EXPERIMENT_KIND_TAG) != TRAINING_KIND:
             # An experiment made by an older version (or by hand): mark it too, once.
             self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+
+    def _create_experiment(self, name: str):
+        """The experiment, created here; when another sweep that started at the same moment created it
+        first (its name is unique in the store: mlflow#4123), that one."""
+        try:
+            self.client.create_experiment(name, artifact_location=artifact_location(self.uri), tags=EXPERIMENT_TAGS)
+        except Exception:
+            if self.client.get_experiment_by_name(name) is None:
+                raise
+        return self.client.get_experiment_by_name(name)
 
     def parent(self, name: str, tags: dict[str, str], start_s: float) -> str:
         """The sweep's parent run, starting at the sweep's start (its cells' runs: jobs/cell_run.py)."""
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags},
                                      start_time=int(start_s * 1000))
         return run.info.run_id
+
+    def find_parent(self, sweep_id: str) -> str | None:
+        """The parent run this store already holds for the sweep (tag ``sweep_id``), if any."""
+        found = self.client.search_runs([self.experiment_id], f"tags.{SWEEP_ID_TAG} = '{sweep_id}'", max_results=10,
+                                        order_by=["attributes.start_time ASC"])
+        parents = [r for r in found if "mlflow.parentRunId" not in r.data.tags]
+        return parents[0].info.run_id if parents else None
+
+    def cell_runs(self, parent_run_id: str) -> dict[str, str]:
+        """{cell name: run id} of the parent's child runs."""
+        found, token = {}, None
+        while True:
+            page = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                                           max_results=1000, page_token=token)
+            found.update({r.data.tags["cell"]: r.info.run_id for r in page if "cell" in r.data.tags})
+            token = page.token
+            if not token:
+                return found
+
+
+# The parent run's tag that names its sweep in any store (launcher.state.SweepState.sweep_id).
+SWEEP_ID_TAG = "sweep_id"
 
 
 def end_parent(uri: str, run_id: str, status: str, tags: dict[str, str]) -> None:
