@@ -29,7 +29,8 @@ from bench.common import PYTHON, REPO, Row, Settings, ratio_of_medians
 from bench.slurm_submit import Shim, default_partition, read_log, run_plugin_until_accepted, scancel, unavailable
 from launcher.cluster.slurm_commands import max_array_size
 
-GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2", "runs=1"]
+GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"]  # keys the reference app has
+OURS_ONLY = ["runs=1"]  # one run per cell, as the plugin runs each point once
 CELLS = 1000
 TARGET_RETURN_S = 15.0
 TARGET_STATUS_S = 2.0
@@ -40,7 +41,7 @@ def _ours(work: Path, shim: Shim, partition: str, name: str, tracking: list[str]
     sbatch_log = work / f"{name}.sbatch.log"
     sbatch_log.unlink(missing_ok=True)
     sweep = work / "ours" / name
-    cmd = [PYTHON, "-m", "launcher", "-m", "cluster=slurm", f"cluster.partition={partition}", *GRID, *tracking,
+    cmd = [PYTHON, "-m", "launcher", "-m", "cluster=slurm", f"cluster.partition={partition}", *GRID, *OURS_ONLY, *tracking,
            f"output_root={work / 'ours'}", f"sweep_dir={sweep}", "+cluster.additional_parameters.hold=true"]
     with (work / f"{name}.log").open("w") as out:
         start = time.time()
