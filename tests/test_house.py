@@ -266,13 +266,13 @@ local.x = 6
 
 
 def _layout_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    return readme.split("## Layout of the code\n", 1)[1].split("\n## ", 1)[0]
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    return architecture.split("## Layout of the code\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_readme_layout_names_every_module_and_only_what_exists():
-    """The README's code layout cannot drift: every module of launcher/ and jobs/ (and every
-    script) is named in its directory's entry, each package of launcher/ has an entry of its own
+def test_the_code_layout_names_every_module_and_only_what_exists():
+    """The code layout (docs/architecture.md) cannot drift: every module of launcher/ and jobs/ (and
+    every script) is named in its directory's entry, each package of launcher/ has an entry of its own
     that names its modules, and every path the section names exists."""
     import re
 
@@ -280,14 +280,14 @@ def test_the_readme_layout_names_every_module_and_only_what_exists():
     entries = dict(re.findall(r"^    (\S+/)\s+(.*(?:\n {21}.*)*)", section, flags=re.M))
     folders = ["launcher", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in (ROOT / "launcher").glob("*/__init__.py")]
     for folder in folders:
-        assert f"{folder}/" in entries, f"README's layout has no entry for {folder}/"
+        assert f"{folder}/" in entries, f"the code layout has no entry for {folder}/"
         text = entries[f"{folder}/"]
         modules = [p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"]
         modules += [p.name for p in (ROOT / folder).iterdir() if p.is_dir() and (p / "__init__.py").exists()]
         missing = [m for m in modules if not re.search(rf"(?<![\w/]){re.escape(m)}\b", text)]
-        assert not missing, f"README's layout does not name {folder}/{missing}"
+        assert not missing, f"the code layout does not name {folder}/{missing}"
     scripts = [p.name for p in (ROOT / "scripts").iterdir() if p.is_file()]
     assert not [s for s in scripts if s not in entries["scripts/"]], entries["scripts/"]
     for path in re.findall(r"\b[\w.-]+/[\w./-]*", section):
         if path.startswith(("launcher/", "jobs/", "scripts/", "slurm/", "docker/", "bench/", "tests/")):
-            assert (ROOT / path.rstrip("/")).exists(), f"README's layout names {path}, which does not exist"
+            assert (ROOT / path.rstrip("/")).exists(), f"the code layout names {path}, which does not exist"
