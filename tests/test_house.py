@@ -1,5 +1,6 @@
 """The shape of the house: imports flow one way, one module talks to submitit, bench/ uses the
-worker's public steps only, sweep directories hold no pickles."""
+worker's public steps only, sweep directories hold no pickles, the code layout in docs/ names what
+exists, and the README stays short with every link of the documents resolving."""
 
 import ast
 from pathlib import Path
@@ -291,3 +292,50 @@ def test_the_code_layout_names_every_module_and_only_what_exists():
     for path in re.findall(r"\b[\w.-]+/[\w./-]*", section):
         if path.startswith(("launcher/", "jobs/", "scripts/", "slurm/", "docker/", "bench/", "tests/")):
             assert (ROOT / path.rstrip("/")).exists(), f"the code layout names {path}, which does not exist"
+
+
+_LINK = r"\]\(([^)\s]+)\)"
+
+
+def _heading_ids(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces to -."""
+    import re
+
+    titles = re.findall(r"^#{1,6} +(.+?) *$", path.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
+
+
+def _broken_links(doc: Path) -> list[str]:
+    """The relative links of ``doc`` whose file, or heading in that file, does not exist."""
+    import re
+
+    broken = []
+    for target in re.findall(_LINK, doc.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _heading_ids(dest)):
+            broken.append(target)
+    return broken
+
+
+def test_the_readme_is_short_and_maps_every_document():
+    """The README is the short way in (at most 250 lines); the details live under docs/, every
+    document there is linked from it, and each of its links to docs/ resolves, heading included."""
+    import re
+
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines: details belong in docs/"
+    linked = {t.partition("#")[0] for t in re.findall(_LINK, text) if t.startswith("docs/")}
+    documents = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")} | {"docs/gpu/README.md"}
+    assert not documents - linked, f"README.md does not link {sorted(documents - linked)}"
+    assert not [t for t in _broken_links(readme) if t.startswith("docs/")], _broken_links(readme)
+
+
+def test_the_documents_links_resolve():
+    docs = [ROOT / "README.md", ROOT / "docs" / "gpu" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs += [ROOT / d / "README.md" for d in ("slurm", "docker", "bench")]
+    broken = {str(d.relative_to(ROOT)): _broken_links(d) for d in docs}
+    assert not any(broken.values()), {d: links for d, links in broken.items() if links}
