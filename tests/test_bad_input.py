@@ -140,7 +140,7 @@ def test_password_never_echoed(tmp_path, capsys):
 
 
 def test_a_missing_module_is_named_and_never_suggested_as_the_fix(tmp_path, capsys):
-    # The README's own example on a machine without torchvision: the cause is the missing module,
+    # docs/strategies.md's own example on a machine without torchvision: the cause is the missing module,
     # and the fix is to install its package, not to write the same value again.
     import importlib.util
 

@@ -1,5 +1,6 @@
 """The shape of the house: imports flow one way, one module talks to submitit, bench/ uses the
-worker's public steps only, sweep directories hold no pickles."""
+worker's public steps only, sweep directories hold no pickles, the code layout in docs/ names what
+exists, and the README stays short with every link of the documents resolving."""
 
 import ast
 from pathlib import Path
@@ -266,13 +267,13 @@ local.x = 6
 
 
 def _layout_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    return readme.split("## Layout of the code\n", 1)[1].split("\n## ", 1)[0]
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    return architecture.split("## Layout of the code\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_readme_layout_names_every_module_and_only_what_exists():
-    """The README's code layout cannot drift: every module of launcher/ and jobs/ (and every
-    script) is named in its directory's entry, each package of launcher/ has an entry of its own
+def test_the_code_layout_names_every_module_and_only_what_exists():
+    """The code layout (docs/architecture.md) cannot drift: every module of launcher/ and jobs/ (and
+    every script) is named in its directory's entry, each package of launcher/ has an entry of its own
     that names its modules, and every path the section names exists."""
     import re
 
@@ -280,14 +281,61 @@ def test_the_readme_layout_names_every_module_and_only_what_exists():
     entries = dict(re.findall(r"^    (\S+/)\s+(.*(?:\n {21}.*)*)", section, flags=re.M))
     folders = ["launcher", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in (ROOT / "launcher").glob("*/__init__.py")]
     for folder in folders:
-        assert f"{folder}/" in entries, f"README's layout has no entry for {folder}/"
+        assert f"{folder}/" in entries, f"the code layout has no entry for {folder}/"
         text = entries[f"{folder}/"]
         modules = [p.stem for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"]
         modules += [p.name for p in (ROOT / folder).iterdir() if p.is_dir() and (p / "__init__.py").exists()]
         missing = [m for m in modules if not re.search(rf"(?<![\w/]){re.escape(m)}\b", text)]
-        assert not missing, f"README's layout does not name {folder}/{missing}"
+        assert not missing, f"the code layout does not name {folder}/{missing}"
     scripts = [p.name for p in (ROOT / "scripts").iterdir() if p.is_file()]
     assert not [s for s in scripts if s not in entries["scripts/"]], entries["scripts/"]
     for path in re.findall(r"\b[\w.-]+/[\w./-]*", section):
         if path.startswith(("launcher/", "jobs/", "scripts/", "slurm/", "docker/", "bench/", "tests/")):
-            assert (ROOT / path.rstrip("/")).exists(), f"README's layout names {path}, which does not exist"
+            assert (ROOT / path.rstrip("/")).exists(), f"the code layout names {path}, which does not exist"
+
+
+_LINK = r"\]\(([^)\s]+)\)"
+
+
+def _heading_ids(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces to -."""
+    import re
+
+    titles = re.findall(r"^#{1,6} +(.+?) *$", path.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
+
+
+def _broken_links(doc: Path) -> list[str]:
+    """The relative links of ``doc`` whose file, or heading in that file, does not exist."""
+    import re
+
+    broken = []
+    for target in re.findall(_LINK, doc.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _heading_ids(dest)):
+            broken.append(target)
+    return broken
+
+
+def test_the_readme_is_short_and_maps_every_document():
+    """The README is the short way in (at most 250 lines); the details live under docs/, every
+    document there is linked from it, and each of its links to docs/ resolves, heading included."""
+    import re
+
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines: details belong in docs/"
+    linked = {t.partition("#")[0] for t in re.findall(_LINK, text) if t.startswith("docs/")}
+    documents = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")} | {"docs/gpu/README.md"}
+    assert not documents - linked, f"README.md does not link {sorted(documents - linked)}"
+    assert not [t for t in _broken_links(readme) if t.startswith("docs/")], _broken_links(readme)
+
+
+def test_the_documents_links_resolve():
+    docs = [ROOT / "README.md", ROOT / "docs" / "gpu" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs += [ROOT / d / "README.md" for d in ("slurm", "docker", "bench")]
+    broken = {str(d.relative_to(ROOT)): _broken_links(d) for d in docs}
+    assert not any(broken.values()), {d: links for d, links in broken.items() if links}

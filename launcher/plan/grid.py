@@ -147,7 +147,7 @@ def _explain(exc: BaseException, overrides: list[str]) -> str:
         if "not in struct" in msg or "not in '" in msg:
             fix = f"{did_you_mean(key)} (python -m launcher --help lists the settings.)"
         else:
-            fix = f"give {key} a value of the right type (see conf/ and the README)."
+            fix = f"give {key} a value of the right type (see conf/ and docs/configuration.md)."
         return f"[{where}] {key}: {msg}. Fix: {fix}"
     cause = exc.__cause__ or exc.__context__
     if cause is not None and cause is not exc:

@@ -372,7 +372,8 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
                      + ". Their comparisons are shown but not claimed, and they are not recommended.")
     if noiseless:
         lines.append(f"{len(noiseless)} configuration(s) ran once and this cluster has no noise floor: nothing is "
-                     "claimed about them. Set runs=3 or more, or measure a noise floor (README, Reading the report).")
+                     "claimed about them. Set runs=3 or more, or measure a noise floor "
+                     "(docs/reading-the-report.md, A noise floor per cluster).")
     if failed or flagged or noiseless:
         lines.append("")
     for axis, title in AXES.items():
