@@ -556,7 +556,9 @@ def render(check: Check, started: str) -> str:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+        # --dirty: a checkout carried to a node with changes of its own says so (the first GPU runs
+        # named the commit their working tree had started from).
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True,
                               timeout=5).stdout.strip() or "?"
     except (OSError, subprocess.SubprocessError):
         return "?"
