@@ -457,11 +457,20 @@ def _plots_section(rows: list[dict[str, Any]], measured: bool, out_dir: Path, re
     return parts
 
 
-# Leading columns of cells.csv; every other key any row has follows, sorted.
-_CSV_FIRST = ("cell", "sweep", "model", "strategy", "precision", "nodes", "world_size", "status", "failure_class",
-              "throughput_samples_per_s", "throughput_samples_per_s_per_device", "throughput_cv", "repeats",
-              "step_time_ms_p50", "step_time_ms_p90", "peak_mem_allocated_gib", "peak_rss_gib", "model_state_bytes",
-              "relative_perf", "scaling_efficiency", "comm_share", "interference", "error", "run_id")
+# Leading columns of cells.csv: who the cell is, the registry's leading figures, what went wrong;
+# every other key any row has follows, sorted.
+_CSV_WHO = ("cell", "sweep", "model", "strategy", "precision", "nodes", "world_size", "status", "failure_class")
+_CSV_LAST_OF_LEAD = ("interference", "error", "run_id")
+# Settings read beside a figure: the window count beside the window CV computed over it.
+_CSV_BESIDE = {"throughput_cv": ("repeats",)}
+
+
+def _csv_lead() -> tuple[str, ...]:
+    figures = [k for name in metrics.csv_lead() for k in (name, *_CSV_BESIDE.get(name, ()))]
+    return (*_CSV_WHO, *figures, *_CSV_LAST_OF_LEAD)
+
+
+_CSV_FIRST = _csv_lead()
 
 
 def write_cells_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:
