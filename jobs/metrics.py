@@ -18,7 +18,11 @@ Each :class:`Metric` says
 * ``optional``: the column is shown only where some row has a value (tokens, MFU, energy, cost);
 * ``csv_lead``: it leads ``cells.csv`` (in declaration order) instead of following sorted;
 * ``or_else``: a metric whose value the column shows where this one was not measured;
-* ``source``: who computes it: the worker, the launcher before launch, or the report over cells.
+* ``source``: who computes it: the worker, the launcher before launch, or the report over cells;
+* ``claim``: the name a claim about it goes by (findings, ``--compare``, and the noise floor's
+  file, which keeps that name); None: no claim is made about it;
+* ``min_effect``: the smallest relative change worth a claim (for an exact count: the band
+  within which two values are the same).
 
 The order of declaration is the order of the report's columns and of the CSV's leading figures.
 Adding a measured figure touches the module that measures it and this registry.
@@ -78,6 +82,8 @@ class Metric:
     csv_lead: bool = False
     or_else: str | None = None
     source: Source = Source.WORKER
+    claim: str | None = None
+    min_effect: float | None = None
 
     def read(self, row: Mapping[str, Any]) -> Any:
         """Its value in a summary or a report row; its stand-in's where it was not measured."""
@@ -95,7 +101,7 @@ METRICS: tuple[Metric, ...] = (
     # ---- the report's columns, in their order -------------------------------------------------
     Metric("world_size", "ranks", _SAME, _FLAT, label="ranks", fmt="count"),
     Metric("throughput_samples_per_s", "samples/s", _S, _UP, headline=8, label="samples/s", fmt="rate",
-           csv_lead=True),
+           csv_lead=True, claim="throughput", min_effect=0.05),
     Metric("throughput_samples_per_s_per_device", "samples/s per device", _M, _UP, headline=1,
            label="samples/s/dev", fmt="rate", csv_lead=True),
     # The spread of throughput over a run's windows; its column reads it with the window count.
@@ -103,14 +109,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("throughput_tokens_per_s", "tokens/s", _S, _UP, label="tokens/s", fmt="rate", optional=True),
     Metric("throughput_tokens_per_s_per_device", "tokens/s per device", _M, _UP, label="tokens/s/dev",
            fmt="rate", optional=True),
-    Metric("step_time_ms_p50", "ms", _STEP, _DOWN, headline=2, label="step p50 ms", fmt=".1f", csv_lead=True),
+    Metric("step_time_ms_p50", "ms", _STEP, _DOWN, headline=2, label="step p50 ms", fmt=".1f", csv_lead=True,
+           claim="step_time", min_effect=0.05),
     Metric("step_time_ms_p90", "ms", _STEP, _DOWN, label="step p90 ms", fmt=".1f", csv_lead=True),
-    # CPU ranks have no allocator peak: the column shows their resident set instead.
+    # CPU ranks have no allocator peak: the column and the claims use their resident set instead.
+    # Memory peaks move less between runs than speed, so their band is narrower (and a claim still
+    # needs their own measured noise).
     Metric("peak_mem_allocated_gib", "GiB", _X, _DOWN, headline=3, label="peak mem GiB", fmt=".2f",
-           csv_lead=True, or_else="peak_rss_gib"),
+           csv_lead=True, or_else="peak_rss_gib", claim="peak_memory", min_effect=0.03),
     Metric("peak_rss_gib", "GiB", _X, _DOWN, headline=4, csv_lead=True),
+    # Counted exactly (bytes of tensors), so no noise: below 1% apart is the same layout.
     Metric("model_state_bytes", "bytes", _X, _DOWN, headline=5, label="state {unit}/rank", fmt="bytes",
-           csv_lead=True),
+           csv_lead=True, min_effect=0.01),
     Metric("mfu", "share of the datasheet peak", _DER, _UP, headline=7, label="MFU", fmt=".1%", optional=True),
     Metric("mfu_measured_peak", "share of the measured matmul peak", _DER, _UP, label="MFU (measured peak)",
            fmt=".1%", optional=True),
@@ -181,6 +191,11 @@ def headlines() -> tuple[str, ...]:
 def columns() -> tuple[Metric, ...]:
     """The metrics that are columns of the report's table, in column order."""
     return tuple(m for m in METRICS if m.label)
+
+
+def claimed() -> dict[str, Metric]:
+    """The metrics claims are made about, by their claim's name, in declaration order."""
+    return {m.claim: m for m in METRICS if m.claim}
 
 
 def csv_lead() -> tuple[str, ...]:
