@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from jobs import metrics
 from jobs.mlflow_client import PARAM_MAX_CHARS, PARAMS_PER_BATCH
 
 METRICS_FILE = "metrics.jsonl"  # the job's records, written by rank 0 (jobs/sinks.py)
@@ -69,9 +70,8 @@ def first_start_s(metrics_file: Path) -> float | None:
 # What people compare first, in this order. MLflow's compare page orders a run's metrics as they
 # were first logged, and its parallel-coordinates chart opens on the first one shared by every
 # run: so every logger sends these first (view_order), before the step series and the figures
-# known before launch.
-HEADLINE_METRICS = ("throughput_samples_per_s_per_device", "step_time_ms_p50", "peak_mem_allocated_gib",
-                    "peak_rss_gib", "model_state_bytes", "comm_share", "mfu", "throughput_samples_per_s")
+# known before launch. Which metrics, in which order: jobs/metrics.py.
+HEADLINE_METRICS = metrics.headlines()
 
 
 def view_order(key: str) -> int:

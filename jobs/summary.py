@@ -1,9 +1,10 @@
 """One owner of a run's measurements: the reduction across ranks, the summary schema, the per-step
 records and the run's tags (:func:`report`; torchtitan's MetricsProcessor plays this part).
 
-Every name carries its unit. Reductions across ranks: throughput is summed (each rank's own
-samples over its own time), step time is the slowest rank's per step (a synchronous step ends
-when the last rank ends), memory is the maximum over ranks (the rank that runs out first).
+Every name carries its unit, and is declared in jobs/metrics.py with its reduction across ranks:
+throughput is summed (each rank's own samples over its own time), step time is the slowest rank's
+per step (a synchronous step ends when the last rank ends), memory is the maximum over ranks (the
+rank that runs out first).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jobs import metrics
 from jobs.stats import coefficient_of_variation, percentile
 
 if TYPE_CHECKING:
@@ -67,10 +69,24 @@ def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_p
     if tokens_per_sample > 1:
         out["throughput_tokens_per_s"] = throughput * tokens_per_sample
         out["throughput_tokens_per_s_per_device"] = throughput * tokens_per_sample / world
+    out.update(rank_figures_reduced(per_rank))
+    return out
+
+
+# How the registry's reductions over ranks apply to figures every rank measured itself.
+_REDUCE: dict[metrics.OverRanks, Callable[[list[float]], float]] = {
+    metrics.OverRanks.MAX: max, metrics.OverRanks.SUM: sum, metrics.OverRanks.MEAN: statistics.fmean}
+
+
+def rank_figures_reduced(per_rank: list[dict[str, Any]]) -> dict[str, float]:
+    """Each registered figure of the ranks' entries (memory, bytes, communication, skipped steps),
+    reduced over the ranks as jobs/metrics.py declares it; the rest of an entry (step times,
+    history, host) is not a figure of its own."""
+    out = {}
     for key in per_rank[0]:
-        # Memory and communication: the worst rank is the one that limits the job.
-        if key.endswith(("_gib", "_bytes")) or key.startswith(("comm_", "memcpy_", "fp16_")):
-            out[key] = max(r[key] for r in per_rank)
+        metric = metrics.REGISTRY.get(key)
+        if metric is not None and metric.over_ranks in _REDUCE:
+            out[key] = _REDUCE[metric.over_ranks]([r[key] for r in per_rank])
     return out
 
 

@@ -104,6 +104,7 @@ LAUNCHER_USES_OF_JOBS = {
     "jobs.worker": "the entry point every rank runs",
     "jobs.sinks": "the reader of metrics.jsonl, beside its writer",
     "jobs.cell_run": "a cell's MLflow run, created by whichever side needs it first",
+    "jobs.metrics": "the metric registry: names, reductions, directions, the report's columns",
     "jobs.mlflow_client": "MLflow's limits, which both writers keep",
     "jobs.stats": "scaling efficiency, computed one way by the ranks and the report",
     "jobs.dist": "Slurm's node-list syntax, read one way by the ranks and the launcher",

@@ -31,12 +31,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs import metrics
 from launcher.report.findings import STATE_TOLERANCE
 from launcher.report.rows import grouped, md_cell, num, settings
 from launcher.report.stats import HIGHER, INCONCLUSIVE, LOWER, MIN_EFFECT, SAME, Diff, Floor, difference, estimate
 
 IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
 UNDECIDED = "inconclusive"
+# Each claimed metric is compared under its report column's label and by its direction; model
+# state, counted exactly, under its own (its column's unit changes with the sweep).
+_THROUGHPUT = metrics.claimed()["throughput"]
+_STATE = metrics.get("model_state_bytes")
 
 
 @dataclass
@@ -120,22 +125,25 @@ def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor 
     if ea is None or eb is None:
         if ea is not None:
             why = b.get("failure_class") or b.get("status")
-            return [Delta("samples/s", ea.mean, None, None, REGRESSION, f"no result in B ({why})")]
+            return [Delta(str(_THROUGHPUT.label), ea.mean, None, None, REGRESSION, f"no result in B ({why})")]
         why = a.get("failure_class") or a.get("status")
         verdict = IMPROVEMENT if eb is not None else NO_CHANGE
-        return [Delta("samples/s", None, eb.mean if eb else None, None, verdict, f"no result in A ({why})")]
-    out = [_delta("samples/s", difference(eb, ea, threshold), ea.mean, eb.mean, higher_is_better=True,
+        return [Delta(str(_THROUGHPUT.label), None, eb.mean if eb else None, None, verdict,
+                      f"no result in A ({why})")]
+    out = [_delta(_THROUGHPUT, difference(eb, ea, threshold), ea.mean, eb.mean,
                   noise=_noise(ea.source, eb.source, ea.n, eb.n))]
-    for metric, label, effect in (("step_time", "step p50 ms", threshold),
-                                  ("peak_memory", "peak mem GiB", MIN_EFFECT["peak_memory"])):
-        sa, sb = estimate(a, metric, floor), estimate(b, metric, floor)
+    for claim, metric in metrics.claimed().items():
+        if claim == "throughput":
+            continue
+        sa, sb = estimate(a, claim, floor), estimate(b, claim, floor)
         if sa is not None and sb is not None:
-            out.append(_delta(label, difference(sb, sa, effect), sa.mean, sb.mean, higher_is_better=False,
+            out.append(_delta(metric, difference(sb, sa, _effect(claim, threshold)), sa.mean, sb.mean,
                               noise=_noise(sa.source, sb.source, sa.n, sb.n)))
     ma, mb = _mib(a), _mib(b)
     state_change = _change(ma, mb)
     if state_change is not None:
-        verdict = NO_CHANGE if abs(state_change) <= STATE_TOLERANCE else (REGRESSION if state_change > 0
+        grew_worse = (state_change > 0) == (_STATE.direction is metrics.Direction.LOWER)
+        verdict = NO_CHANGE if abs(state_change) <= STATE_TOLERANCE else (REGRESSION if grew_worse
                                                                            else IMPROVEMENT)
         out.append(Delta("model state MiB", ma, mb, state_change, verdict,
                          f"counted exactly; band ±{STATE_TOLERANCE:.0%}"))
@@ -150,19 +158,25 @@ def _noise(source_a: str, source_b: str, n_a: int, n_b: int) -> str:
     return f"{n_a} + {n_b} runs"
 
 
-def _delta(label: str, d: Diff, a: float, b: float, *, higher_is_better: bool, noise: str) -> Delta:
+def _effect(claim: str, threshold: float) -> float:
+    """The change worth a verdict: the command's threshold for speed (throughput, step time), the
+    registry's narrower band for memory, which moves less between runs."""
+    return MIN_EFFECT[claim] if claim == "peak_memory" else threshold
+
+
+def _delta(metric: metrics.Metric, d: Diff, a: float, b: float, *, noise: str) -> Delta:
     """One metric's delta: the Diff's verdict in the words of a comparison over time."""
-    better, worse = (HIGHER, LOWER) if higher_is_better else (LOWER, HIGHER)
+    better, worse = (HIGHER, LOWER) if metric.direction is metrics.Direction.HIGHER else (LOWER, HIGHER)
     verdict = {better: IMPROVEMENT, worse: REGRESSION, SAME: NO_CHANGE, INCONCLUSIVE: UNDECIDED}[d.verdict]
     interval = f"95% CI {d.low - 1:+.1%}..{d.high - 1:+.1%}, " if d.low is not None and d.high is not None else ""
     note = f"{interval}{noise}"
     if verdict == UNDECIDED:
         note = d.why_inconclusive() if d.low is None else f"{note}; {d.why_inconclusive()}"
-    return Delta(label, a, b, d.ratio - 1, verdict, note, d.runs_needed)
+    return Delta(str(metric.label), a, b, d.ratio - 1, verdict, note, d.runs_needed)
 
 
 def _mib(row: dict[str, Any]) -> float | None:
-    b = num(row.get("model_state_bytes"))
+    b = num(_STATE.read(row))
     return None if b is None else b / 1024**2
 
 

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from jobs import metrics
 from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
 from launcher.report.stats import (
     HIGHER,
@@ -43,7 +44,8 @@ from launcher.report.stats import (
 )
 
 MARGIN = 0.05  # the recommendation's "within 5% of the fastest"
-STATE_TOLERANCE = 0.01  # model state is counted exactly: below 1% is the same layout
+# Model state is counted exactly: within the registry's band it is the same layout.
+STATE_TOLERANCE: float = metrics.get("model_state_bytes").min_effect or 0.0
 # Known choices in the order that makes the first one the baseline of a comparison.
 _ORDER = {"strategy": ["ddp", "fsdp", "zero2", "hsdp", "fsdp_noshard", "fsdp_offload"],
           "precision": ["fp32", "bf16", "fp16"]}

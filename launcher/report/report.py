@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import mlflow_client
+from jobs import metrics, mlflow_client
 from launcher.cli import guarded
 from launcher.cluster import colocation
 from launcher.cluster.backends import backend_for
@@ -36,7 +36,6 @@ from launcher.report.rows import (
     grouped,
     md_cell,
     num,
-    peak_memory_gib,
     ranked,
 )
 from launcher.state import FROM_MLFLOW, StateError, SweepState
@@ -223,15 +222,28 @@ class Column:
     optional: bool = False
 
 
-def _state_column(rows: Sequence[dict[str, Any]]) -> Column:
-    largest = max((num(r.get("model_state_bytes")) or 0 for r in rows), default=0)
+def _state_column(metric: metrics.Metric, rows: Sequence[dict[str, Any]]) -> Column:
+    """Bytes in GiB where the largest value reaches one, else in MiB: one unit per table."""
+    largest = max((num(r.get(metric.name)) or 0 for r in rows), default=0)
     unit, div, spec = ("GiB", GIB, ".2f") if largest >= GIB else ("MiB", MIB, ".1f")
 
     def value(r: dict[str, Any]) -> float | None:
-        b = num(r.get("model_state_bytes"))
+        b = num(r.get(metric.name))
         return None if b is None else b / div
 
-    return Column(f"state {unit}/rank", value, _fixed(spec))
+    return Column(str(metric.label).format(unit=unit), value, _fixed(spec))
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _metric_column(metric: metrics.Metric, rows: Sequence[dict[str, Any]]) -> Column:
+    """A registered metric's column: its label, its value (or its stand-in's), its format."""
+    if metric.fmt == "bytes":
+        return _state_column(metric, rows)
+    fmt = {"rate": _rate, "count": _count}.get(metric.fmt) or _fixed(metric.fmt)
+    return Column(str(metric.label), metric.read, fmt, optional=metric.optional)
 
 
 def _status(row: dict) -> str:
@@ -249,26 +261,10 @@ def columns(rows: Sequence[dict[str, Any]], floor: stats.Floor | None = None) ->
     ]
     if multi_sweep:
         cols.append(Column("sweep", lambda r: r.get("sweep"), numeric=False))
+    cols += [_metric_column(m, rows) for m in metrics.columns()]
+    # The noise columns read several fields each (the window CV its window count; the interval the
+    # runs and the noise floor), so they are the report's own, after the registered figures.
     cols += [
-        Column("ranks", lambda r: r.get("world_size"), lambda v: "-" if v is None else str(v)),
-        Column("samples/s", lambda r: r.get("throughput_samples_per_s"), _rate),
-        Column("samples/s/dev", lambda r: r.get("throughput_samples_per_s_per_device"), _rate),
-        Column("tokens/s", lambda r: r.get("throughput_tokens_per_s"), _rate, optional=True),
-        Column("tokens/s/dev", lambda r: r.get("throughput_tokens_per_s_per_device"), _rate, optional=True),
-        Column("step p50 ms", lambda r: r.get("step_time_ms_p50"), _fixed(".1f")),
-        Column("step p90 ms", lambda r: r.get("step_time_ms_p90"), _fixed(".1f")),
-        Column("peak mem GiB", peak_memory_gib, _fixed(".2f")),
-        _state_column(rows),
-        Column("MFU", lambda r: r.get("mfu"), _fixed(".1%"), optional=True),
-        Column("MFU (measured peak)", lambda r: r.get("mfu_measured_peak"), _fixed(".1%"), optional=True),
-        Column("J/sample", lambda r: r.get("energy_j_per_sample"), _fixed(".3g"), optional=True),
-        Column("W/device", lambda r: r.get("power_w_mean"), _fixed(".0f"), optional=True),
-        Column("cost/1M samples", lambda r: r.get("cost_per_1m_samples"), _fixed(",.2f"), optional=True),
-        Column("rel perf", lambda r: r.get("relative_perf"), _fixed(".0%")),
-        Column("scaling eff", lambda r: r.get("scaling_efficiency"), _fixed(".0%")),
-        Column("comm share", lambda r: r.get("comm_share"), _fixed(".0%")),
-        Column("runs", lambda r: r.get("runs"), lambda v: "-" if v is None else str(v), optional=True),
-        Column("run spread", lambda r: r.get("run_spread"), _fixed(".1%"), optional=True),
         Column("window CV", lambda r: r, _cv),
         Column("±95% CI", lambda r: r, lambda r: stats.ci_text(r, floor)),
         Column("status", _status, numeric=False),
@@ -461,11 +457,20 @@ def _plots_section(rows: list[dict[str, Any]], measured: bool, out_dir: Path, re
     return parts
 
 
-# Leading columns of cells.csv; every other key any row has follows, sorted.
-_CSV_FIRST = ("cell", "sweep", "model", "strategy", "precision", "nodes", "world_size", "status", "failure_class",
-              "throughput_samples_per_s", "throughput_samples_per_s_per_device", "throughput_cv", "repeats",
-              "step_time_ms_p50", "step_time_ms_p90", "peak_mem_allocated_gib", "peak_rss_gib", "model_state_bytes",
-              "relative_perf", "scaling_efficiency", "comm_share", "interference", "error", "run_id")
+# Leading columns of cells.csv: who the cell is, the registry's leading figures, what went wrong;
+# every other key any row has follows, sorted.
+_CSV_WHO = ("cell", "sweep", "model", "strategy", "precision", "nodes", "world_size", "status", "failure_class")
+_CSV_LAST_OF_LEAD = ("interference", "error", "run_id")
+# Settings read beside a figure: the window count beside the window CV computed over it.
+_CSV_BESIDE = {"throughput_cv": ("repeats",)}
+
+
+def _csv_lead() -> tuple[str, ...]:
+    figures = [k for name in metrics.csv_lead() for k in (name, *_CSV_BESIDE.get(name, ()))]
+    return (*_CSV_WHO, *figures, *_CSV_LAST_OF_LEAD)
+
+
+_CSV_FIRST = _csv_lead()
 
 
 def write_cells_csv(rows: Sequence[dict[str, Any]], path: Path) -> Path:

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from jobs import metrics
 from jobs.stats import scaling_efficiency
 
 GIB = 1024**3
@@ -84,8 +85,9 @@ def add_derived(rows: list[dict[str, Any]]) -> None:
 
 
 def peak_memory_gib(row: dict[str, Any]) -> float | None:
-    """Peak resident set on CPU, peak allocated CUDA memory on GPUs (max over ranks)."""
-    return row.get("peak_mem_allocated_gib", row.get("peak_rss_gib"))
+    """Peak resident set on CPU, peak allocated CUDA memory on GPUs (max over ranks; the stand-in is
+    the registry's)."""
+    return metrics.get("peak_mem_allocated_gib").read(row)
 
 
 def series_labels(rows: Sequence[dict[str, Any]]) -> dict[str, str]:

@@ -1,0 +1,203 @@
+"""The metric registry: every figure a run reports, declared once.
+
+The worker writes these names into its summary (jobs/summary.py), MLflow shows the headline ones
+first (jobs/cell_run.py), and the report's table, ``cells.csv``, ``--compare`` and the findings
+read their labels, formats and directions from here. Standard library only: the launcher imports
+it on a login node, without torch.
+
+Each :class:`Metric` says
+
+* ``name``: the key in summaries, rows and MLflow, its unit at the end (``step_time_ms_p50``);
+* ``unit``: the unit in words, for people and docs;
+* ``over_ranks``: how the ranks' values become the job's (:class:`OverRanks`);
+* ``over_runs``: how independent runs of one configuration become its row (:class:`OverRuns`);
+* ``direction``: whether higher or lower is better, or neither (a setting, a count);
+* ``headline``: its place among the figures MLflow shows first (1 first; None: not a headline);
+* ``label`` and ``fmt``: its column in the report's table (None: no column), and how a value is
+  written there (a format spec, or one of ``rate``, ``count``, ``bytes``);
+* ``optional``: the column is shown only where some row has a value (tokens, MFU, energy, cost);
+* ``csv_lead``: it leads ``cells.csv`` (in declaration order) instead of following sorted;
+* ``or_else``: a metric whose value the column shows where this one was not measured;
+* ``source``: who computes it: the worker, the launcher before launch, or the report over cells;
+* ``claim``: the name a claim about it goes by (findings, ``--compare``, and the noise floor's
+  file, which keeps that name); None: no claim is made about it;
+* ``min_effect``: the smallest relative change worth a claim (for an exact count: the band
+  within which two values are the same).
+
+The order of declaration is the order of the report's columns and of the CSV's leading figures.
+Adding a measured figure touches the module that measures it and this registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class OverRanks(str, Enum):
+    """How the ranks' values of one job become the job's value."""
+
+    SUM = "sum"  # each rank's own rate, added (throughput)
+    MEAN = "mean"  # the average rank (per-device throughput, power)
+    MAX = "max"  # the worst rank: the one that runs out of memory first, or waits longest
+    MAX_PER_STEP = "max per step"  # a synchronous step ends when its slowest rank does
+    SAME = "same"  # one value for the job: configured or counted, equal on every rank
+    DERIVED = "derived"  # computed from the job's other figures (a ratio, a spread, a price)
+    NONE = "none"  # not a figure of one job (computed by the report over cells)
+
+
+class OverRuns(str, Enum):
+    """How the independent runs of one configuration become its row (launcher/report/rows.py)."""
+
+    MEAN = "mean"  # over the runs that have a result
+    RECOMPUTED = "recomputed"  # derived again from the means (relative performance, scaling)
+    GROUPING = "grouping"  # made by the grouping itself (how many runs, their spread)
+
+
+class Direction(str, Enum):
+    HIGHER = "higher"
+    LOWER = "lower"
+    NONE = "none"
+
+
+class Source(str, Enum):
+    WORKER = "worker"  # in the job's summary (jobs/summary.py)
+    LAUNCHER = "launcher"  # predicted before launch (launcher/plan/fit.py)
+    REPORT = "report"  # derived over cells (launcher/report/rows.py)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    over_ranks: OverRanks
+    direction: Direction
+    over_runs: OverRuns = OverRuns.MEAN
+    headline: int | None = None
+    label: str | None = None
+    fmt: str = "g"
+    optional: bool = False
+    csv_lead: bool = False
+    or_else: str | None = None
+    source: Source = Source.WORKER
+    claim: str | None = None
+    min_effect: float | None = None
+
+    def read(self, row: Mapping[str, Any]) -> Any:
+        """Its value in a summary or a report row; its stand-in's where it was not measured."""
+        if self.or_else is None:
+            return row.get(self.name)
+        return row.get(self.name, row.get(self.or_else))
+
+
+_S, _M, _X, _STEP = OverRanks.SUM, OverRanks.MEAN, OverRanks.MAX, OverRanks.MAX_PER_STEP
+_SAME, _DER, _NONE = OverRanks.SAME, OverRanks.DERIVED, OverRanks.NONE
+_UP, _DOWN, _FLAT = Direction.HIGHER, Direction.LOWER, Direction.NONE
+_REPORT = Source.REPORT
+
+METRICS: tuple[Metric, ...] = (
+    # ---- the report's columns, in their order -------------------------------------------------
+    Metric("world_size", "ranks", _SAME, _FLAT, label="ranks", fmt="count"),
+    Metric("throughput_samples_per_s", "samples/s", _S, _UP, headline=8, label="samples/s", fmt="rate",
+           csv_lead=True, claim="throughput", min_effect=0.05),
+    Metric("throughput_samples_per_s_per_device", "samples/s per device", _M, _UP, headline=1,
+           label="samples/s/dev", fmt="rate", csv_lead=True),
+    # The spread of throughput over a run's windows; its column reads it with the window count.
+    Metric("throughput_cv", "coefficient of variation", _DER, _DOWN, csv_lead=True),
+    Metric("throughput_tokens_per_s", "tokens/s", _S, _UP, label="tokens/s", fmt="rate", optional=True),
+    Metric("throughput_tokens_per_s_per_device", "tokens/s per device", _M, _UP, label="tokens/s/dev",
+           fmt="rate", optional=True),
+    Metric("step_time_ms_p50", "ms", _STEP, _DOWN, headline=2, label="step p50 ms", fmt=".1f", csv_lead=True,
+           claim="step_time", min_effect=0.05),
+    Metric("step_time_ms_p90", "ms", _STEP, _DOWN, label="step p90 ms", fmt=".1f", csv_lead=True),
+    # CPU ranks have no allocator peak: the column and the claims use their resident set instead.
+    # Memory peaks move less between runs than speed, so their band is narrower (and a claim still
+    # needs their own measured noise).
+    Metric("peak_mem_allocated_gib", "GiB", _X, _DOWN, headline=3, label="peak mem GiB", fmt=".2f",
+           csv_lead=True, or_else="peak_rss_gib", claim="peak_memory", min_effect=0.03),
+    Metric("peak_rss_gib", "GiB", _X, _DOWN, headline=4, csv_lead=True),
+    # Counted exactly (bytes of tensors), so no noise: below 1% apart is the same layout.
+    Metric("model_state_bytes", "bytes", _X, _DOWN, headline=5, label="state {unit}/rank", fmt="bytes",
+           csv_lead=True, min_effect=0.01),
+    Metric("mfu", "share of the datasheet peak", _DER, _UP, headline=7, label="MFU", fmt=".1%", optional=True),
+    Metric("mfu_measured_peak", "share of the measured matmul peak", _DER, _UP, label="MFU (measured peak)",
+           fmt=".1%", optional=True),
+    Metric("energy_j_per_sample", "J/sample", _S, _DOWN, label="J/sample", fmt=".3g", optional=True),
+    Metric("power_w_mean", "W per device", _M, _FLAT, label="W/device", fmt=".0f", optional=True),
+    Metric("cost_per_1m_samples", "price per 1M samples", _DER, _DOWN, label="cost/1M samples", fmt=",.2f",
+           optional=True),
+    Metric("relative_perf", "share of the best cell's throughput", _NONE, _UP, OverRuns.RECOMPUTED,
+           label="rel perf", fmt=".0%", csv_lead=True, source=_REPORT),
+    Metric("scaling_efficiency", "share of linear scaling", _NONE, _UP, OverRuns.RECOMPUTED, label="scaling eff",
+           fmt=".0%", csv_lead=True, source=_REPORT),
+    Metric("comm_share", "share of step time", _X, _DOWN, headline=6, label="comm share", fmt=".0%",
+           csv_lead=True),
+    Metric("runs", "runs", _NONE, _FLAT, OverRuns.GROUPING, label="runs", fmt="count", optional=True,
+           source=_REPORT),
+    Metric("run_spread", "coefficient of variation", _NONE, _DOWN, OverRuns.GROUPING, label="run spread",
+           fmt=".1%", optional=True, source=_REPORT),
+    # ---- every other figure: in cells.csv and MLflow, no column -----------------------------------
+    Metric("measured_steps", "steps", _SAME, _FLAT),
+    Metric("step_time_ms_max", "ms", _STEP, _DOWN),
+    Metric("data_time_share", "share of step time", _X, _DOWN),
+    Metric("step_time_rank_spread", "slowest rank's median over the median rank's", _DER, _DOWN),
+    Metric("peak_mem_reserved_gib", "GiB", _X, _DOWN),
+    Metric("setup_rss_growth_gib", "GiB", _X, _DOWN),
+    Metric("setup_peak_mem_allocated_gib", "GiB", _X, _DOWN),
+    Metric("param_bytes", "bytes", _X, _DOWN),
+    Metric("grad_bytes", "bytes", _X, _DOWN),
+    Metric("optim_state_bytes", "bytes", _X, _DOWN),
+    Metric("comm_time_ms", "ms per step", _X, _DOWN),
+    Metric("comm_exposed_ms", "ms per step", _X, _DOWN),
+    Metric("comm_probe_step_time_ms", "ms", _X, _DOWN),
+    Metric("memcpy_time_ms", "ms per step", _X, _DOWN),
+    Metric("fp16_skipped_steps", "steps", _X, _DOWN),
+    Metric("fp16_skipped_steps_warmup", "steps", _X, _DOWN),
+    Metric("loss_first", "loss", _M, _FLAT),
+    Metric("loss_last", "loss", _M, _FLAT),
+    Metric("nodes", "nodes", _SAME, _FLAT),
+    Metric("lr", "learning rate", _SAME, _FLAT),
+    Metric("restarts", "restarts", _SAME, _DOWN),
+    Metric("warmup_steps_extended", "steps", _SAME, _FLAT),
+    Metric("foreign_cpu_share", "share of the job's cores", _X, _DOWN),
+    Metric("foreign_gpu_share", "share of the job's GPUs", _X, _DOWN),
+    Metric("gpu_util_mean", "percent", _M, _FLAT),
+    Metric("cost_per_1m_tokens", "price per 1M tokens", _DER, _DOWN),
+    Metric("energy_j", "J", _S, _DOWN),
+    Metric("peak_flops_per_s", "FLOP/s", _SAME, _FLAT),
+    Metric("measured_matmul_tflops", "TFLOP/s", _M, _FLAT),
+    Metric("predicted_model_state_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
+    Metric("predicted_activation_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
+)
+
+REGISTRY: dict[str, Metric] = {m.name: m for m in METRICS}
+
+
+def get(name: str) -> Metric:
+    """The metric called ``name``; a KeyError names the registry to add it to."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not a registered metric: declare it in jobs/metrics.py") from None
+
+
+def headlines() -> tuple[str, ...]:
+    """The names MLflow shows first, in their headline order."""
+    return tuple(m.name for m in sorted((m for m in METRICS if m.headline), key=lambda m: m.headline or 0))
+
+
+def columns() -> tuple[Metric, ...]:
+    """The metrics that are columns of the report's table, in column order."""
+    return tuple(m for m in METRICS if m.label)
+
+
+def claimed() -> dict[str, Metric]:
+    """The metrics claims are made about, by their claim's name, in declaration order."""
+    return {m.claim: m for m in METRICS if m.claim}
+
+
+def csv_lead() -> tuple[str, ...]:
+    """The figures that lead cells.csv, in their order."""
+    return tuple(m.name for m in METRICS if m.csv_lead)
