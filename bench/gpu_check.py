@@ -237,7 +237,8 @@ def gpu_tests(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
     counts.pop("deselected", None)
     verdict = "FAIL" if failed or counts.get("error") or counts.get("errors") else (
         "partial" if stopped else ("skipped" if not counts.get("passed") else "pass"))
-    figures = ", ".join(f"{n} {k}" for k, n in counts.items()) + (f"; {', '.join(stopped)}" if stopped else "")
+    figures = ", ".join(f"{n} {k}" for k, n in counts.items()) or (failed[0] if failed else "no test ran")
+    figures += f"; {', '.join(stopped)}" if stopped else ""
     if failed:
         details += ["Failed:", *(f"- `{name}`" for name in failed)]
     return verdict, figures, details
