@@ -597,6 +597,10 @@ def main(argv: list[str] | None = None) -> int:
             write_results(check, started)
             print(f"gpu-check: {name}: {check.outcomes[-1].verdict} in {check.outcomes[-1].took_s:.0f} s "
                   f"({check.outcomes[-1].figures})", file=sys.stderr, flush=True)
+            if name == "environment" and check.outcomes[-1].verdict != "pass":
+                print("gpu-check: stopped: every other part needs what the environment lacks (on a machine "
+                      "without a GPU, --cpu rehearses the check)", file=sys.stderr)
+                return 2
     print(f"gpu-check: wrote {out}", file=sys.stderr)
     return 0 if all(o.verdict in ("pass", "measured", "skipped") for o in check.outcomes) else 1
 
