@@ -274,13 +274,14 @@ def _layout_section() -> str:
 
 def test_the_code_layout_names_every_module_and_only_what_exists():
     """The code layout (docs/architecture.md) cannot drift: every module of launcher/ and jobs/ (and
-    every script) is named in its directory's entry, each package of launcher/ has an entry of its own
+    every script) is named in its directory's entry, each package of launcher/ and jobs/ has an entry of its own
     that names its modules, and every path the section names exists."""
     import re
 
     section = _layout_section()
     entries = dict(re.findall(r"^    (\S+/)\s+(.*(?:\n {21}.*)*)", section, flags=re.M))
-    folders = ["launcher", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in (ROOT / "launcher").glob("*/__init__.py")]
+    packages = [*(ROOT / "launcher").glob("*/__init__.py"), *(ROOT / "jobs").glob("*/__init__.py")]
+    folders = ["launcher", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in packages]
     for folder in folders:
         assert f"{folder}/" in entries, f"the code layout has no entry for {folder}/"
         text = entries[f"{folder}/"]

@@ -14,7 +14,6 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 from jobs.models import (
     REGISTRY,
-    _repeated_units,
     build_model,
     flops_per_sample,
     init_weights,
@@ -23,6 +22,7 @@ from jobs.models import (
     shard_units,
 )
 from jobs.models.resnet import Bottleneck
+from jobs.models.units import _repeated_units
 from jobs.spec import InputKind, ModelSpec
 
 GPT2_VOCAB = 50257
