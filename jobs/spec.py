@@ -297,7 +297,8 @@ class ModelSpec:
                               "or model=custom with model._target_.")
 
     def _validate_hf(self) -> None:
-        """Cheap model=hf checks (no import); jobs.models.check_buildable does the rest."""
+        """Cheap model=hf checks (no import, no torch: the launcher runs them at composition);
+        jobs.models.hf_checks does those that import transformers, before submission."""
         import importlib.util
         import os
 

@@ -87,6 +87,12 @@ def place_buffers(model: nn.Module, device: torch.device) -> None:
             module._buffers[name] = moved[id(buffer)]
 
 
+def on_meta(factory: Callable[[], Any]) -> Any:
+    """``factory()`` on the meta device: a build that allocates nothing, for checks before launch."""
+    with torch.device("meta"):
+        return factory()
+
+
 def replays_init(spec: ModelSpec) -> bool:
     """Whether :func:`init_weights` reproduces everything the model's constructor initialises, so
     that it may be built on meta and initialised after sharding: project models and ``model=hf``,

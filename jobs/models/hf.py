@@ -4,7 +4,7 @@ The architecture comes from ``model.arch`` through ``transformers.AutoConfig.for
 **model.config)``, from a local ``config.json`` (``model.config_path``), or from a local
 ``save_pretrained`` directory whose weights are loaded (``model.pretrained_path``). The config's
 vocabulary is ``model.vocab_size`` and its position count ``model.seq_len`` (for ``model.arch``
-they are written into the config; a directory's config must agree, see ``check_config``).
+they are written into the config; a directory's config must agree, see :mod:`jobs.models.hf_checks`).
 
 Which head. ``model.head=auto`` picks, explicitly:
 
@@ -51,8 +51,7 @@ from jobs.spec import HF_INSTALL, HF_POSITION_KEYS, LMHead, ModelSpec
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["GENERIC_CONFIG_KEYS", "HFLogits", "build_hf", "config_keys", "hf_config", "is_hf_model", "pick_head",
-           "positions_of", "size_problem", "unknown_config_keys", "wrap_hf"]
+__all__ = ["HFLogits", "build_hf", "hf_config", "is_hf_model", "pick_head", "wrap_hf"]
 
 
 def _transformers():
@@ -69,15 +68,6 @@ def is_hf_model(model: Any) -> TypeGuard[PreTrainedModel]:
         c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(model).__mro__)
 
 
-def positions_of(cfg: Any) -> int | None:
-    """The config's maximum sequence length, under whichever name it uses (None: it has none)."""
-    for key in HF_POSITION_KEYS:
-        value = getattr(cfg, key, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
 def hf_config(spec: ModelSpec) -> Any:
     """The transformers config ``spec`` describes (model.arch + model.config, or a local directory)."""
     transformers = _transformers()
@@ -92,59 +82,6 @@ def hf_config(spec: ModelSpec) -> Any:
         return cfg
     path = spec.config_path or spec.pretrained_path
     return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-
-
-# Keys the shipped model=hf config (launcher/conf/model/hf.yaml) sets for every architecture: they
-# apply where the architecture's config class has them (GPT-2 has neither: its MLP width is n_inner).
-GENERIC_CONFIG_KEYS = ("intermediate_size", "num_key_value_heads")
-# Integer settings whose name says they count or size something: 0 or less builds a model without
-# layers (range(-1) is empty) or fails deep inside transformers.
-_SIZE_WORDS = ("size", "layer", "head", "dim", "position", "embd", "inner", "n_ctx")
-
-
-def config_keys(config_class: Any) -> set[str]:
-    """Every setting a transformers config class defines: its defaults, its constructor's named
-    arguments and its aliases (GPT-2's hidden_size -> n_embd)."""
-    params = inspect.signature(config_class.__init__).parameters.values()
-    named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
-    return set(config_class().to_dict()) | set(getattr(config_class, "attribute_map", {})) | named
-
-
-def unknown_config_keys(spec: ModelSpec) -> tuple[str, list[str], str] | None:
-    """(the first model.config key the architecture's config class does not define, the closest valid
-    keys, the class name), or None: transformers would set such a key silently and ignore it."""
-    import difflib
-
-    config_class = _transformers().CONFIG_MAPPING[spec.arch]
-    known = config_keys(config_class)
-    for key in spec.config:
-        if key not in known and key not in GENERIC_CONFIG_KEYS:
-            return key, difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6), config_class.__name__
-    return None
-
-
-def size_problem(spec: ModelSpec, cfg: Any = None) -> tuple[str, Any, str, str] | None:
-    """(setting, value, what is wrong, fix) for the first size in model.config that cannot make a
-    model: a count or size of 0 or less, or attention heads that do not divide the hidden size (of
-    the built config ``cfg``, else of model.config alone)."""
-    for key, value in spec.config.items():
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        if is_int and value <= 0 and any(word in key for word in _SIZE_WORDS):
-            return (f"model.config.{key}", value, "is a count or a size, and must be 1 or more.",
-                    f"set model.config.{key} to a positive integer.")
-    given = spec.config  # before the config is built (its constructor may refuse with less to go on)
-    hidden = getattr(cfg, "hidden_size", None) if cfg is not None else given.get("hidden_size", given.get("n_embd"))
-    heads = (getattr(cfg, "num_attention_heads", None) if cfg is not None
-             else given.get("num_attention_heads", given.get("n_head")))
-    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads and "head_dim" not in spec.config:
-        divisors = [d for d in range(1, hidden + 1) if hidden % d == 0]
-        near = [d for d in (max((d for d in divisors if d < heads), default=None),
-                            min((d for d in divisors if d > heads), default=None)) if d is not None]
-        return ("model.config.num_attention_heads", heads, f"does not divide hidden_size={hidden}: the heads "
-                f"would split {hidden} channels into {heads} parts of {hidden / heads:.2f}.",
-                f"hidden_size must be divisible by num_attention_heads: set model.config.num_attention_heads to "
-                f"{' or '.join(map(str, near))}, or model.config.hidden_size to a multiple of {heads}.")
-    return None
 
 
 def pick_head(cfg: Any, head: LMHead = LMHead.auto) -> LMHead:
