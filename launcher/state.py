@@ -111,7 +111,7 @@ class SweepState:
     # "host:pid" of the process that last submitted cells: a planned cell whose submitter is gone
     # will never be submitted (launcher/track/reconcile.py says so instead of leaving it planned).
     submitter: str | None = None
-    # The cells' statuses when report.md was last written (report.finalize writes it again on change).
+    # The cells' statuses when report.md was last written (launcher/finish.py writes it again on change).
     reported: str | None = None
     # The cells' statuses when the parent run was last closed with the report (a sweep whose store
     # missed that, or that ran with tracking=off and was synced later, is closed by the next status/sync).

@@ -3,7 +3,7 @@
 Works from any later shell and any working directory: everything it needs is in the sweep
 document (sweep.json), each cell's directory (spec.json, result.json, error files) and Slurm's
 accounting. One sacct and one squeue call per refresh (launcher/track/reconcile.py), so it answers in about
-a second for a thousand cells; a finished sweep is finished once (report.finalize).
+a second for a thousand cells; a finished sweep is finished once (launcher/finish.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from launcher.cli import guarded
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER
 from launcher.cluster.failures import describe
+from launcher.finish import finalize
 from launcher.plan.cell import Cell, CellStatus
-from launcher.report import report
 from launcher.state import StateError, SweepState
 from launcher.track.reconcile import refresh
 from launcher.track.runs import ensure_runs, finish_cell
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print("timed out waiting", file=sys.stderr)
         return 3
     # The one finishing step (reconciliation, interference, MLflow, report once the sweep has ended).
-    finished = report.finalize(state, force=args.report or args.wait)
+    finished = finalize(state, force=args.report or args.wait)
     print(render(state, all_cells=args.all))
     if finished:
         print(finished)

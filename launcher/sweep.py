@@ -1,7 +1,7 @@
 """Run a planned sweep: its directory and document, submission, MLflow runs, waiting, the report.
 
     prepare (new sweep, or resume of an existing sweep_dir) -> Backend.submit (the one path)
-      -> create_runs -> [status.wait] -> report.finalize
+      -> create_runs -> [status.wait] -> finish.finalize
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from launcher.cluster import submit
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.cluster.interrupt import Interrupts, stop_waiting
+from launcher.finish import finalize
 from launcher.masking import mask
 from launcher.plan import fit
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.grid import SweepError, run_spec
-from launcher.report import report
 from launcher.state import STATE_FILE, StateError, SweepState, this_process
 from launcher.track import tracking
 
@@ -50,7 +50,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
             print(f"error: sbatch refused some cells; they are failed with its reason (python -m launcher.status "
                   f"{state.sweep_dir}).", file=sys.stderr, flush=True)
             if not any(c.job_id for c in todo):
-                report.finalize(state)  # nothing runs: the sweep is finished as it stands
+                finalize(state)  # nothing runs: the sweep is finished as it stands
                 return 1
         print(f"Follow with: python -m launcher.status {state.sweep_dir}", flush=True)
         if not cells[0].config.wait:
@@ -61,7 +61,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
                 status.wait(state)
         except KeyboardInterrupt:
             return _stopped_waiting(state)
-    print(report.finalize(state))
+    print(finalize(state))
     _print_mlflow(state)
     _print_missing_runs(state)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1

@@ -1,6 +1,6 @@
 """``python -m launcher.sync <sweep_dir> [--tracking-uri URI]``: create the MLflow runs a sweep lacks,
 and replay what did not reach MLflow from the JSONL records, then finish the sweep as
-``launcher.status`` does (report.finalize: cells reconciled with Slurm, runs settled, the parent run
+``launcher.status`` does (launcher/finish.py: cells reconciled with Slurm, runs settled, the parent run
 closed with the report once every cell has ended).
 
 Workers write every metric to ``metrics.jsonl`` first and log to MLflow best-effort. If the
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from launcher.cli import USER_ERROR_EXIT, guarded
+from launcher.finish import finalize
 from launcher.masking import mask
-from launcher.report import report
 from launcher.state import SweepState
 from launcher.track import tracking
 from launcher.track.runs import (
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if n:
             print(f"{cell}: {n} point(s) added")
     # The one finishing step (Slurm's states, interference, run statuses; the report once all ended).
-    finished = report.finalize(state, force=False)
+    finished = finalize(state, force=False)
     if finished:
         print(finished)
     return _said_what_is_missing(state)

@@ -10,6 +10,7 @@ from jobs.spec import Layout
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig
 from launcher.report import compare, report
+from launcher.report.__main__ import main as report_main
 from launcher.state import SweepState
 
 GRID = [("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)]
@@ -89,10 +90,10 @@ def test_cells_match_by_settings_and_get_noise_aware_verdicts(tmp_path):
 def test_command_exits_1_on_a_regression_beyond_the_threshold(tmp_path, capsys):
     a = make_sweep(tmp_path, "a", BASE)
     b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 1): (96.0, 0.001, 0.50)})  # -4%, beyond the noise
-    assert report.main(["--compare", str(a), str(b)]) == 0  # below the 5% that counts
+    assert report_main(["--compare", str(a), str(b)]) == 0  # below the 5% that counts
     out = capsys.readouterr().out
     assert "| strategy=ddp nodes=1 | samples/s | 100.0 | 96.0 | -4.0% | inconclusive | 95% CI" in out
-    assert report.main(["--compare", str(a), str(b), "--threshold", "0.03"]) == 1
+    assert report_main(["--compare", str(a), str(b), "--threshold", "0.03"]) == 1
     assert "2 regression(s) beyond the noise and the threshold of 3%: strategy=ddp nodes=1 samples/s -4.0%" in \
         capsys.readouterr().out
 
@@ -102,7 +103,7 @@ def test_single_runs_claim_nothing_unless_the_cluster_has_a_noise_floor(tmp_path
     same cluster records its noise floor; afterwards single runs are judged against it."""
     a = make_sweep(tmp_path, "a", BASE, runs=1)
     b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 2): (120.0, 0.0, 0.52)}, runs=1)
-    assert report.main(["--compare", str(a), str(b)]) == 0
+    assert report_main(["--compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 120.0 | -33.3% | inconclusive | no noise estimate" in out
     floor_sweep = make_sweep(tmp_path, "floor", {k: (v[0], 0.03, v[2]) for k, v in BASE.items()}, runs=8)
@@ -110,7 +111,7 @@ def test_single_runs_claim_nothing_unless_the_cluster_has_a_noise_floor(tmp_path
     kept = json.loads((tmp_path / "noise-floor.json").read_text())
     (entry,) = kept.values()
     assert entry["df"] == 4 * 7 and entry["cv"]["throughput"] == pytest.approx(0.03 * (8 / 7) ** 0.5, rel=1e-6)
-    assert report.main(["--compare", str(a), str(b)]) == 1
+    assert report_main(["--compare", str(a), str(b)]) == 1
     out = capsys.readouterr().out
     assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 120.0 | -33.3% | **regression** |" in out
     assert "1 + 1 runs with the noise floor" in out and "noise floor for single runs: local:" in out
@@ -157,10 +158,10 @@ def test_compare_reads_mlflow_parent_runs(tmp_path, capsys):
                 client.log_metric(run, key, value, step=0)
             client.set_terminated(run, "FINISHED")
         parents.append(parent)
-    assert report.main(["--compare", *parents, "--tracking-uri", uri]) == 1
+    assert report_main(["--compare", *parents, "--tracking-uri", uri]) == 1
     out = capsys.readouterr().out
     assert "| strategy=ddp | samples/s | 100.0 | 70.0 | -30.0% | **regression** |" in out and "3 + 3 runs" in out
-    assert report.main(["--compare", "nope", parents[0], "--tracking-uri", uri]) == 2
+    assert report_main(["--compare", "nope", parents[0], "--tracking-uri", uri]) == 2
     assert "no MLflow run 'nope'" in capsys.readouterr().err
 
 
@@ -169,11 +170,11 @@ def test_a_lookup_in_a_store_that_does_not_exist_creates_none(tmp_path, capsys, 
     the fix, and no empty store is left behind (the default is outputs/mlflow.db under the cwd)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert report.main(["--compare", "parent-a", "parent-b"]) == 2
+    assert report_main(["--compare", "parent-a", "parent-b"]) == 2
     assert "no MLflow store at sqlite:///" in capsys.readouterr().err
-    assert report.main(["--experiment", "bench"]) == 2
+    assert report_main(["--experiment", "bench"]) == 2
     err = capsys.readouterr().err
     assert "no MLflow store at" in err and "Fix: pass --tracking-uri" in err
     absent = tmp_path / "elsewhere" / "mlflow.db"
-    assert report.main(["--experiment", "bench", "--tracking-uri", f"sqlite:///{absent}"]) == 2
+    assert report_main(["--experiment", "bench", "--tracking-uri", f"sqlite:///{absent}"]) == 2
     assert not list(tmp_path.rglob("*")), list(tmp_path.rglob("*"))

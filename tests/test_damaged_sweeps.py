@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.__main__ import main as launcher_main
-from launcher.report.report import main as report_main
+from launcher.report.__main__ import main as report_main
 from launcher.status import main as status_main
 from launcher.sync import main as sync_main
 from tests.conftest import FAST

@@ -70,13 +70,18 @@ FLOW = [
     ("launcher.cluster",),  # cells -> jobs: backends, submission, failures, co-location
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
     ("launcher.report",),  # runs -> rows, findings, the report
+    ("launcher.finish",),  # a sweep's finish, which every command below reaches
     ("launcher.preflight", "launcher.preview", "launcher.status", "launcher.sync", "launcher.sweep",
-     "launcher.__main__"),  # the commands
+     "launcher.__main__", "launcher.report.__main__"),  # the commands
 ]
 
 
 def _layer(module: str) -> int:
-    return next(i for i, names in enumerate(FLOW) if any(module == n or module.startswith(n + ".") for n in names))
+    """The layer of the longest name in FLOW that holds ``module``: the report's command line is a
+    command, the rest of launcher.report is not."""
+    places = [(len(n), i) for i, names in enumerate(FLOW) for n in names
+              if module == n or module.startswith(n + ".")]
+    return max(places)[1]
 
 
 def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
@@ -85,6 +90,18 @@ def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
     assert not unplaced, f"place {unplaced} in FLOW"
     upward = [(m, i) for m, imported in graph.items() for i in sorted(imported) if _layer(i) > _layer(m)]
     assert not upward, upward
+
+
+# The commands reach the report through the finish (launcher/finish.py), never through the report's
+# module or its command line: no command imports another for its finishing step.
+COMMANDS = ("launcher.status", "launcher.sweep", "launcher.sync")
+
+
+def test_status_sweep_and_sync_do_not_import_the_report_module():
+    graph = import_graph("launcher")
+    found = {m: sorted(graph[m] & {"launcher.report.report", "launcher.report.__main__"}) for m in COMMANDS}
+    assert not any(found.values()), found
+    assert all("launcher.finish" in graph[m] for m in COMMANDS)
 
 
 def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():

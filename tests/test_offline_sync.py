@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from launcher import status, sync
-from launcher.report import report
+from launcher.report.__main__ import main as report_main
 from launcher.state import SweepState
 
 pytestmark = pytest.mark.slow
@@ -106,7 +106,7 @@ def test_an_offline_sweep_is_synced_from_its_extracted_tarball(tmp_path, capsys)
     # The commands that follow a sweep work across it: status, and compare against the runs in MLflow.
     capsys.readouterr()
     assert status.main([str(extracted)]) == 0
-    assert report.main(["--compare", str(extracted), state.parent_run_id, "--tracking-uri", uri]) == 0
+    assert report_main(["--compare", str(extracted), state.parent_run_id, "--tracking-uri", uri]) == 0
     out = capsys.readouterr().out
     assert "strategy=ddp" in out and "strategy=fsdp" in out, out
 

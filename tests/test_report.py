@@ -13,6 +13,7 @@ from PIL import Image
 from launcher.__main__ import main
 from launcher.cluster.failures import FIXES
 from launcher.report import report
+from launcher.report.__main__ import main as report_main
 from launcher.state import SweepState
 from tests.conftest import FAST
 
@@ -130,7 +131,7 @@ def test_parent_run_holds_the_report_and_is_finished(sweep):
 @pytest.mark.slow
 def test_experiment_report_reads_back_the_same_cells(sweep, tmp_path, capsys):
     out = tmp_path / "exp"
-    code = report.main(["--experiment", "ddp-vs-fsdp", "--tracking-uri", sweep.tracking_uri, "--out", str(out)])
+    code = report_main(["--experiment", "ddp-vs-fsdp", "--tracking-uri", sweep.tracking_uri, "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     from_dir = ranking((sweep.path / "report.md").read_text())
     from_mlflow = ranking((out / "report.md").read_text())
@@ -145,16 +146,16 @@ def test_experiment_report_reads_back_the_same_cells(sweep, tmp_path, capsys):
 @pytest.mark.slow
 def test_report_command_rewrites_a_sweep_report(sweep, capsys):
     (sweep.path / "report.md").unlink()
-    assert report.main([str(sweep.path)]) == 0
+    assert report_main([str(sweep.path)]) == 0
     printed = capsys.readouterr().out
     assert "| # | cell |" in printed and str(sweep.path / "report.md") in printed
     assert sorted(ranking((sweep.path / "report.md").read_text())) == CELLS
 
 
 def test_command_line_errors_name_the_fix(tmp_path, capsys):
-    assert report.main([]) == 2
+    assert report_main([]) == 2
     assert "pass a sweep directory or --experiment" in capsys.readouterr().err
-    assert report.main([str(tmp_path)]) == 2
+    assert report_main([str(tmp_path)]) == 2
     assert "sweep.json" in capsys.readouterr().err
 
 

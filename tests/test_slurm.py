@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from jobs.dist import expand_nodelist
-from launcher import status, sync
+from launcher import finish, status, sync
 from launcher.__main__ import main
 from launcher.cluster.slurm_commands import max_array_size
 from launcher.plan.cell import CellStatus
@@ -217,7 +217,7 @@ def _colocated_sweep(tmp_path, name, *extra):
                    "+cluster.additional_parameters.nodelist=node1", *extra, name=name)
     assert status.wait(state, timeout_s=300)
     assert [c.status for c in state.cells] == ["done"] * 2, status.render(state)
-    report.finalize(state)
+    finish.finalize(state)
     return SweepState.load(state.sweep_dir)
 
 

@@ -5,13 +5,12 @@ the rows of one sweep; an MLflow experiment (the child runs of every sweep logge
 rows from many sweeps, so runs made on different days can be compared. Either way the rows are
 plain dicts with the same keys, and :func:`write` turns them into ``report.md`` + PNG plots.
 
-    python -m launcher.report <sweep_dir>
-    python -m launcher.report --experiment ddp-vs-fsdp [--tracking-uri URI] [--out DIR]
+This module reads and writes only: a sweep's finish (which calls :func:`write_sweep_report`) is
+launcher/finish.py, and the command line (``python -m launcher.report``) is launcher/report/__main__.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -21,12 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from jobs import metrics, mlflow_client
-from launcher.cli import guarded
-from launcher.cluster import colocation
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
-from launcher.plan.cell import CellStatus
-from launcher.report import compare, findings, noisefloor, plots, stats
+from launcher.report import findings, noisefloor, plots, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -39,7 +35,7 @@ from launcher.report.rows import (
     ranked,
 )
 from launcher.state import FROM_MLFLOW, StateError, SweepState
-from launcher.track import reconcile, runs, tracking
+from launcher.track import tracking
 
 REPORT_FILE = "report.md"
 CELLS_FILE = "cells.csv"
@@ -506,65 +502,6 @@ def floor_key(state: SweepState) -> str:
     return backend_for(state.cluster).noise_floor_key(getattr(first, "partition", None), getattr(first, "gpu_type", None))
 
 
-def finalize(state: SweepState, force: bool = True) -> str | None:
-    """The one finishing step, reached by every path (the launcher with wait=true, ``launcher.status``
-    with or without --wait, ``launcher.report`` and ``launcher.sync``): each cell reconciled with
-    Slurm (launcher/track/reconcile.py), the finished cells' interference flagged, the MLflow runs settled
-    (statuses, failure and cancel tags, runs left RUNNING by processes that are gone closed, runs the
-    store missed created), then report.md with its findings written and the parent run closed (FAILED
-    if any cell did not finish, KILLED if those were all cancelled). The report is written when
-    ``force``, or when every cell has ended and the report does not show these statuses yet; a parent
-    run that missed the report (its store failed, or the sweep ran with tracking=off and was synced
-    since) is closed with the report as it was written. Returns the ranking table and the report's
-    path when it wrote one."""
-    refreshed = reconcile.refresh(state)
-    before = [c.interference for c in state.cells]
-    colocation.flag(state, refreshed.times)  # before the rows: the findings leave flagged cells out
-    flags_changed = before != [c.interference for c in state.cells]
-    finished = all(c.status.terminal for c in state.cells)
-    outcome = state.outcome()
-    write_now = force or (finished and state.reported != outcome)
-    close_now = finished and bool(state.tracking_uri) and (write_now or state.closed != outcome)
-    state.save()
-    if state.tracking_uri and (refreshed.changed or flags_changed or write_now or close_now):
-        _settle_runs(state)
-    elif runs.missing_runs(state):  # a run the store missed; none waits on a background creator
-        _settle_runs(state, wait=False)
-    if not (write_now or close_now):
-        return None
-    written = write_sweep_report(state) if write_now else written_report(state)
-    if close_now:
-        _close_parent(state, written, outcome)
-    if finished:
-        state.reported = outcome
-    state.save()
-    if not write_now:
-        return None
-    measured = any(c.status is CellStatus.done for c in state.cells)
-    claims = _claims(written.findings) if measured else "nothing was measured: no cell finished"
-    return f"{written.tables}\n\nFindings (the full section is in report.md):\n{claims}\n\nreport: {written.path}"
-
-
-def _close_parent(state: SweepState, written: Report, outcome: str) -> None:
-    """The parent run's description (its page in the MLflow UI: links to the report and the compare
-    page, the ranking table, the findings), the report attached, and its end: KILLED when the cells
-    that did not finish were all cancelled (an interrupted sweep), as their runs."""
-    uri, parent = state.tracking_uri, state.parent_run_id
-    if not (uri and parent):
-        return
-    ended = {c.status for c in state.cells} - {CellStatus.done}
-    parent_status = "FINISHED" if not ended else "KILLED" if ended == {CellStatus.cancelled} else "FAILED"
-    try:
-        links = tracking.parent_links(str(state.experiment_id), parent, [c.run_id for c in state.cells if c.run_id])
-        tracking.describe_parent(uri, parent,
-                                 f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
-                                 [written.cells_csv] if written.cells_csv else [])
-        tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
-        state.closed = outcome
-    except Exception as exc:  # the report is on disk; a tracking outage must not hide it
-        print(f"[mlflow] could not attach the report to run {parent}: {exc}", file=sys.stderr)
-
-
 def written_report(state: SweepState) -> Report:
     """The sweep's report as it was written, to close a parent run with it unchanged: it was written
     where the sweep ran (a synced sweep's noise floor and host are that machine's, not this one's).
@@ -589,31 +526,6 @@ def _section(markdown: str, heading: str) -> str:
     return "\n".join(lines[start:end]).strip()
 
 
-def _claims(findings: str) -> str:
-    """The findings' statements (bullets and warnings) under their headings, for the terminal."""
-    out: list[str] = []
-    heading = None
-    for line in findings.splitlines():
-        if line.startswith("### "):
-            heading = line[4:]
-        elif line.startswith(("- ", "⚠")):
-            if heading:
-                out.append(f"{heading}:")
-                heading = None
-            out.append(line)
-    return "\n".join(out) or "no measurable difference to report"
-
-
-def _settle_runs(state: SweepState, wait: bool = True) -> None:
-    """Every run the sweep's cells have reached exists (a large sweep's are created in the background;
-    ``wait``: for that creator), and each agrees with its cell."""
-    try:
-        runs.complete_runs(state, wait)
-        runs.settle(state)
-    except Exception as exc:  # the report is on disk; a tracking outage must not hide it
-        print(f"[mlflow] could not settle the runs in {state.tracking_uri}: {exc}", file=sys.stderr)
-
-
 def write_experiment_report(tracking_uri: str, experiment: str, out_dir: Path) -> Report:
     rows = rows_from_experiment(tracking_uri, experiment)
     if not rows:
@@ -621,88 +533,3 @@ def write_experiment_report(tracking_uri: str, experiment: str, out_dir: Path) -
                           f"with tracking.experiment={experiment}, or pass the experiment the sweeps logged to.")
     return write(rows, out_dir, f"Benchmark report: experiment {experiment}",
                  {"MLflow": tracking_uri, "experiment": experiment})
-
-
-# ---- command line ------------------------------------------------------------------------------
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m launcher.report",
-        description="Write report.md (ranking table, plots, how measured, environment, failures) for one sweep "
-                    "directory, or for every sweep logged to an MLflow experiment.")
-    p.add_argument("sweep_dir", nargs="?", help="a sweep directory (holds sweep.json); report.md goes there")
-    p.add_argument("--experiment", help="report on every cell run of this MLflow experiment instead")
-    p.add_argument("--tracking-uri", help="MLflow store of --experiment (default: $MLFLOW_TRACKING_URI, else "
-                                          "sqlite:///outputs/mlflow.db, the launcher's default)")
-    p.add_argument("--out", help="directory for --experiment's report (default: outputs/reports/<experiment>)")
-    p.add_argument("--compare", nargs=2, metavar=("A", "B"),
-                   help="compare sweep B with sweep A, cell by cell: two sweep directories or MLflow parent run ids "
-                        "(with --tracking-uri); exit 1 when a regression exceeds --threshold")
-    p.add_argument("--threshold", type=float, default=0.05,
-                   help="--compare: the relative regression that fails the command (default 0.05 = 5%%)")
-    return p
-
-
-def _tracking_uri(arg: str | None) -> str:
-    import os
-
-    return arg or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('outputs', 'mlflow.db').resolve()}"
-
-
-def rows_of(source: str, tracking_uri: str | None) -> tuple[list[dict[str, Any]], stats.Floor | None]:
-    """The rows of one sweep (a sweep directory, else an MLflow parent run id) and its cluster's
-    noise floor (sweep directories only)."""
-    if Path(source, "sweep.json").exists():
-        state = SweepState.load(Path(source))
-        return collect(state), noisefloor.load(state.path.parent, floor_key(state))
-    if Path(source).exists():
-        raise ReportError(f"{source} holds no sweep.json: pass a sweep directory or a parent run id.")
-    return rows_from_parent_run(_tracking_uri(tracking_uri), source), None
-
-
-def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None) -> int:
-    (rows_a, floor_a), (rows_b, floor_b) = rows_of(a, tracking_uri), rows_of(b, tracking_uri)
-    floor = floor_b or floor_a  # the newer sweep's cluster first; both ran on one cluster to be comparable
-    result = compare.compare(rows_a, rows_b, threshold, floor)
-    print(compare.render(result, a, b))
-    if floor:
-        print(f"noise floor for single runs: {floor.where}")
-    return 1 if result.regressions() else 0
-
-
-@guarded
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.compare:
-        if args.sweep_dir or args.experiment:
-            print("error: --compare takes its two sweeps itself; pass no sweep directory or --experiment.",
-                  file=sys.stderr)
-            return 2
-        try:
-            first, second = args.compare
-            return main_compare(first, second, args.threshold, args.tracking_uri)
-        except (ReportError, StateError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if bool(args.sweep_dir) == bool(args.experiment):
-        _parser().print_usage(sys.stderr)
-        print("error: pass a sweep directory or --experiment NAME (one of them).", file=sys.stderr)
-        return 2
-    try:
-        if args.sweep_dir:
-            # The finishing step, as status and sync reach it: Slurm's states, interference, MLflow.
-            print(finalize(SweepState.load(Path(args.sweep_dir))))
-            return 0
-        uri = _tracking_uri(args.tracking_uri)
-        out = Path(args.out) if args.out else Path("outputs", "reports", args.experiment)
-        report = write_experiment_report(uri, args.experiment, out)
-    except (ReportError, StateError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(report.tables)
-    print(f"\nreport: {report.path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

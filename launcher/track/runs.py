@@ -297,7 +297,7 @@ def complete_runs(state: SweepState, wait: bool = True) -> int:
 def missing_runs(state: SweepState) -> list[str]:
     """What the sweep's store lacks, read from the sweep directory alone (no MLflow call): the parent
     run once a cell has ended, the runs of ended cells, and, once all have ended, the parent's end with
-    the report (report.finalize)."""
+    the report (launcher/finish.py)."""
     if not state.tracking_uri:
         return []
     ended = [c for c in state.cells if c.status.terminal]
