@@ -187,6 +187,21 @@ def run_logged(cmd: Sequence[str], log: Path, env: dict[str, str], timeout_s: fl
     return Proc(proc.returncode, start, end, log, steal_share)
 
 
+def stop_group(proc: subprocess.Popen, signals: Sequence[tuple[int, float]]) -> None:
+    """Stop the process group ``proc`` leads (started with ``start_new_session``): each signal in
+    turn, waiting that many seconds for it to end, until it has."""
+    for sig, wait_s in signals:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def read_result(path: Path, proc: Proc) -> str:
     """The JSON a run wrote, whatever its exit status.
 

@@ -47,6 +47,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.common import stop_group
+from bench.paired import pair_ratios
+from bench.throughput import THROUGHPUT_TARGET
+
 REPO = Path(__file__).resolve().parent.parent
 TOTAL_BUDGET_S = 480.0  # the sum of the parts' budgets (PARTS)
 # A part past its budget gets SIGINT (pytest and the launcher then write what they have), and
@@ -105,24 +109,11 @@ def run_logged(check: Check, cmd: list[str], log_name: str, budget_s: float) -> 
             rc: int | None = proc.wait(timeout=max(budget_s, 1.0))
         except subprocess.TimeoutExpired:
             rc = None
-            _stop(proc)
+            stop_group(proc, ((signal.SIGINT, GRACE_S), (signal.SIGKILL, 5.0)))
             sink.write(f"\n[gpu-check: stopped at its budget of {budget_s:.0f} s]\n".encode())
     with log.open("rb") as f:
         f.seek(start)
         return rc, f.read().decode(errors="replace")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGINT, GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def last_json(text: str) -> dict:
@@ -174,7 +165,6 @@ def environment(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
         return "FAIL", "no environment", tail(text)
     if not info["cuda_available"] and not check.cpu:
         return "FAIL", f"torch {info['torch']} sees no CUDA device", []
-    check.work.joinpath("environment.json").write_text(json.dumps(info))
     rows = ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in info.items())]
     if info["cuda_available"]:
         figures = (f"{info['device']}, {info['memory_gib']} GiB, cc {info['capability']}, driver "
@@ -199,8 +189,9 @@ def install(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
         return "FAIL", f"offline-install exited {rc}", tail(text)
     # The checkout first: its code is what this check is about (the bundle's copy may be older).
     check.env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(target)])
-    versions = [line for line in text.splitlines() if line.startswith("offline-install:")]
-    return "pass", f"{time.monotonic() - t0:.1f} s, no index; {versions[-1][17:] if versions else ''}", []
+    versions = [line.removeprefix("offline-install: ") for line in text.splitlines()
+                if line.startswith("offline-install: ")]
+    return "pass", f"{time.monotonic() - t0:.1f} s, no index; {versions[-1] if versions else ''}", []
 
 
 # ---- 3. the GPU-marked tests ------------------------------------------------------------------
@@ -224,15 +215,16 @@ def gpu_tests(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
         cmd = [check.python, "-m", "pytest", "tests/test_gpu.py", "-m", "gpu", "-k", expr, "-rA", "-s",
                "-p", "no:cacheprovider", "-o", "addopts=", "--durations=5"]
         rc, text = run_logged(check, cmd, "tests.log", left)
+        summary = _summary_line(text)
         if rc is None:
             stopped.append(f"{group} (stopped at the budget)")
-        elif not _summary_line(text):
+        elif not summary:
             failed.append(f"{group}: pytest ended without a summary (exit {rc}): {text.strip().splitlines()[-1:]}")
-        for outcome, n in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", _summary_line(text)):
+        for outcome, n in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary):
             counts[n] = counts.get(n, 0) + int(outcome)
         failed += re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
         details += [f"**{group}** (`-k '{expr}'`): exit {rc if rc is not None else 'stopped'}: "
-                    f"{_summary_line(text) or 'no summary'}", ""]
+                    f"{summary or 'no summary'}", ""]
         details += _printed_figures(text)
     counts.pop("deselected", None)
     verdict = "FAIL" if failed or counts.get("error") or counts.get("errors") else (
@@ -419,26 +411,20 @@ def harness(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
             table.append(f"| {model} | {strategy} | - | {'stopped' if rc is None else f'exit {rc}'} | - |")
             stopped = stopped or rc is None
             continue
-        ratios = _pair_ratios(result["ranks"])
+        ratios = pair_ratios(result["ranks"])
         medians.append(statistics.median(ratios))
         table.append(f"| {model} | {strategy} | {len(ratios)} | {medians[-1]:.3f} | {min(ratios):.3f}-{max(ratios):.3f} |")
     verdict = ("partial" if stopped else "FAIL") if len(medians) < len(runs) else (
-        "pass" if min(medians) >= 0.98 else "below target")
-    figures = "median ratios " + ", ".join(f"{m:.3f}" for m in medians) + " (target >= 0.98)"
+        "pass" if min(medians) >= THROUGHPUT_TARGET else "below target")
+    figures = "median ratios " + ", ".join(f"{m:.3f}" for m in medians) + f" (target >= {THROUGHPUT_TARGET})"
     return verdict, figures, table
-
-
-def _pair_ratios(ranks: list[dict]) -> list[float]:
-    from bench.paired import pair_ratios
-
-    return pair_ratios(ranks)
 
 
 # ---- 7. memory: the fit check against the measurement ----------------------------------------
 
 MEMORY_TOLERANCE = 0.10
 MEMORY_PROBE = r"""
-import json, sys
+import dataclasses, json, sys
 from jobs.codec import from_plain
 from jobs.spec import RunSpec
 from launcher.plan import fit
@@ -448,9 +434,11 @@ for line in sys.stdin:
     shapes, activations = fit.analyse(spec.model, batch_size=spec.train.batch_size,
                                       low_dtype=LOW.get(spec.precision.name.value),
                                       checkpointing=spec.train.activation_checkpointing)
-    state = fit.predict(shapes, spec.strategy, spec.layout, spec.train.optimizer)
+    state = dataclasses.replace(fit.predict(shapes, spec.strategy, spec.layout, spec.train.optimizer),
+                                activations=activations,
+                                loss_grads=fit.loss_grad_bytes(spec.model, spec.train.batch_size))
     print(json.dumps({"cell": spec.cell, "state": state.total, "activations": activations,
-                      "loss_grads": fit.loss_grad_bytes(spec.model, spec.train.batch_size)}), flush=True)
+                      "loss_grads": state.loss_grads, "peak": state.peak}), flush=True)
 """
 
 
@@ -460,12 +448,12 @@ def memory(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
     rows = [r for r in rows if r["summary"].get(measured_key)]
     if not rows:
         return "skipped", "no measured cell", []
-    specs = "\n".join(json.dumps({k: v for k, v in r["spec"].items()}) for r in rows) + "\n"
+    specs = "\n".join(json.dumps(r["spec"]) for r in rows) + "\n"
     proc = subprocess.run([check.python, "-c", MEMORY_PROBE], input=specs, env=check.env, cwd=REPO,
                           capture_output=True, text=True, timeout=max(budget_s, 1.0))
-    predicted = {d["cell"]: d for d in map(json.loads, proc.stdout.splitlines())}
     if proc.returncode != 0:
         return "FAIL", "the fit check did not run", tail(proc.stderr)
+    predicted = {d["cell"]: d for d in map(json.loads, proc.stdout.splitlines())}
     table = [f"| cell | predicted state GiB | activations GiB | loss gradients GiB | predicted peak GiB | "
              f"measured {measured_key} | measured / predicted |", "|---|---:|---:|---:|---:|---:|---:|"]
     ratios = []
@@ -473,7 +461,7 @@ def memory(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
         p = predicted.get(row["cell"])
         if p is None:
             continue
-        peak = (p["state"] + (p["activations"] or 0) + p["loss_grads"]) / 2**30
+        peak = p["peak"] / 2**30
         measured = row["summary"][measured_key]
         ratios.append(measured / peak)
         activations = "-" if p["activations"] is None else f"{p['activations'] / 2**30:.2f}"

@@ -19,6 +19,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
+from bench.common import stop_group
 from launcher.__main__ import main
 from launcher.state import SweepState
 from launcher.track.tracking import compare_url, experiment_route, ui_url
@@ -47,16 +48,7 @@ def _healthy(url: str) -> bool:
 
 def _stop(proc: subprocess.Popen) -> None:
     # The server forks a uvicorn worker: stop the whole process group it leads, then reap it.
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    stop_group(proc, ((signal.SIGTERM, 15), (signal.SIGKILL, 5)))
 
 
 @pytest.fixture
