@@ -58,8 +58,8 @@ TOTAL_BUDGET_S = 480.0  # the sum of the parts' budgets (PARTS)
 GRACE_S = 8.0
 # The files a part's tarball leaves out: checkpoints and profiler traces are large and not results.
 TAR_EXCLUDE = re.compile(r"(^|/)(checkpoints?|traces?)(/|$)|\.(pt|distcp|trace\.json|pkl)$")
-# NVIDIA DeepLearningExamples, ResNet-50 v1.5 (PyTorch), training throughput, A100 80GB, 1 GPU,
-# batch 256: https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/resnet50v1.5
+# NVIDIA DeepLearningExamples, ResNet-50 v1.5 (PyTorch), training throughput, A100 80GB, 1 GPU
+# (the figures the check is asked to set beside its own): https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/resnet50v1.5
 NVIDIA_RESNET50_A100_IMG_S = {"fp32": ("TF32", 938.0), "bf16": ("AMP", 2470.0), "fp16": ("AMP", 2470.0)}
 
 
