@@ -31,7 +31,7 @@ from pathlib import Path
 from bench.common import PYTHON, REPO, Row, Settings, ratio_of_medians
 from bench.slurm_submit import Shim, default_partition, read_log, run_plugin_until_accepted, scancel, unavailable
 from jobs.cell_run import TEMPLATE_FILE
-from launcher.cluster.slurm_commands import max_array_size
+from launcher.cluster.slurm.resources import max_array_size
 
 GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"]  # keys the reference app has
 OURS_ONLY = ["runs=1"]  # one run per cell, as the plugin runs each point once

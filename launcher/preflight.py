@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from jobs.codec import to_plain
@@ -30,8 +31,13 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     errors: list[str] = []
     predicted = _models(cells, errors)
     _refuse(errors)
-    # What the cluster cannot give (GPUs, memory limits, partitions): also resolves cluster.gpu_mem_gib.
-    errors += backend_for(cells[0].cluster.name.value).check_resources(cells)
+    # What the cluster cannot give (GPUs, memory limits, partitions), and what it resolves for the cells
+    # (cluster.gpu_mem_gib, a GPU rank's cores and memory): applied here, the check changes nothing.
+    resources = backend_for(cells[0].cluster.name.value).check_resources(cells)
+    resources.apply(cells)
+    for warning in resources.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    errors += resources.errors
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _writable(cells[0].config)

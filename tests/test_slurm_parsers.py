@@ -8,21 +8,22 @@ import time
 import pytest
 
 from jobs.spec import Layout
-from launcher.cluster import slurm as slurm_backend
-from launcher.cluster import slurm_commands
-from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation
+from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, python_command
 from launcher.cluster.colocation import overlaps
-from launcher.cluster.slurm_commands import (
+from launcher.cluster.slurm import accounting
+from launcher.cluster.slurm import backend as slurm_backend
+from launcher.cluster.slurm.accounting import (
     expand_array_ids,
     merge_records,
-    parse_max_array_size,
     parse_sacct_times,
     parse_states,
+    slurm_status,
 )
-from launcher.cluster.submit import group_key, groups, python_command, slurm_parameters
+from launcher.cluster.slurm.resources import parse_max_array_size
+from launcher.cluster.slurm.submit import group_key, groups, slurm_parameters
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig, ContainerConfig, ContainerRuntime
-from launcher.state import SweepState, slurm_status
+from launcher.state import SweepState
 from launcher.track import reconcile
 
 SACCT_STATES = """\
@@ -195,7 +196,7 @@ def _slurm_sweep(tmp_path, n=1, job_ids=("46562236",)):
 
 
 def _follow(monkeypatch, state, sacct_text, squeue_text):
-    monkeypatch.setattr(slurm_commands, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
+    monkeypatch.setattr(accounting, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
     return reconcile.refresh(state)
 
 
@@ -241,7 +242,7 @@ def test_a_pending_array_task_cancelled_by_hand_is_cancelled_at_once(tmp_path, m
     assert [c.status for c in state.cells] == [CellStatus.pending] * 3 + [CellStatus.cancelled, CellStatus.pending]
     assert "left the queue before it started" in state.cells[3].error
     # A later --cancel keeps the reason of a cell that was already cancelled.
-    monkeypatch.setattr("launcher.cluster.slurm_commands.cancel", lambda ids: None)
+    monkeypatch.setattr("launcher.cluster.slurm.accounting.cancel", lambda ids: None)
     from launcher import status
 
     cancelled = status.cancel(state)
@@ -293,7 +294,7 @@ def _planned(*overrides):
 
 
 def test_requests_are_checked_against_the_nodes_before_sbatch():
-    from launcher.cluster.slurm_commands import check_capacity, parse_nodes
+    from launcher.cluster.slurm.resources import check_capacity, parse_nodes
 
     nodes = parse_nodes(SINFO_NODES)
     assert nodes["gpu1"].gpu_count("h100") == 8 and nodes["gpu1"].features == {"ib", "nvme"}
@@ -312,7 +313,7 @@ def test_requests_are_checked_against_the_nodes_before_sbatch():
 
 
 def test_accounts_and_qos_from_sacctmgr_and_the_enforcement_setting():
-    from launcher.cluster.slurm_commands import parse_associations, parse_enforce
+    from launcher.cluster.slurm.resources import parse_associations, parse_enforce
 
     assert parse_enforce("AccountingStorageEnforce = none\nClusterName = localcluster\n") == set()
     assert parse_enforce("AccountingStorageEnforce = limits,qos\n") == {"limits", "qos", "associations"}

@@ -1,8 +1,9 @@
 """Each cell's status, from what its cluster (launcher/cluster/) last said about its job.
 
 The backend moves every submitted cell to the state its job is in (the rules of each cluster are
-in its module); here a cell that changed gets its MLflow run brought up to date, and the document
-is saved. A planned cell whose submitting process has ended will never be submitted: it is
+in its folder); here the cells that changed are listed, and the document is saved. Their MLflow runs
+are brought up to date by the finish (launcher/finish.py), inline or in the background: nothing
+here calls MLflow. A planned cell whose submitting process has ended will never be submitted: it is
 ``cancelled`` with that reason, so no cell stays planned for good.
 """
 
@@ -15,7 +16,6 @@ from launcher.cluster.backends import backend_for
 from launcher.cluster.base import JobTimes, alive
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
-from launcher.track.runs import finish_cell
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Refreshed:
 
 
 def refresh(state: SweepState) -> Refreshed:
-    """Bring every cell's status up to date; save and update its MLflow run when it changed."""
+    """Bring every cell's status up to date; save the document when one changed."""
     state.adopt_runs()  # runs a background process has created since
     before = {cell.index: (cell.status, cell.error, cell.restarts) for cell in state.cells}
     for cell in state.cells:
@@ -36,7 +36,6 @@ def refresh(state: SweepState) -> Refreshed:
     for cell in state.cells:
         if (cell.status, cell.error, cell.restarts) != before[cell.index]:
             out.changed.append(cell)
-            finish_cell(state, cell)
     if out.changed:
         state.save()
     return out
