@@ -48,8 +48,8 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from contract.spec import ModelSpec
     from jobs.models import build_model
-    from jobs.spec import ModelSpec
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])

@@ -50,13 +50,13 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from contract.spec import InputKind, ModelSpec, PrecisionSpec, Strategy, StrategySpec
     from jobs import memory, parallel, schedule
     from jobs.data import synthetic_batches
     from jobs.dist import DistEnv, backend_for, choose_device
     from jobs.heartbeat import Heartbeat
     from jobs.loop import Trainer
     from jobs.models import build_model
-    from jobs.spec import InputKind, ModelSpec, PrecisionSpec, Strategy, StrategySpec
 
     env = DistEnv.detect(os.environ)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

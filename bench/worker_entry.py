@@ -104,7 +104,7 @@ def main() -> None:
 
     import torch
 
-    from jobs.spec import (
+    from contract.spec import (
         DataSpec,
         Layout,
         ModelSpec,

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.spec import ConfigError, InputKind, ModelSpec
 from jobs.models.bert import Bert, BertConfig
 from jobs.models.gpt import GPT, GPTConfig
 from jobs.models.init import init_weights
 from jobs.models.instantiate import instantiate
 from jobs.models.resnet import RESNET_LAYOUTS, ResNet
 from jobs.models.small import CNN, MLP
-from jobs.spec import ConfigError, InputKind, ModelSpec
 
 
 def require_input(spec: ModelSpec, kind: InputKind) -> None:
