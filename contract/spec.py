@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.catalog import KNOWN_MODELS
 from contract.imports import import_problem
 
 
@@ -171,14 +172,6 @@ class PrecisionSpec:
                 "casting parameters is precision.mode=params; under mode=autocast parameters stay fp32.",
                 "add precision.mode=params (FSDP strategies only), or drop the param_dtype override.",
             )
-
-
-# The names jobs.models.REGISTRY builds (kept here, stdlib only, so the launcher can check a
-# name without importing torch; a test keeps the two lists equal).
-KNOWN_MODELS = (
-    "bert-base", "bert-tiny", "cnn", "gpt2-large", "gpt2-medium", "gpt2-small", "gpt2-xl", "gpt_tiny", "mlp",
-    "resnet101", "resnet152", "resnet18", "resnet34", "resnet50",
-)
 
 
 class LMHead(enum.Enum):
