@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.common import PYTHON, REPO, Row, Settings, ratio_of_medians
 from bench.slurm_submit import Shim, default_partition, read_log, run_plugin_until_accepted, scancel, unavailable
-from jobs.cell_run import TEMPLATE_FILE
+from contract.cell_run import TEMPLATE_FILE
 from launcher.cluster.slurm.resources import max_array_size
 
 GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"]  # keys the reference app has
@@ -63,7 +63,7 @@ def _ours(work: Path, shim: Shim, partition: str, name: str, tracking: list[str]
 
 def _runs_done_s(sweep: Path, started: float, timeout_s: float = 600) -> float:
     """Seconds from the command's start until the parent run and every cell's run template exist
-    (background creation; a cell's run itself is created once its job starts: jobs/cell_run.py)."""
+    (background creation; a cell's run itself is created once its job starts: contract/cell_run.py)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if len(list(sweep.glob(f"cells/*/{TEMPLATE_FILE}"))) >= CELLS and (sweep / "mlflow.json").exists():

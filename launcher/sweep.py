@@ -13,7 +13,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from jobs.codec import to_plain
+from contract.codec import to_plain
 from launcher import finish
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
@@ -169,7 +169,7 @@ def _create_runs(state: SweepState) -> None:
     """The sweep's parent run and its cells' run templates, inline or, for a large sweep whose backend
     says so (Backend.creates_runs_in_background), in the background; a cell's run is created once its
     job has started, by its rank 0 at the job's end or by status and sync, whichever comes first
-    (jobs/cell_run.py)."""
+    (contract/cell_run.py)."""
     if not state.tracking_uri:
         return
     first = not state.parent_run_id

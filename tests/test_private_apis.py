@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from jobs.spec import Layout
+from contract.spec import Layout
 from launcher.plan.schema import ClusterConfig
 
 

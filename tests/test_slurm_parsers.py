@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jobs.spec import Layout
+from contract.spec import Layout
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, python_command
 from launcher.cluster.colocation import overlaps
 from launcher.cluster.slurm import accounting

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs.spec import Layout
+from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import classify, first_failure
 from launcher.cluster.interrupt import NOT_STARTED, Interrupts

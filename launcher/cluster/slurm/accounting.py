@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 
-from jobs.dist import expand_nodelist
+from contract.nodelist import expand_nodelist
 from launcher.cluster.slurm.commands import call, run
 from launcher.plan.cell import CellStatus
 

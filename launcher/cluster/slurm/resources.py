@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jobs.dist import expand_nodelist
+from contract.nodelist import expand_nodelist
 from launcher.cluster.base import Resolved, ResourceCheck
 from launcher.cluster.slurm.commands import CONF_PATHS, call, configured, run
 from launcher.plan import fit

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs.codec import to_plain
-from jobs.spec import Layout
+from contract.codec import to_plain
+from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.plan.cell import Cell, CellStatus
