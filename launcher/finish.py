@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import subprocess
 import sys
 import time
@@ -46,11 +47,13 @@ def finalize(state: SweepState, force: bool = True, background: bool = False) ->
     those were all cancelled). The report is written when ``force``, or when every cell has ended and
     the report does not show these statuses yet. ``background``: the MLflow part runs in a detached
     process (launcher.status). Returns the ranking table and the report's path when it wrote one."""
+    before = _kept(state)
     _reconcile(state)
-    state.save()
     if not background:
         _settle_runs(state)  # before the report: its cells.csv names every cell's run
     written = _report(state, force)
+    if _kept(state) != before:
+        state.save()  # once: a thousand cells take a second to write
     if background:
         if mlflow_due(state):
             settle_in_background(state)
@@ -87,8 +90,13 @@ def wait(state: SweepState, poll_s: float = 2.0, timeout_s: float | None = None,
 
 def _reconcile(state: SweepState) -> None:
     """Each cell's state from its backend, then the interference of the cells that finished (before
-    the rows: the findings leave flagged cells out)."""
-    colocation.flag(state, reconcile.refresh(state).times)
+    the rows: the findings leave flagged cells out); the caller saves."""
+    colocation.flag(state, reconcile.refresh(state, save=False).times)
+
+
+def _kept(state: SweepState) -> str:
+    """What finalize may change in the document: the cells' outcome and runs, the report's outcome."""
+    return f"{state.outcome()}{[(c.run_id, c.error, c.restarts) for c in state.cells]}{state.reported}"
 
 
 def _report(state: SweepState, force: bool) -> report.Report | None:
@@ -99,7 +107,6 @@ def _report(state: SweepState, force: bool) -> report.Report | None:
     written = report.write_sweep_report(state)
     if finished:
         state.reported = state.outcome()
-        state.save()
     return written
 
 
@@ -287,4 +294,5 @@ def _free(path: Path) -> bool:
 
 
 if __name__ == "__main__":
+    os.nice(10)  # background work: the status calls and benchmarks of this machine come first
     settle_from_background(Path(sys.argv[1]))

@@ -25,8 +25,9 @@ class Refreshed:
     times: JobTimes = field(default_factory=dict)
 
 
-def refresh(state: SweepState) -> Refreshed:
-    """Bring every cell's status up to date; save the document when one changed."""
+def refresh(state: SweepState, save: bool = True) -> Refreshed:
+    """Bring every cell's status up to date; save the document when one changed (``save``: or leave
+    that to the caller, who saves once)."""
     state.adopt_runs()  # runs a background process has created since
     before = {cell.index: (cell.status, cell.error, cell.restarts) for cell in state.cells}
     for cell in state.cells:
@@ -36,7 +37,7 @@ def refresh(state: SweepState) -> Refreshed:
     for cell in state.cells:
         if (cell.status, cell.error, cell.restarts) != before[cell.index]:
             out.changed.append(cell)
-    if out.changed:
+    if out.changed and save:
         state.save()
     return out
 
