@@ -340,3 +340,26 @@ def test_a_cancelled_cell_keeps_its_numbers_out_of_every_mean():
     assert throughput(rows[2]) is None
     [row] = grouped(rows)
     assert row["throughput_samples_per_s"] == 11.0 and row["runs"] == 2 and row["runs_planned"] == 3
+
+
+def test_resource_checks_resolve_without_changing_the_cell():
+    """A GPU cell that leaves its cores, memory and GPU memory open gets its partition's share of each,
+    as a Resolved value: the check changes nothing, the caller applies it (launcher/preflight.py)."""
+    from launcher.cluster.base import ResourceCheck
+    from launcher.cluster.slurm.resources import as_resolved, parse_sinfo, resolve
+
+    (part,) = parse_sinfo("gpu*|2|1:00:00|64|512000|gpu:h100:8(S:0-1)\n").values()
+    cell = Cell(index=3, name="c3", dirname="03", overrides=[], strategy="ddp", precision="bf16", model="gpt_tiny",
+                cluster=ClusterConfig(gpus_per_node=8, tasks_per_node=8), layout=Layout(tasks_per_node=8, gpus_per_node=8))
+    before = (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib)
+    resolved = resolve(cell, part)
+    assert (resolved.cpus_per_task, resolved.mem_gb, resolved.gpu_mem_gib) == (8, 500.0, 79.6)
+    assert as_resolved(cell, resolved).layout.cpus_per_task == 8
+    assert (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib) == before  # untouched
+    ResourceCheck(resolved={3: resolved}).apply([cell])
+    assert (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib) == (8, 500.0, 79.6)
+    # What the cell gave itself stays: only settings left open are resolved.
+    own = Cell(index=4, name="c4", dirname="04", overrides=[], strategy="ddp", precision="bf16", model="gpt_tiny",
+               cluster=ClusterConfig(gpus_per_node=8, tasks_per_node=8, cpus_per_task=2, mem_gb=64, gpu_mem_gib=40),
+               layout=Layout(tasks_per_node=8, gpus_per_node=8, cpus_per_task=2))
+    assert resolve(own, part) == type(resolved)()
