@@ -8,7 +8,8 @@ The commands call it, so none of them imports another for it.
 
 ``launcher.status`` is what people run most, and MLflow's client takes seconds to import: status
 settles in the background (``python -m launcher.finish <sweep_dir>``, detached, its output in
-SETTLE_LOG) and prints its table without importing MLflow. The other paths settle inline. Nothing
+SETTLE_LOG) and prints its table without importing MLflow; a large sweep's report is written there
+too (REPORT_INLINE_CELLS). The other paths settle and write inline. Nothing
 is lost: a run counts as settled only once it agrees with its cell (state.SETTLED_FILE), and the
 next status or sync settles whatever is not. One background settler works per sweep and at most one
 waits; a status that finds one waiting starts none, since the waiting one reads the sweep after this
@@ -37,6 +38,8 @@ SETTLE_LOCK = "mlflow-settle.lock"  # held by whoever writes to the sweep's runs
 QUEUE_LOCK = "mlflow-settle-queue.lock"  # held by the background settler waiting for its turn
 TURN_LOCK = "mlflow-settle-turn.lock"  # held by the background settler at work
 BATCH = 50  # cells per batch in the background: a foreground settle waits at most one batch
+# Above this many cells status leaves a due report to the background too (1000 cells: ~1.5 s and more).
+REPORT_INLINE_CELLS = 200
 
 
 def finalize(state: SweepState, force: bool = True, background: bool = False) -> str | None:
@@ -51,14 +54,16 @@ def finalize(state: SweepState, force: bool = True, background: bool = False) ->
     _reconcile(state)
     if not background:
         _settle_runs(state)  # before the report: its cells.csv names every cell's run
-    written = _report(state, force)
+    inline = force or not background or len(state.cells) <= REPORT_INLINE_CELLS
+    written = _report(state, force) if inline else None
     if _kept(state) != before:
         state.save()  # once: a thousand cells take a second to write
-    if background:
-        if mlflow_due(state):
-            settle_in_background(state)
-    elif state.tracking_uri:
+    if not background:
         _close_if_due(state, written)
+    elif mlflow_due(state) or report_due(state):
+        settle_in_background(state)
+        if report_due(state):
+            return f"the sweep has ended: its report is being written in the background to {state.path / report.REPORT_FILE}"
     return _said(state, written) if written else None
 
 
@@ -99,13 +104,18 @@ def _kept(state: SweepState) -> str:
     return f"{state.outcome()}{[(c.run_id, c.error, c.restarts) for c in state.cells]}{state.reported}"
 
 
+def report_due(state: SweepState) -> bool:
+    """Every cell has ended and report.md does not show them yet (written here or in the background)."""
+    return (all(c.status.terminal for c in state.cells)
+            and state.outcome() not in (state.reported, state.settled().get("reported")))
+
+
 def _report(state: SweepState, force: bool) -> report.Report | None:
-    """report.md written when ``force``, or when every cell has ended and it does not show them yet."""
-    finished = all(c.status.terminal for c in state.cells)
-    if not (force or (finished and state.reported != state.outcome())):
+    """report.md written when ``force``, or when it is due."""
+    if not (force or report_due(state)):
         return None
     written = report.write_sweep_report(state)
-    if finished:
+    if all(c.status.terminal for c in state.cells):
         state.reported = state.outcome()
     return written
 
@@ -175,7 +185,7 @@ def _close_due(state: SweepState) -> bool:
 def _close_if_due(state: SweepState, written: report.Report | None) -> None:
     """The parent run closed with the report (the one just written, or report.md as it was written:
     a synced sweep's noise floor and host are those of where it ran)."""
-    if not (_closable(state) and (written is not None or _close_due(state))):
+    if not (state.tracking_uri and _closable(state) and (written is not None or _close_due(state))):
         return
     _close_parent(state, written or report.written_report(state), state.outcome())
 
@@ -222,14 +232,19 @@ def settle_from_background(sweep_dir: Path) -> None:
     with _turn(sweep_dir) as mine:
         if not mine:
             return
-        try:
-            created = runs.ensure_runs(SweepState.load(sweep_dir)) > 0
-            state = _settle_batches(sweep_dir)
-        except Exception as exc:  # the store fails: the next status or sync tries again
-            print(f"[mlflow] could not settle the runs of {sweep_dir}: {type(exc).__name__}: {exc}", flush=True)
-            return
-        # Runs created here are not in the report status wrote: write it again (cells.csv names them).
-        _close_if_due(state, report.write_sweep_report(state) if created and _closable(state) else None)
+        state, created = SweepState.load(sweep_dir), False
+        if state.tracking_uri:
+            try:
+                created = runs.ensure_runs(state) > 0
+                state = _settle_batches(sweep_dir)
+            except Exception as exc:  # the store fails: the next status or sync tries again
+                print(f"[mlflow] could not settle the runs of {sweep_dir}: {type(exc).__name__}: {exc}", flush=True)
+        # A report status left to this process, or one written before runs were created here (its
+        # cells.csv names every cell's run).
+        written = report.write_sweep_report(state) if report_due(state) or (created and _closable(state)) else None
+        if written is not None and all(c.status.terminal for c in state.cells):
+            state.record_settled(reported=state.outcome())
+        _close_if_due(state, written)
 
 
 def _settle_batches(sweep_dir: Path) -> SweepState:
@@ -249,13 +264,15 @@ def _settle_batches(sweep_dir: Path) -> SweepState:
 
 
 def wait_for_settled(sweep_dir: Path, timeout_s: float = 120.0) -> bool:
-    """Block until no background settler works or waits on the sweep and MLflow holds all of it;
+    """Block until no background settler works or waits on the sweep, MLflow holds all of it and its
+    report is written;
     False after ``timeout_s`` (the store fails, say). For scripts and tests that read MLflow after
     ``launcher.status``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         idle = all(_free(Path(sweep_dir) / name) for name in (QUEUE_LOCK, TURN_LOCK))
-        if idle and not mlflow_due(SweepState.load(sweep_dir)):
+        state = SweepState.load(sweep_dir)
+        if idle and not (mlflow_due(state) or report_due(state)):
             return True
         time.sleep(0.2)
     return False

@@ -30,8 +30,9 @@ SPEC_FILE = "spec.json"
 # every load of the document adopts them.
 RUNS_FILE = "mlflow.json"
 # What the MLflow store has been told: {"runs": {run id: its cell's signature}, "closed": the outcome
-# the parent run was closed with}. Written only by whichever process settles the runs (launcher/finish.py,
-# in the background for launcher.status), each change under a lock of its own, never by status itself.
+# the parent run was closed with, "reported": the outcome a report written in the background shows}.
+# Written only by whichever process settles the runs (launcher/finish.py, in the background for
+# launcher.status), each change under a lock of its own, never by status itself.
 SETTLED_FILE = "mlflow-settled.json"
 # 1: sweep.json + spec.pkl + cluster.pkl (one cluster config for the whole sweep).
 # 2: this document; each cell has its own cluster config and a spec.json.
@@ -214,10 +215,11 @@ class SweepState:
             recorded.get(c.run_id) != signature(c) if c.run_id else c.status.terminal)]
 
     def record_settled(self, cells: Sequence[Cell] = (), closed: str | None = None,
-                       report_mtime_ns: int | None = None) -> None:
-        """Record that ``cells``' runs agree with them (and that the parent run was closed with the
-        outcome ``closed`` and the report of that mtime): a read-modify-write of SETTLED_FILE under its
-        own lock, atomic for readers."""
+                       report_mtime_ns: int | None = None, reported: str | None = None) -> None:
+        """Record that ``cells``' runs agree with them (that the parent run was closed with the outcome
+        ``closed`` and the report of that mtime; that the report was written in the background for
+        the outcome ``reported``): a read-modify-write of SETTLED_FILE under its own lock, atomic for
+        readers."""
         with open(self.path / (SETTLED_FILE + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             found = self.settled()
@@ -225,6 +227,8 @@ class SweepState:
             if closed is not None:
                 found["closed"], found["report_mtime_ns"] = closed, report_mtime_ns
                 self.closed = closed
+            if reported is not None:
+                found["reported"] = reported
             tmp = self.path / (SETTLED_FILE + ".tmp")
             tmp.write_text(json.dumps(found))
             os.replace(tmp, self.path / SETTLED_FILE)
