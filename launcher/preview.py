@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.cluster.backends import backend_for
 from jobs.metrics import COLLECTIVE_KINDS
+from launcher.cluster.backends import backend_for
 from launcher.plan import fit, traffic
 from launcher.plan.cell import Cell
 

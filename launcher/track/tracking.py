@@ -297,6 +297,13 @@ def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: P
                 client.log_artifact(run_id, str(path), "logs")
 
 
+def attach(uri: str, run_id: str, files: Iterable[Path], folder: str | None = None) -> None:
+    """Attach ``files`` to a run (under ``folder``)."""
+    client = mlflow_client.client(uri)
+    for path in files:
+        client.log_artifact(run_id, str(path), folder)
+
+
 def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()) -> None:
     """Set the sweep's parent run description (MLflow's ``mlflow.note.content`` tag, markdown) and
     attach ``files`` (cells.csv) at the top of its artifacts."""
