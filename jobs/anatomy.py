@@ -9,7 +9,8 @@ that do not overlap, so that they add up to it exactly:
 
 - ``data_wait``: inside ``step::data`` (waiting for the next batch);
 - ``comm_<kind>_exposed``: a collective of that kind in flight while no computation runs
-  (jobs/comm.py's intervals: gloo's ops on CPU, NCCL kernels on a GPU) and not waiting for data;
+  (jobs/comm.py's intervals: gloo's ops on CPU, NCCL kernels on a GPU, and the spans a wrapped
+  collective marks ``comm::<kind>``) and not waiting for data;
   where kinds overlap each other, the earlier kind in :data:`KINDS` takes the time;
 - ``forward``, ``backward``, ``optimizer``: the rest of each named range: the computation and the
   host's own work in that phase, communication that nothing hid taken out;
@@ -49,6 +50,9 @@ from jobs.metrics import COLLECTIVE_KINDS as KINDS
 PHASES = ("data", "forward", "backward", "optimizer")  # the trainer's named ranges (jobs/loop.py)
 RANGE_PREFIX = "step::"
 PROBE_RANGE = RANGE_PREFIX + "probe"
+# A collective wrapped by code of its own (a compression hook, a model's own collective) marks its
+# whole span ``comm::<kind>`` (e.g. ``comm::all_reduce``): the wrapper's time counts as that kind.
+WRAPPED_PREFIX = "comm::"
 
 
 def busbw_factor(kind: str, world_size: int) -> float:
@@ -143,6 +147,11 @@ def collectives_of(events, on_gpu: bool) -> list[Collective]:
             out.append(Collective(kind, span, size if size is not None else own))
         else:
             out.append(Collective(own_kind, span, own))
+    for ev in events:
+        if ev.name.startswith(WRAPPED_PREFIX) and not (on_gpu and str(getattr(ev, "device_type", "")).endswith("CUDA")):
+            kind = ev.name[len(WRAPPED_PREFIX):]
+            out.append(Collective(kind if kind in KINDS else "other",
+                                  (float(ev.time_range.start), float(ev.time_range.end))))
     return out
 
 
@@ -235,10 +244,10 @@ def _inside(span: Interval, window: Interval) -> bool:
 def _traffic(kind: str, calls: list[Collective], in_flight_ms: float, n_steps: int,
              world_size: int) -> dict[str, float]:
     """Bytes per step of one kind, and nccl-tests' algbw/busbw over the time it was in flight."""
-    sizes = [c.bytes for c in calls]
-    if not calls or any(s is None for s in sizes):
+    sizes = [c.bytes for c in calls if c.bytes is not None]  # a wrapped span's bytes are its collective's
+    if not sizes:
         return {} if not calls else {f"comm_{kind}_calls_per_step": len(calls) / n_steps}
-    per_step = sum(s for s in sizes if s is not None) / n_steps
+    per_step = sum(sizes) / n_steps
     out = {comm_bytes(kind): per_step, f"comm_{kind}_calls_per_step": len(calls) / n_steps}
     if in_flight_ms > 0:
         algbw = per_step / (in_flight_ms * 1e-3) / 1e9
