@@ -29,7 +29,7 @@ matched to its operator in issue order (gloo records the buffer of a list form; 
 reduce-scatter as an all-reduce of the whole input, which is why the operator, not gloo's event,
 names the kind).
 
-Reduced over ranks as the mean (jobs/metrics.py): a mean of sums is the sum of means, so the
+Reduced over ranks as the mean (contract/metrics.py): a mean of sums is the sum of means, so the
 reduced parts still add up to the reduced step time. The probe's step time
 (``anatomy_step_time_ms``) is shown beside the window's: the profiler's own cost is visible in it.
 On a GPU the phases are the host's ranges and the collectives the device's kernels, so a phase
@@ -42,10 +42,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.metrics import ANATOMY_STEP, comm_bytes
+from contract.metrics import COLLECTIVE_KINDS as KINDS
 from jobs import comm
 from jobs.comm import Interval, merged, minus_length, union_length
-from jobs.metrics import ANATOMY_STEP, comm_bytes
-from jobs.metrics import COLLECTIVE_KINDS as KINDS
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the trainer's named ranges (jobs/loop.py)
 RANGE_PREFIX = "step::"

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from jobs.shards import shard_of
-from jobs.spec import (
+from contract.spec import (
     BatchNormUnits,
     PrecisionPlan,
     PrecisionSpec,
@@ -35,6 +34,7 @@ from jobs.spec import (
     StrategySpec,
     precision_plan,
 )
+from jobs.shards import shard_of
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

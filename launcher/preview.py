@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.metrics import COLLECTIVE_KINDS
+from contract.metrics import COLLECTIVE_KINDS
 from launcher.cluster.backends import backend_for
 from launcher.plan import fit, traffic
 from launcher.plan.cell import Cell

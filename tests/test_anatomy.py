@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from jobs import metrics
-from jobs.spec import Layout
+from contract import metrics
+from contract.spec import Layout
 from launcher.plan import fit, traffic
 from launcher.report.explain import explain
 from tests.ranks import TINY_GPT, make_spec, run_ranks
@@ -123,7 +123,7 @@ def test_measured_bytes_match_the_theory(tmp_path, world_size, cases):
 
 def test_theory_of_each_strategy_on_a_known_model():
     # Two parameters of 8x4 in one unit, one root parameter of 6x2; fp32; 4 ranks on 2 nodes.
-    from jobs.spec import Precision, PrecisionMode, PrecisionSpec, Sharding, Strategy, StrategySpec
+    from contract.spec import Precision, PrecisionMode, PrecisionSpec, Sharding, Strategy, StrategySpec
 
     params = [traffic.Param((8, 4), True), traffic.Param((8, 4), True), traffic.Param((6, 2), False)]
     layout = Layout(nodes=2, tasks_per_node=2)

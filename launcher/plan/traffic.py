@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jobs.spec import Layout, PrecisionSpec, Sharding, Strategy, StrategySpec, WrapPolicy, precision_plan
+from contract.spec import Layout, PrecisionSpec, Sharding, Strategy, StrategySpec, WrapPolicy, precision_plan
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 TOLERANCE = 0.10  # measured bytes further than this from the theory are a finding

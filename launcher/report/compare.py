@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.report.explain import Explanation, explain
 from launcher.report.findings import STATE_TOLERANCE, why_lines
 from launcher.report.rows import grouped, md_cell, num, settings

@@ -2,7 +2,7 @@
 try next, and the bytes measured against the theory.
 
 Pure functions over report rows (launcher/report/rows.py; a grouped row holds its runs in
-``_members``). The parts are the step's anatomy (jobs/anatomy.py, jobs.metrics.STEP_PARTS),
+``_members``). The parts are the step's anatomy (jobs/anatomy.py, contract.metrics.STEP_PARTS),
 measured in the profiled probe after each run's window; they add up to the probe's step time, so
 their differences add up to the difference of the probe's step times. Each part's difference has
 Welch's 95% interval from the runs on both sides (launcher/report/stats.py, the verdicts' own
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.plan import traffic
 from launcher.report.rows import num, settings
 from launcher.report.stats import Estimate, Floor, estimate_of, welch_interval

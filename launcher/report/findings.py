@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.plan import traffic
 from launcher.report.explain import Explanation, explain, traffic_findings
 from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.report.explain import part_label
 from launcher.report.rows import GIB, MIB, cell_label, grouped, peak_memory_gib, ranked, series_labels
 
@@ -167,7 +167,7 @@ def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
 
 
 def anatomy(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Each cell's probe step cut into its parts (stacked, in jobs.metrics.STEP_PARTS order, the
+    """Each cell's probe step cut into its parts (stacked, in contract.metrics.STEP_PARTS order, the
     unattributed remainder last and hatched), with the measured window's median step time marked:
     the gap between the bar's end and the mark is the profiler's own cost."""
     measured, note = _capped([r for r in _measured(rows) if r.get(metrics.ANATOMY_STEP)])
