@@ -170,6 +170,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("measured_matmul_tflops", "TFLOP/s", _M, _FLAT),
     Metric("predicted_model_state_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
     Metric("predicted_activation_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
+    # ---- forecasts checked (launcher/report/forecasts.py): each configuration forecast from the others
+    Metric("forecast_throughput_samples_per_s", "samples/s (leave-one-out forecast)", _NONE, _FLAT, source=_REPORT),
+    Metric("forecast_error", "forecast over measured throughput, minus 1", _NONE, _FLAT, source=_REPORT),
+    # The sweep's parent run: over its configurations.
+    Metric("forecast_error_median", "median absolute forecast error (share of the measured)", _NONE, _DOWN,
+           source=_REPORT),
+    Metric("forecast_interval_coverage", "share of measurements inside their forecast's interval", _NONE, _UP,
+           source=_REPORT),
+    Metric("forecast_points", "configurations forecast", _NONE, _FLAT, source=_REPORT),
 )
 
 REGISTRY: dict[str, Metric] = {m.name: m for m in METRICS}
