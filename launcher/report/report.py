@@ -79,6 +79,7 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
             row["predicted_model_state_bytes"] = cell.predicted_state_bytes
         if cell.predicted_activation_bytes is not None:
             row["predicted_activation_bytes"] = cell.predicted_activation_bytes
+        row.update({metrics.predicted_comm_bytes(k): v for k, v in cell.predicted_comm_bytes.items()})
         if cell.interference:  # launcher/cluster/colocation.py: the cell measured something else too
             row["interference"] = cell.interference
         rows.append(row)

@@ -306,6 +306,13 @@ def log_figures(uri: str, figures_by_run: dict[str, dict[str, float]]) -> None:
             client.log_metric(run_id, metrics.get(name).name, float(value), step=0)
 
 
+def attach(uri: str, run_id: str, files: Iterable[Path], folder: str | None = None) -> None:
+    """Attach ``files`` to a run (under ``folder``)."""
+    client = mlflow_client.client(uri)
+    for path in files:
+        client.log_artifact(run_id, str(path), folder)
+
+
 def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()) -> None:
     """Set the sweep's parent run description (MLflow's ``mlflow.note.content`` tag, markdown) and
     attach ``files`` (cells.csv) at the top of its artifacts."""
