@@ -195,6 +195,10 @@ def comm_bytes(kind: str) -> str:
     return f"comm_{kind}_bytes_per_step"
 
 
+def comm_calls(kind: str) -> str:
+    return f"comm_{kind}_calls_per_step"
+
+
 def predicted_comm_bytes(kind: str) -> str:
     return f"predicted_comm_{kind}_bytes_per_step"
 
@@ -206,7 +210,7 @@ def _anatomy() -> tuple[Metric, ...]:
     for k in COLLECTIVE_KINDS:
         out += [Metric(f"comm_{k}_overlapped_ms", ms + ", hidden by computation, not in the sum", _M, _FLAT),
                 Metric(comm_bytes(k), "bytes per optimizer step (nccl-tests' size)", _M, _DOWN),
-                Metric(f"comm_{k}_calls_per_step", "collectives per optimizer step", _M, _FLAT),
+                Metric(comm_calls(k), "collectives per optimizer step", _M, _FLAT),
                 Metric(f"comm_{k}_algbw_gbps", "GB/s (bytes over time in flight)", _M, _UP),
                 Metric(f"comm_{k}_busbw_gbps", "GB/s (nccl-tests' bus bandwidth)", _M, _UP),
                 Metric(predicted_comm_bytes(k), "bytes per optimizer step (the strategy's theory)", _X, _FLAT,

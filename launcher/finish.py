@@ -77,11 +77,8 @@ def _close_parent(state: SweepState, written: report.Report, outcome: str) -> No
         tracking.describe_parent(uri, parent,
                                  f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
                                  [written.cells_csv] if written.cells_csv else [])
-<<<<<<< HEAD
         tracking.log_figures(uri, {parent: written.figures, **written.cell_figures})
-=======
         attach_anatomy(state)
->>>>>>> explain
         tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
         state.closed = outcome
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contract import metrics
 from contract.spec import RunSpec, Sharding, Strategy
 from launcher.plan import fitcache, perfmodel
 from launcher.plan.perfmodel import INTER, INTRA, Collective, Observed, Work
@@ -33,16 +34,6 @@ from launcher.state import StateError, SweepState
 
 MIN_SERIES = 3
 LEVEL = 0.9  # the intervals' nominal coverage (split conformal)
-# Collective kinds whose bytes the theory gives (launcher/plan/traffic.py), by the row keys it writes.
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "other")
-
-
-def predicted_bytes_key(kind: str) -> str:
-    return f"predicted_comm_{kind}_bytes_per_step"
-
-
-def calls_key(kind: str) -> str:
-    return f"comm_{kind}_calls_per_step"
 
 
 def host_cpus() -> float:
@@ -95,11 +86,13 @@ def work_of(spec: RunSpec, strategy: str, flops_per_sample: float, moved: dict[s
 
 
 def moved_bytes(row: dict[str, Any]) -> dict[str, float]:
-    return {k: v for k in KINDS if (v := num(row.get(predicted_bytes_key(k))))}
+    """The bytes per step by collective kind that the row's strategy implies (the theory)."""
+    return {k: v for k in metrics.COLLECTIVE_KINDS if (v := num(row.get(metrics.predicted_comm_bytes(k))))}
 
 
 def measured_calls(row: dict[str, Any]) -> dict[str, float]:
-    return {k: v for k in KINDS if (v := num(row.get(calls_key(k))))}
+    """Collectives per step by kind, where the anatomy counted them."""
+    return {k: v for k in metrics.COLLECTIVE_KINDS if (v := num(row.get(metrics.comm_calls(k))))}
 
 
 def observed(row: dict[str, Any], work: Work) -> Observed | None:
