@@ -117,7 +117,11 @@ def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
     kept = [o for o in own if _key(o) not in keys | {"runs", "sweep_dir", "wait"}]
     extra = grid.search_path(config_dirs)
     points, swept = grid.expand([*kept, *overrides, "runs=1"], True, extra)
-    return grid.plan(grid.compose(points, swept, extra=extra))
+    cells = grid.plan(grid.compose(points, swept, extra=extra))
+    shown = {*swept, *keys}  # named by what the sweep swept and what the forecast sets
+    for cell in cells:
+        cell.name = " ".join(o for o in cell.overrides if _key(o) in shown) or cell.name
+    return cells
 
 
 def _key(override: str) -> str:
@@ -312,8 +316,10 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
 
 
 def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[forecasts.Point]] | None:
-    """The newest sweep under ``root`` of the cluster ``key`` with a configuration the model can read."""
+    """The newest sweep under ``root`` of the cluster ``key`` with MIN_SERIES configurations the model can
+    read, else the newest with any."""
     documents = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    fallback = None
     for document in documents:
         try:
             state = SweepState.load(document.parent)
@@ -322,9 +328,10 @@ def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[forecasts.Point
         if not state.cells or report.floor_key(state) != key:
             continue
         points = forecasts.points_of(state, report.collect(state))
-        if points:
+        if len(points) >= forecasts.MIN_SERIES:
             return state, points
-    return None
+        fallback = fallback or ((state, points) if points else None)  # a --verify sweep: one point
+    return fallback
 
 
 # ---- --verify -----------------------------------------------------------------------------------
