@@ -88,3 +88,13 @@ def test_conformal_spread_takes_the_kth_smallest_error_and_says_its_coverage():
     assert (low, high) == (pytest.approx(100 / 1.2), pytest.approx(120.0))
     assert pm.spread([], 0.9) is None
     assert pm.spread(errors, 0.5).half_width == pytest.approx(-math.log(0.96))  # k = 5 of 9: |ln 0.96|
+
+
+def test_cells_are_read_at_the_share_other_tenants_left_and_forecasts_assume_the_median():
+    # 1e6 FLOP/ms on a whole core; the cells got 50%, 25% and 20% of theirs.
+    made = [(1e8, 0.5), (2e8, 0.25), (4e8, 0.2)]
+    cells = [pm.Observed(pm.Work("cpu", "fp32", "ddp", f, 8, 1, available=a), f / (1e6 * a)) for f, a in made]
+    model = pm.fit(cells)
+    assert model.compute[("cpu", "fp32")].flops_per_ms == pytest.approx(1e6, rel=1e-6)
+    assert model.available == pytest.approx(0.25)
+    assert model.predict(_work(1e8)).compute_ms == pytest.approx(1e8 / (1e6 * 0.25))

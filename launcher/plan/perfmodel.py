@@ -10,8 +10,11 @@ the step of a cell that was not run (a :class:`Work`).
   On CPU the rate depends on the cores a rank really has: a rank of ``threads`` threads runs at
   ``rate_1 x threads^gamma`` while it has that many cores, and time-slices below that
   (``x min(1, cores / threads)``: two single-thread ranks on one core each run at half speed).
-  ``gamma`` (how well intra-op threads scale) is fitted where the sweep ran ranks of different
-  thread counts, else 1 (stated). The fit minimises the squared *relative* error, since the
+  ``gamma`` (how well intra-op threads scale; below 0 where threads that wait on each other cost
+  more than they give, as on an oversubscribed host) is fitted where the sweep ran ranks of
+  different thread counts, else 1 (stated). Other tenants of a host take a share of its cores: each
+  measured cell is read at the share it had (``available``, 1 - the worker's foreign_cpu_share), and
+  a forecast assumes the median share of the cells it was fitted on. The fit minimises the squared *relative* error, since the
   forecast's error is judged relatively; ``overhead_ms`` is held >= 0.
 * **Communication**: per collective, ``calls x alpha + bytes x factor / beta`` with nccl-tests'
   bus factors for ring algorithms (all-reduce ``2(n-1)/n``, all-gather and reduce-scatter
@@ -30,12 +33,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 INTRA, INTER = "intra", "inter"
 ANY = "*"
 # Candidates for gamma where thread counts differ: 0 (threads do not help) to 1 (linear).
-_GAMMAS = tuple(g / 20 for g in range(21))
+# Candidates for gamma where thread counts differ: -1 (a second thread halves the rate: threads
+# that wait on each other on an oversubscribed host) to 1 (linear).
+_GAMMAS = tuple(g / 20 for g in range(-20, 21))
 
 
 def bus_factor(kind: str, ranks: int) -> float:
@@ -77,6 +82,8 @@ class Work:
     threads: int = 1  # compute threads per rank (CPU)
     cores: float = 1.0  # the cores a rank really has (CPU): min(threads, the host's cores / its ranks)
     collectives: tuple[Collective, ...] = ()
+    # The share of its cores that other tenants left it (measured cells: 1 - foreign_cpu_share).
+    available: float = 1.0
 
     @property
     def group(self) -> tuple[str, str]:
@@ -114,8 +121,9 @@ class ComputeFit:
     points: int
     note: str = ""
 
-    def ms(self, work: Work) -> float:
-        return self.overhead_ms + work.effective_flops / (self.flops_per_ms * max(work.threads, 1) ** self.gamma)
+    def ms(self, work: Work, available: float = 1.0) -> float:
+        rate = self.flops_per_ms * max(work.threads, 1) ** self.gamma * available
+        return self.overhead_ms + work.effective_flops / rate
 
 
 @dataclass(frozen=True)
@@ -172,13 +180,13 @@ class Model:
     compute: dict[tuple[str, str], ComputeFit]
     fabric: Fabric | None
     overlap: dict[str, float]  # per strategy; ANY: over every strategy
-    notes: tuple[str, ...] = field(default=())
+    available: float = 1.0  # the share of the cores other tenants left, median over the fitted cells
 
     def predict(self, work: Work) -> Prediction:
         fit_ = self.compute.get(work.group)
         if fit_ is None:
             raise CannotPredict(f"no measured cell on {work.device} in {work.precision} to fit its compute rate on")
-        compute_ms = fit_.ms(work)
+        compute_ms = fit_.ms(work, self.available if work.device == "cpu" else 1.0)
         comm_ms = 0.0
         if any(c.ranks > 1 and c.bytes_per_step for c in work.collectives):
             found = self.fabric.ms(work.collectives) if self.fabric else None
@@ -196,7 +204,6 @@ class Model:
 
 def fit(observed: Sequence[Observed], fabric: Fabric | None = None) -> Model:
     """The model of a sweep's measured cells; ``fabric``: a probe's links (else fitted here)."""
-    notes: list[str] = []
     compute = {}
     for group in sorted({o.work.group for o in observed}):
         points = [o for o in observed if o.work.group == group and o.compute_ms and o.compute_ms > 0]
@@ -208,7 +215,8 @@ def fit(observed: Sequence[Observed], fabric: Fabric | None = None) -> Model:
         fabric = calibrate(fabric, multi)
     elif multi:
         fabric = fit_fabric(multi)
-    return Model(compute, fabric, fit_overlap(multi), tuple(notes))
+    cpu = [o.work.available for o in observed if o.work.device == "cpu"]
+    return Model(compute, fabric, fit_overlap(multi), statistics.median(cpu) if cpu else 1.0)
 
 
 def fit_compute(points: Sequence[Observed]) -> ComputeFit:
@@ -218,7 +226,7 @@ def fit_compute(points: Sequence[Observed]) -> ComputeFit:
     gammas = _GAMMAS if len(threads) > 1 else (1.0,)
     best: tuple[float, float, float, float] | None = None  # (residual, overhead, ms per flop, gamma)
     for gamma in gammas:
-        xs = [o.work.effective_flops / max(o.work.threads, 1) ** gamma for o in points]
+        xs = [o.work.effective_flops / (max(o.work.threads, 1) ** gamma * o.work.available) for o in points]
         ys = [float(o.compute_ms or 0.0) for o in points]
         overhead, slope = relative_least_squares(xs, ys)
         residual = sum(((overhead + slope * x) / y - 1) ** 2 for x, y in zip(xs, ys, strict=True))

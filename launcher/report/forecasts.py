@@ -74,15 +74,17 @@ def collectives(spec: RunSpec, moved: dict[str, float], calls: dict[str, float])
 
 
 def work_of(spec: RunSpec, strategy: str, flops_per_sample: float, moved: dict[str, float],
-            calls: dict[str, float], cpus: float) -> Work:
-    """What one rank of ``spec`` does per step: ``moved`` the bytes per collective kind (theory)."""
+            calls: dict[str, float], cpus: float, available: float = 1.0) -> Work:
+    """What one rank of ``spec`` does per step: ``moved`` the bytes per collective kind (theory);
+    ``available`` the share of its cores other tenants left it (measured cells)."""
     train, lay = spec.train, spec.layout
     samples = train.batch_size * train.grad_accum_steps
     recompute = 4 / 3 if train.activation_checkpointing else 1.0  # forward runs twice: 4 of 3 units
     return Work(device="gpu" if lay.gpus_per_node else "cpu", precision=spec.precision.name.value,
                 strategy=strategy, flops=flops_per_sample * samples * recompute, samples=samples,
                 world_size=lay.world_size, threads=max(1, lay.cpus_per_task), cores=cores_per_rank(spec, cpus),
-                collectives=collectives(spec, moved, calls) if lay.world_size > 1 else ())
+                collectives=collectives(spec, moved, calls) if lay.world_size > 1 else (),
+                available=available)
 
 
 def moved_bytes(row: dict[str, Any]) -> dict[str, float]:
@@ -266,7 +268,9 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
         flops = fitcache.flops_per_sample(spec.model)
         if not flops:
             continue
-        work = work_of(spec, str(unit.get("strategy")), flops, moved_bytes(unit), measured_calls(unit), cpus)
+        foreign = num(unit.get("foreign_cpu_share"))
+        available = 1.0 - min(foreign, 0.95) if foreign is not None else 1.0
+        work = work_of(spec, str(unit.get("strategy")), flops, moved_bytes(unit), measured_calls(unit), cpus, available)
         found = observed(unit, work)
         if found is not None:
             out.append(Point(str(unit["cell"]), point_settings(unit), found, members))
@@ -285,6 +289,9 @@ def describe(model: perfmodel.Model) -> str:
                           for (k, s), link in sorted(model.fabric.links.items()))
         cal = f", x{model.fabric.calibration:.2f} as measured in training" if model.fabric.calibration != 1 else ""
         words.append(f"communication: {links}{cal} ({model.fabric.source})")
+    if model.available < 1:
+        words.append(f"other tenants left {model.available:.0%} of the cores (median over the cells; forecasts "
+                     "assume the same)")
     if model.overlap:
         words.append("overlap measured: " + ", ".join(f"{k if k != perfmodel.ANY else 'all'} {v:.0%}"
                                                         for k, v in sorted(model.overlap.items())))

@@ -500,10 +500,21 @@ def write_sweep_report(state: SweepState) -> Report:
     floor = noisefloor.load(state.path.parent, key)
     source["noise floor"] = (f"{floor.where} ({noisefloor.FLOOR_FILE} beside the sweep directory)" if floor
                              else "none measured on this cluster yet")
-    checked = forecasts.check(state, rows, key, keep=all(c.status.terminal for c in state.cells))
+    checked = _forecasts_checked(state, rows, key)
     written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor, checked.section)
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
     return written
+
+
+def _forecasts_checked(state: SweepState, rows: list[dict[str, Any]], key: str) -> forecasts.SweepCheck:
+    """The forecasts checked (kept in the cluster's record once every cell has ended); a problem is
+    said in the section, never raised: it must not cost the measured report."""
+    try:
+        return forecasts.check(state, rows, key, keep=all(c.status.terminal for c in state.cells))
+    except Exception as exc:
+        print(f"report: forecasts not checked: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return forecasts.SweepCheck(["## Forecasts checked", "", f"Not checked: {md_cell(type(exc).__name__)}: "
+                                     f"{md_cell(exc)}", ""], {}, {})
 
 
 def floor_key(state: SweepState) -> str:
