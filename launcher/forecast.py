@@ -271,8 +271,8 @@ def recommend(made: list[Forecast], spread: perfmodel.Spread | None) -> list[str
         ranked = sorted(group, key=lambda f: -(f.prediction.throughput_samples_per_s if f.prediction else 0.0))
         best = ranked[0]
         assert best.prediction is not None
-        said = (f"- **{ranks} rank(s)** ({model}): fastest **{md_cell(best.cell.name)}** at "
-                f"{best.prediction.throughput_samples_per_s:.1f} samples/s")
+        said = (f"- **{ranks} rank(s)** ({model}): {'fastest ' if len(ranked) > 1 else ''}"
+                f"**{md_cell(best.cell.name)}** at {best.prediction.throughput_samples_per_s:.1f} samples/s")
         if len(ranked) > 1 and ranked[1].prediction is not None:
             ratio = ranked[1].prediction.throughput_samples_per_s / best.prediction.throughput_samples_per_s
             apart = spread is not None and ratio < math.exp(-2 * spread.half_width)

@@ -255,11 +255,11 @@ class SweepCheck:
 
 
 def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | None = None) -> list[Point]:
-    """The sweep's measured configurations (runs grouped, co-located cells left out) as model points."""
+    """The sweep's measured configurations (runs grouped) as model points."""
     cells = {c.name: c for c in state.cells}
     cpus = host_cpus() if cpus is None else cpus
     out = []
-    for unit in grouped([r for r in rows if not r.get("interference")]):
+    for unit in grouped(list(rows)):  # co-located cells too: each is read at the share of cores it had
         members = tuple(unit.get("_members", [unit]))
         try:
             spec = state.load_spec(cells[members[0]["cell"]])
