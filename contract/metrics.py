@@ -176,6 +176,8 @@ METRICS: tuple[Metric, ...] = (
     # The sweep's parent run: over its configurations.
     Metric("forecast_error_median", "median absolute forecast error (share of the measured)", _NONE, _DOWN,
            source=_REPORT),
+    Metric("forecast_error_median_at_measured_cores", "the same, each forecast at the share of cores its cell had",
+           _NONE, _DOWN, source=_REPORT),
     Metric("forecast_interval_coverage", "share of measurements inside their forecast's interval", _NONE, _UP,
            source=_REPORT),
     Metric("forecast_points", "configurations forecast", _NONE, _FLAT, source=_REPORT),

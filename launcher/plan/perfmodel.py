@@ -37,10 +37,9 @@ from dataclasses import dataclass
 
 INTRA, INTER = "intra", "inter"
 ANY = "*"
-# Candidates for gamma where thread counts differ: 0 (threads do not help) to 1 (linear).
-# Candidates for gamma where thread counts differ: -1 (a second thread halves the rate: threads
+# Candidates for gamma where thread counts differ: -3 (a second thread costs 8x: threads
 # that wait on each other on an oversubscribed host) to 1 (linear).
-_GAMMAS = tuple(g / 20 for g in range(-20, 21))
+_GAMMAS = tuple(g / 20 for g in range(-60, 21))
 
 
 def bus_factor(kind: str, ranks: int) -> float:

@@ -17,6 +17,7 @@ model depths).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -130,6 +131,9 @@ class Checked:
     why_not: str = ""
     interval: tuple[float, float] | None = None
     coverage: float | None = None
+    # The same forecast at the share of cores the point really had (known only after its run):
+    # the model's own error, without the other tenants' load that moved between the runs.
+    at_its_share: float | None = None
 
     @property
     def measured(self) -> float:
@@ -142,6 +146,10 @@ class Checked:
     @property
     def covered(self) -> bool | None:
         return None if self.interval is None else self.interval[0] <= self.measured <= self.interval[1]
+
+    @property
+    def error_at_its_share(self) -> float | None:
+        return None if self.at_its_share is None else perfmodel.log_error(self.at_its_share, self.measured)
 
 
 def series_keys(points: Sequence[Point]) -> dict[str, list[list[Point]]]:
@@ -170,7 +178,10 @@ def leave_one_out(points: Sequence[Point], fit: Callable[[list[Observed]], perfm
     for i, p in enumerate(points):
         others = [q.observed for j, q in enumerate(points) if j != i]
         try:
-            first.append(Checked(p, fit(others).predict(p.observed.work).throughput_samples_per_s))
+            model = fit(others)
+            own = dataclasses.replace(model, available=p.observed.work.available)
+            first.append(Checked(p, model.predict(p.observed.work).throughput_samples_per_s,
+                                 at_its_share=own.predict(p.observed.work).throughput_samples_per_s))
         except perfmodel.CannotPredict as exc:
             first.append(Checked(p, None, str(exc)))
     out = []
@@ -180,7 +191,7 @@ def leave_one_out(points: Sequence[Point], fit: Callable[[list[Observed]], perfm
         if c.predicted is None or spread is None:
             out.append(c)
             continue
-        out.append(Checked(c.point, c.predicted, c.why_not, spread.interval(c.predicted), spread.coverage))
+        out.append(dataclasses.replace(c, interval=spread.interval(c.predicted), coverage=spread.coverage))
     return out
 
 
@@ -190,6 +201,9 @@ def summary(checked: Sequence[Checked]) -> dict[str, float]:
     errors = [abs(math.expm1(c.error)) for c in checked if c.error is not None]
     covered = [c.covered for c in checked if c.covered is not None]
     out: dict[str, float] = {"forecast_points": float(len(errors))}
+    own = [abs(math.expm1(e)) for c in checked if (e := c.error_at_its_share) is not None]
+    if own:
+        out["forecast_error_median_at_measured_cores"] = statistics.median(own)
     if errors:
         out["forecast_error_median"] = statistics.median(errors)
     if covered:
@@ -208,16 +222,21 @@ def section(checked: Sequence[Checked], points: Sequence[Point], how: str, recor
                         f"{record}", ""]
     parts += [f"Each configuration forecast from a model fitted on the others (leave-one-out; the model: "
               "docs/forecast.md in the project): throughput in samples/s, error = forecast / measured - 1, "
-              f"interval = the {LEVEL:.0%} conformal interval from the other points' errors. {how}", "",
-              "| configuration | measured | forecast | error | interval | inside |", "|---|---:|---:|---:|---:|---|"]
+              f"interval = the {LEVEL:.0%} conformal interval from the other points' errors. A forecast assumes the "
+              "median share of cores other tenants left the fitted cells; *at its cores* is the same model at the share "
+              "the configuration really had (known only after its run): the model's own error, without the load "
+              f"that moved between runs. {how}", "",
+              "| configuration | measured | forecast | error | interval | inside | error at its cores |",
+              "|---|---:|---:|---:|---:|---|---:|"]
     for c in checked:
         if c.predicted is None:
-            parts.append(f"| {md_cell(c.point.label)} | {c.measured:.1f} | - | - | - | {md_cell(c.why_not)} |")
+            parts.append(f"| {md_cell(c.point.label)} | {c.measured:.1f} | - | - | - | {md_cell(c.why_not)} | - |")
             continue
         low_high = f"{c.interval[0]:.1f}–{c.interval[1]:.1f}" if c.interval else "-"
         inside = "-" if c.covered is None else "yes" if c.covered else "**no**"
         parts.append(f"| {md_cell(c.point.label)} | {c.measured:.1f} | {c.predicted:.1f} | "
-                     f"{math.expm1(c.error or 0.0):+.1%} | {low_high} | {inside} |")
+                     f"{math.expm1(c.error or 0.0):+.1%} | {low_high} | {inside} | "
+                     f"{math.expm1(c.error_at_its_share or 0.0):+.1%} |")
     parts += ["", *by_series(checked, points), "", record, ""]
     return parts
 
@@ -225,7 +244,8 @@ def section(checked: Sequence[Checked], points: Sequence[Point], how: str, recor
 def by_series(checked: Sequence[Checked], points: Sequence[Point]) -> list[str]:
     """Per setting that varies: the median absolute error and the intervals' coverage of its points."""
     errors = {id(c.point): c for c in checked}
-    lines = ["| series (what varies) | points | median abs error | inside interval |", "|---|---:|---:|---:|"]
+    lines = ["| series (what varies) | points | median abs error | inside interval | median abs error at its cores |",
+             "|---|---:|---:|---:|---:|"]
     for key, series in series_keys(points).items():
         members = [errors[id(p)] for s in series for p in s if errors[id(p)].error is not None]
         members = list({id(m): m for m in members}.values())
@@ -234,7 +254,8 @@ def by_series(checked: Sequence[Checked], points: Sequence[Point]) -> list[str]:
         med = statistics.median(abs(math.expm1(m.error or 0.0)) for m in members)
         covered = [m.covered for m in members if m.covered is not None]
         inside = f"{sum(covered)}/{len(covered)}" if covered else "-"
-        lines.append(f"| {md_cell(key)} | {len(members)} | {med:.1%} | {inside} |")
+        own = statistics.median(abs(math.expm1(m.error_at_its_share or 0.0)) for m in members)
+        lines.append(f"| {md_cell(key)} | {len(members)} | {med:.1%} | {inside} | {own:.1%} |")
     return lines
 
 
