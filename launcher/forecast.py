@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], perfmodel.Model, Basis, list[str]]:
-    """(each target cell's forecast, the model, what its intervals rest on, notes)."""
+def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], perfmodel.Model, Basis, list[str],
+                                                              list[forecasts.Point]]:
+    """(each target cell's forecast, the model, what its intervals rest on, notes, the measured points)."""
     rows = report.collect(state)
     points = forecasts.points_of(state, rows)
     if not points:
@@ -105,7 +106,7 @@ def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], p
     predicted = preflight.analyse(cells)
     cpus = forecasts.host_cpus()
     made = [_one(cell, predicted.get(cell.index), model, points, cpus) for cell in cells]
-    return made, model, basis(state, points, model), _notes(made, cpus)
+    return made, model, basis(state, points, model), _notes(made, cpus), points
 
 
 def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
@@ -212,17 +213,18 @@ def _notes(made: list[Forecast], cpus: float) -> list[str]:
 
 # ---- what the terminal shows ----------------------------------------------------------------------
 
-def render(made: list[Forecast], model: perfmodel.Model, basis: Basis, notes: list[str]) -> str:
+def render(made: list[Forecast], model: perfmodel.Model, basis: Basis, notes: list[str],
+           points: list[forecasts.Point]) -> str:
     lines = ["| cell | ranks | samples/s (interval) | samples/s/dev | step ms | scaling eff | comm share | "
              "state+act/rank | fits | measured |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for f in made:
-        lines.append(_line(f, made, basis.spread))
+        lines.append(_line(f, made, basis.spread, points))
     return "\n".join([*lines, "", "Recommendation at each scale (from the forecasts):", *recommend(made, basis.spread),
                       "", basis.said, forecasts.describe(model), *notes])
 
 
-def _line(f: Forecast, made: list[Forecast], spread: perfmodel.Spread | None) -> str:
+def _line(f: Forecast, made: list[Forecast], spread: perfmodel.Spread | None, points: list[forecasts.Point]) -> str:
     memory = fit.human(f.state.peak) if f.state else "-"
     fits = _fits(f)
     measured = f"{f.measured:.1f}" if f.measured else "-"
@@ -231,7 +233,7 @@ def _line(f: Forecast, made: list[Forecast], spread: perfmodel.Spread | None) ->
         return f"| {name} | {f.cell.world_size} | - | - | - | - | - | {memory} | {fits} | {measured} |  ({md_cell(f.why_not)})"
     p = f.prediction
     interval = "" if spread is None else " ({:.1f}–{:.1f})".format(*spread.interval(p.throughput_samples_per_s))
-    eff = _scaling(f, made)
+    eff = _scaling(f, made, points)
     return (f"| {name} | {f.cell.world_size} | {p.throughput_samples_per_s:.1f}{interval} | "
             f"{p.throughput_samples_per_s / f.cell.world_size:.1f} | {p.step_ms:.1f} | "
             f"{'-' if eff is None else f'{eff:.0%}'} | {p.comm_share:.0%} | {memory} | {fits} | {measured} |")
@@ -245,18 +247,23 @@ def _fits(f: Forecast) -> str:
     return "yes" if f.state.peak <= limit * fit.GIB else f"**no** (> {limit:g} GiB)"
 
 
-def _scaling(f: Forecast, made: list[Forecast]) -> float | None:
-    """Per-device throughput over the forecast of the same settings at the fewest ranks."""
+def _scaling(f: Forecast, made: list[Forecast], points: list[forecasts.Point]) -> float | None:
+    """Per-device throughput over that of the same settings at the fewest ranks: measured in the
+    sweep where it ran, else forecast."""
     if f.prediction is None:
         return None
-    mine = {k: v for k, v in forecasts.point_settings(_row_of(f.cell)).items() if k != "nodes"}
-    peers = [g for g in made if g.prediction and
-             {k: v for k, v in forecasts.point_settings(_row_of(g.cell)).items() if k != "nodes"} == mine]
-    base = min(peers, key=lambda g: g.cell.world_size)
-    if base.cell.world_size == f.cell.world_size or base.prediction is None:
+    mine = _but_nodes(forecasts.point_settings(_row_of(f.cell)))
+    peers = [(p.observed.work.world_size, _throughput(p.observed)) for p in points if _but_nodes(p.settings) == mine]
+    peers += [(g.cell.world_size, g.prediction.throughput_samples_per_s) for g in made
+              if g.prediction and _but_nodes(forecasts.point_settings(_row_of(g.cell))) == mine]
+    ranks, base = min(peers)
+    if ranks == f.cell.world_size:
         return None
-    return (f.prediction.throughput_samples_per_s / f.cell.world_size) / (
-        base.prediction.throughput_samples_per_s / base.cell.world_size)
+    return (f.prediction.throughput_samples_per_s / f.cell.world_size) / (base / ranks)
+
+
+def _but_nodes(settings: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in settings.items() if k != "nodes"}
 
 
 def recommend(made: list[Forecast], spread: perfmodel.Spread | None) -> list[str]:

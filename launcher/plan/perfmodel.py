@@ -4,7 +4,8 @@ Pure arithmetic over plain numbers (no torch, no files). A measured cell is an :
 :func:`fit` turns a sweep's observed cells into a :class:`Model`, and :meth:`Model.predict` gives
 the step of a cell that was not run (a :class:`Work`).
 
-* **Compute**: ``compute_ms = overhead_ms + flops / rate``, fitted per device kind and precision.
+* **Compute**: ``compute_ms = overhead_ms + flops / rate`` on cores of its own, fitted per device kind
+  and precision.
   ``flops`` are the training FLOPs one rank does per optimizer step (launcher/plan/fit.py's count
   per sample x samples per step; x 4/3 with activation checkpointing, which runs forward twice).
   On CPU the rate depends on the cores a rank really has: a rank of ``threads`` threads runs at
@@ -89,9 +90,9 @@ class Work:
         return self.device, self.precision
 
     @property
-    def effective_flops(self) -> float:
-        """FLOPs over the share of its threads' time a rank gets (time-slicing below one core each)."""
-        return self.flops / min(1.0, self.cores / max(self.threads, 1))
+    def time_slice(self) -> float:
+        """The share of its threads' time a rank gets: 1 with a core per thread, less on shared cores."""
+        return min(1.0, self.cores / max(self.threads, 1))
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ class Observed:
 
 @dataclass(frozen=True)
 class ComputeFit:
-    """``compute_ms = overhead_ms + flops / (flops_per_ms x threads^gamma x min(1, cores/threads))``."""
+    """``compute_ms = (overhead_ms + flops / (flops_per_ms x threads^gamma)) / (time slice x available)``:
+    the overhead is CPU work too, and slows with the rest on a shared core."""
 
     overhead_ms: float
     flops_per_ms: float  # of one thread with a core to itself
@@ -121,8 +123,8 @@ class ComputeFit:
     note: str = ""
 
     def ms(self, work: Work, available: float = 1.0) -> float:
-        rate = self.flops_per_ms * max(work.threads, 1) ** self.gamma * available
-        return self.overhead_ms + work.effective_flops / rate
+        alone = self.overhead_ms + work.flops / (self.flops_per_ms * max(work.threads, 1) ** self.gamma)
+        return alone / (work.time_slice * available)
 
 
 @dataclass(frozen=True)
@@ -225,8 +227,9 @@ def fit_compute(points: Sequence[Observed]) -> ComputeFit:
     gammas = _GAMMAS if len(threads) > 1 else (1.0,)
     best: tuple[float, float, float, float] | None = None  # (residual, overhead, ms per flop, gamma)
     for gamma in gammas:
-        xs = [o.work.effective_flops / (max(o.work.threads, 1) ** gamma * o.work.available) for o in points]
-        ys = [float(o.compute_ms or 0.0) for o in points]
+        # Each point as it would have run with its cores to itself.
+        xs = [o.work.flops / max(o.work.threads, 1) ** gamma for o in points]
+        ys = [float(o.compute_ms or 0.0) * o.work.time_slice * o.work.available for o in points]
         overhead, slope = relative_least_squares(xs, ys)
         residual = sum(((overhead + slope * x) / y - 1) ** 2 for x, y in zip(xs, ys, strict=True))
         if best is None or residual < best[0] - 1e-12:
@@ -234,7 +237,7 @@ def fit_compute(points: Sequence[Observed]) -> ComputeFit:
     assert best is not None
     _, overhead, slope, gamma = best
     note = "" if len(threads) > 1 else "one thread count measured: threads assumed to scale linearly"
-    if len({o.work.effective_flops for o in points}) < 2:
+    if len({o.work.flops for o in points}) < 2:
         note = "one workload measured: no fixed overhead fitted"
     return ComputeFit(overhead, 1.0 / slope, gamma, len(points), note)
 
