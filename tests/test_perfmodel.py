@@ -98,3 +98,13 @@ def test_cells_are_read_at_the_share_other_tenants_left_and_forecasts_assume_the
     assert model.compute[("cpu", "fp32")].flops_per_ms == pytest.approx(1e6, rel=1e-6)
     assert model.available == pytest.approx(0.25)
     assert model.predict(_work(1e8)).compute_ms == pytest.approx(1e8 / (1e6 * 0.25))
+
+
+def test_each_thread_count_measured_at_two_workloads_gets_its_own_overhead_and_rate():
+    # Two threads: 1600 ms of overhead per step and 2.6e6 FLOP/ms; one thread: 0 ms and 2e6 FLOP/ms.
+    made = [(f, 2, 1600 + f / 2.6e6) for f in (1e8, 4e8)] + [(f, 1, f / 2e6) for f in (1e8, 4e8)]
+    fitted = pm.fit_compute([pm.Observed(_work(f, t, float(t)), ms) for f, t, ms in made])
+    own = {t: (o, r) for t, o, r in fitted.per_threads}
+    assert own[2] == (pytest.approx(1600.0, rel=1e-6), pytest.approx(2.6e6, rel=1e-6))
+    assert own[1][0] == pytest.approx(0.0, abs=1e-6)
+    assert fitted.ms(_work(2e8, threads=2, cores=2.0)) == pytest.approx(1600 + 2e8 / 2.6e6)

@@ -13,7 +13,8 @@ the step of a cell that was not run (a :class:`Work`).
   (``x min(1, cores / threads)``: two single-thread ranks on one core each run at half speed).
   ``gamma`` (how well intra-op threads scale; below 0 where threads that wait on each other cost
   more than they give, as on an oversubscribed host) is fitted where the sweep ran ranks of
-  different thread counts, else 1 (stated). Other tenants of a host take a share of its cores: each
+  different thread counts, else 1 (stated); a thread count measured at two workloads or more gets
+  its own overhead and rate (a rank's threads change its per-step overhead too). Other tenants of a host take a share of its cores: each
   measured cell is read at the share it had (``available``, 1 - the worker's foreign_cpu_share), and
   a forecast assumes the median share of the cells it was fitted on. The fit minimises the squared *relative* error, since the
   forecast's error is judged relatively; ``overhead_ms`` is held >= 0.
@@ -121,9 +122,17 @@ class ComputeFit:
     gamma: float
     points: int
     note: str = ""
+    # (threads, overhead_ms, flops_per_ms of the rank) fitted on their own, where the sweep measured
+    # that thread count at two workloads or more: a rank's threads change its per-step overhead too.
+    per_threads: tuple[tuple[int, float, float], ...] = ()
 
     def ms(self, work: Work, available: float = 1.0) -> float:
-        alone = self.overhead_ms + work.flops / (self.flops_per_ms * max(work.threads, 1) ** self.gamma)
+        own = {t: (o, r) for t, o, r in self.per_threads}
+        if work.threads in own:
+            overhead, rate = own[work.threads]
+            alone = overhead + work.flops / rate
+        else:
+            alone = self.overhead_ms + work.flops / (self.flops_per_ms * max(work.threads, 1) ** self.gamma)
         return alone / (work.time_slice * available)
 
 
@@ -239,7 +248,21 @@ def fit_compute(points: Sequence[Observed]) -> ComputeFit:
     note = "" if len(threads) > 1 else "one thread count measured: threads assumed to scale linearly"
     if len({o.work.flops for o in points}) < 2:
         note = "one workload measured: no fixed overhead fitted"
-    return ComputeFit(overhead, 1.0 / slope, gamma, len(points), note)
+    return ComputeFit(overhead, 1.0 / slope, gamma, len(points), note, _per_threads(points))
+
+
+def _per_threads(points: Sequence[Observed]) -> tuple[tuple[int, float, float], ...]:
+    """(threads, overhead_ms, FLOP/ms) of each thread count measured at two workloads or more."""
+    out = []
+    for t in sorted({o.work.threads for o in points}):
+        mine = [o for o in points if o.work.threads == t]
+        if len({o.work.flops for o in mine}) < 2:
+            continue
+        overhead, slope = relative_least_squares(
+            [o.work.flops for o in mine], [float(o.compute_ms or 0.0) * o.work.time_slice * o.work.available for o in mine])
+        if slope > 0:
+            out.append((t, overhead, 1.0 / slope))
+    return tuple(out)
 
 
 def relative_least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
