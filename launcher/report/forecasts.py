@@ -304,7 +304,9 @@ def describe(model: perfmodel.Model) -> str:
     for (device, precision), f in sorted(model.compute.items()):
         words.append(f"compute on {device} {precision}: {f.overhead_ms:.1f} ms + FLOPs at "
                      f"{f.flops_per_ms / 1e6:.3g} GFLOP/s per thread x threads^{f.gamma:.2f} ({f.points} point(s)"
-                     + (f"; {f.note}" if f.note else "") + ")")
+                     + (f"; {f.note}" if f.note else "") + ")"
+                     + "".join(f"; {t} thread(s) on their own: {o:.1f} ms + FLOPs at {r / 1e6:.3g} GFLOP/s"
+                               for t, o, r in f.per_threads))
     if model.fabric is not None:
         links = "; ".join(f"{k}/{s}: alpha {link.alpha_ms:.3g} ms, beta {link.bytes_per_ms / 1e6:.3g} GB/s"
                           for (k, s), link in sorted(model.fabric.links.items()))
