@@ -143,3 +143,23 @@ def test_theory_of_each_strategy_on_a_known_model():
         "all_gather": (per_node + 64) * 4, "reduce_scatter": per_node * 4, "all_reduce": per_node // 2 * 4}
     noshard = StrategySpec(name=Strategy.fsdp, sharding=Sharding.none)
     assert traffic.bytes_per_step(params, noshard, fp32, layout) == {"all_reduce": 76 * 4}
+
+
+@pytest.mark.parametrize("part, strategy, cell_settings", [
+    ("comm_all_gather_exposed_ms", "fsdp", {"strategy": "fsdp", "nodes": "2"}),
+    ("comm_reduce_scatter_exposed_ms", "fsdp", {"strategy": "fsdp", "nodes": "2"}),
+    ("comm_all_reduce_exposed_ms", "ddp", {"strategy": "ddp", "nodes": "2", "batch_size": "4"}),
+    ("anatomy_backward_ms", "fsdp", {"strategy": "fsdp", "activation_checkpointing": "true"}),
+])
+def test_the_next_sweep_is_a_command_plan_accepts_as_printed(capsys, part, strategy, cell_settings):
+    from launcher.__main__ import main
+    from launcher.report.explain import Part, next_step
+
+    row = {"cell": " ".join(f"{k}={v}" for k, v in cell_settings.items()), "strategy": strategy,
+           "settings": {**cell_settings, "run": "1", "output_root": "/tmp/x"}}
+    advice = next_step(row, [Part(part, 10.0, 5.0, 15.0)])
+    assert advice is not None and "Try: `" in advice, advice
+    command = advice.split("Try: `", 1)[1].rstrip("`")
+    assert command.startswith("python -m launcher --plan -m ")
+    assert main(command.split()[3:]) == 0, capsys.readouterr()
+    assert "cell(s):" in capsys.readouterr().out

@@ -190,7 +190,8 @@ _WHERE = ("output_root", "sweep_dir", "run", "seed", "runs", "tracking")
 
 def follow_up(row: dict[str, Any], sweep: dict[str, str]) -> str:
     """``python -m launcher --plan -m`` with the row's own settings, the swept ones replaced."""
-    own = {k: str(v) for k, v in settings(row).items() if not k.lstrip("+~").startswith(_WHERE)}
+    own = {k: str(v) for k, v in settings(row).items()
+           if not k.lstrip("+~").startswith(_WHERE) and v is not None and str(v) != "None"}
     own.update(sweep)
     return "python -m launcher --plan -m " + " ".join(f"{k}={v}" for k, v in own.items())
 

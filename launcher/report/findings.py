@@ -238,6 +238,20 @@ def _bullets(comps: list[Comparison]) -> list[str]:
     return out
 
 
+def _unclaimed_parts(comps: list[Comparison]) -> list[str]:
+    """The parts of each difference that is shown but not claimed (interference, noise): the step
+    times still differ by something, and its parts say where, with the same noise rules."""
+    out = []
+    for c in comps:
+        if c.claimed or c.why is None:
+            continue
+        where = f"{c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
+        reason = verdict_text(c).removeprefix("not claimed: ")
+        out += [f"- {where}: {c.a_label} against {c.b_label}, not claimed ({md_cell(reason)}):",
+                *why_lines(c.why)]
+    return ([""] + out) if out else []
+
+
 def why_lines(why: Explanation | None) -> list[str]:
     """The explanation of a claimed difference and what to try next, as indented bullet lines."""
     if why is None:
@@ -401,6 +415,7 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
             continue
         bullets = _bullets(comps)
         lines += bullets or ["No throughput difference is claimed."]
+        lines += _unclaimed_parts(comps)
         lines += [""] + _table(comps) + [""]
     lines += ["### Scaling efficiency", ""]
     lines += scaling(units, floor) or ["No series was measured at more than one world size."]
