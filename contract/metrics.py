@@ -170,6 +170,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("measured_matmul_tflops", "TFLOP/s", _M, _FLAT),
     Metric("predicted_model_state_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
     Metric("predicted_activation_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
+    # ---- forecasts checked (launcher/report/forecasts.py): each configuration forecast from the others
+    Metric("forecast_throughput_samples_per_s", "samples/s (leave-one-out forecast)", _NONE, _FLAT, source=_REPORT),
+    Metric("forecast_error", "forecast over measured throughput, minus 1", _NONE, _FLAT, source=_REPORT),
+    # The sweep's parent run: over its configurations.
+    Metric("forecast_error_median", "median absolute forecast error (share of the measured)", _NONE, _DOWN,
+           source=_REPORT),
+    Metric("forecast_error_median_at_measured_cores", "the same, each forecast at the share of cores its cell had",
+           _NONE, _DOWN, source=_REPORT),
+    Metric("forecast_interval_coverage", "share of measurements inside their forecast's interval", _NONE, _UP,
+           source=_REPORT),
+    Metric("forecast_points", "configurations forecast", _NONE, _FLAT, source=_REPORT),
 )
 
 # ---- a step's anatomy (jobs/anatomy.py): parts that add up to the probe's step time -------------
@@ -186,6 +197,10 @@ def comm_bytes(kind: str) -> str:
     return f"comm_{kind}_bytes_per_step"
 
 
+def comm_calls(kind: str) -> str:
+    return f"comm_{kind}_calls_per_step"
+
+
 def predicted_comm_bytes(kind: str) -> str:
     return f"predicted_comm_{kind}_bytes_per_step"
 
@@ -197,7 +212,7 @@ def _anatomy() -> tuple[Metric, ...]:
     for k in COLLECTIVE_KINDS:
         out += [Metric(f"comm_{k}_overlapped_ms", ms + ", hidden by computation, not in the sum", _M, _FLAT),
                 Metric(comm_bytes(k), "bytes per optimizer step (nccl-tests' size)", _M, _DOWN),
-                Metric(f"comm_{k}_calls_per_step", "collectives per optimizer step", _M, _FLAT),
+                Metric(comm_calls(k), "collectives per optimizer step", _M, _FLAT),
                 Metric(f"comm_{k}_algbw_gbps", "GB/s (bytes over time in flight)", _M, _UP),
                 Metric(f"comm_{k}_busbw_gbps", "GB/s (nccl-tests' bus bandwidth)", _M, _UP),
                 Metric(predicted_comm_bytes(k), "bytes per optimizer step (the strategy's theory)", _X, _FLAT,

@@ -77,6 +77,7 @@ def _close_parent(state: SweepState, written: report.Report, outcome: str) -> No
         tracking.describe_parent(uri, parent,
                                  f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
                                  [written.cells_csv] if written.cells_csv else [])
+        tracking.log_figures(uri, {parent: written.figures, **written.cell_figures})
         attach_anatomy(state)
         tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
         state.closed = outcome

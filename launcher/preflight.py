@@ -27,15 +27,28 @@ from launcher.track.tracking import check_reachable, default_uri
 
 def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     """Raise SweepError listing every problem; return each cell's predicted per-rank state bytes."""
+    predicted = analyse(cells)
     errors: list[str] = []
-    predicted = _models(cells, errors)
-    _refuse(errors)
     # What the cluster cannot give (GPUs, memory limits, partitions): also resolves cluster.gpu_mem_gib.
     errors += backend_for(cells[0].cluster.name.value).check_resources(cells)
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _writable(cells[0].config)
     _tracking(cells[0].config)
+    return predicted
+
+
+def analyse(cells: list[Cell]) -> dict[int, fit.StateBytes]:
+    """Each cell's model analysed (built on the meta device, or read from the fit cache): its
+    per-rank state and the bytes its strategy moves; its FLOPs per sample counted into the cache for
+    the forecasts (launcher/report/forecasts.py). Raise SweepError for a model that cannot build.
+    Asks no cluster: launcher.forecast analyses cells larger than any cluster it knows."""
+    errors: list[str] = []
+    predicted = _models(cells, errors)
+    _refuse(errors)
+    for model in {json.dumps(to_plain(c.config.model), sort_keys=True, default=str): c.config.model
+                  for c in cells}.values():
+        fitcache.flops_per_sample(model)
     return predicted
 
 

@@ -82,6 +82,14 @@ def analyse(model: ModelSpec, batch_size: int, low_dtype: str | None,
     return _shapes(module), _activations(module, model, batch_size, low_dtype, checkpointing), in_unit
 
 
+def count_flops(model: ModelSpec) -> float | None:
+    """Training FLOPs of one sample (jobs.models.flops_per_sample: forward and backward) from a
+    meta-device build; None for a model that cannot be counted."""
+    from jobs.models import flops_per_sample
+
+    return flops_per_sample(_meta_build(model), model)
+
+
 def _meta_build(model: ModelSpec):
     import torch
 
