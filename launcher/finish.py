@@ -29,7 +29,7 @@ from pathlib import Path
 
 from launcher.cluster import colocation
 from launcher.plan.cell import Cell, CellStatus
-from launcher.report import report
+from launcher.report import plots, report
 from launcher.state import SweepState
 from launcher.track import reconcile, runs, tracking
 
@@ -204,10 +204,24 @@ def _close_parent(state: SweepState, written: report.Report, outcome: str) -> No
         tracking.describe_parent(uri, parent,
                                  f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
                                  [written.cells_csv] if written.cells_csv else [])
+        tracking.log_figures(uri, {parent: written.figures, **written.cell_figures})
+        attach_anatomy(state)
         tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
         state.record_settled(closed=outcome, report_mtime_ns=written.path.stat().st_mtime_ns)
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it
         print(f"[mlflow] could not attach the report to run {parent}: {exc}", file=sys.stderr)
+
+
+def attach_anatomy(state: SweepState) -> None:
+    """Each finished cell's step anatomy (one stacked bar, launcher/report/plots.py) as
+    ``anatomy.png`` in its directory and on its MLflow run."""
+    rows = {row["cell"]: row for row in report.collect(state)}
+    for cell in state.cells:
+        row = rows.get(cell.name)
+        if cell.run_id and row is not None:
+            path = plots.anatomy([row], state.cell_dir(cell) / "anatomy.png")
+            if path is not None:
+                tracking.attach(str(state.tracking_uri), cell.run_id, [path])
 
 
 def settle_in_background(state: SweepState) -> int | None:
