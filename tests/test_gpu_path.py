@@ -357,7 +357,7 @@ def test_summary_reduces_memcpy_and_fp16_figures_as_the_worst_rank():
 def test_watchdog_paused_before_the_probe(monkeypatch):
     from types import SimpleNamespace
 
-    from jobs import comm, worker
+    from jobs import anatomy, worker
     from jobs.dist import DistEnv
     from jobs.hooks import Observer
     from jobs.state import Rank, Run
@@ -368,7 +368,7 @@ def test_watchdog_paused_before_the_probe(monkeypatch):
         def pause(self):
             events.append("pause")
 
-    def fake_probe(run_steps, n_steps, on_gpu):
+    def fake_probe(run_steps, trainer, n_steps, on_gpu, world_size):
         events.append(("probe", n_steps, on_gpu))
         return {"comm_time_ms": 1.0}
 
@@ -379,7 +379,7 @@ def test_watchdog_paused_before_the_probe(monkeypatch):
         rank = Rank(spec, env, torch.device("cpu"), "gloo", None, FakeHeartbeat(), Observer())
         return Run(rank, SimpleNamespace(trainer=None, batches=None), None, lambda: None)
 
-    monkeypatch.setattr(comm, "probe", fake_probe)
+    monkeypatch.setattr(anatomy, "probe", fake_probe)
     out = worker.communication_probe(run_on(DistEnv(world_size=2)))
     assert out == {"comm_time_ms": 1.0} and events == ["pause", ("probe", 3, False)]
     assert worker.communication_probe(run_on(DistEnv())) == {}
