@@ -115,6 +115,13 @@ class Collective:
     kind: str
     span: Interval  # in flight (us): the backend's execution
     bytes: int | None = None
+    issued: float | None = None  # when its operator was called (us): which step it belongs to
+
+    def issued_in(self, window: Interval) -> bool:
+        """Issued inside the window: the issuing thread's time decides, because the backend's own
+        event can be recorded late (a loaded host deschedules gloo's thread after the wait returns)."""
+        at = self.issued if self.issued is not None else (self.span[0] + self.span[1]) / 2
+        return window[0] <= at <= window[1]
 
 
 @dataclass
@@ -130,29 +137,39 @@ class Trace:
 
 def collectives_of(events, on_gpu: bool) -> list[Collective]:
     """Each collective's span (backend events) with the kind and bytes of its c10d operator,
-    matched in issue order where the counts agree (else the backend's own name and shape)."""
+    matched in issue order. A backend runs a process group's operators in the order they were
+    issued; where it recorded fewer events than there were operators (the last ones still being
+    recorded when the profile stopped), the rest are counted at their operators' own spans.
+    Where it recorded more, its events stand alone (the backend's own name and shape)."""
     ops = sorted((e for e in events if e.name.startswith("c10d::") and kind_of(e.name)),
                  key=lambda e: e.time_range.start)
     backend = sorted((e for e in events if _is_backend_comm(e, on_gpu)), key=lambda e: e.time_range.start)
-    matched = len(ops) == len(backend)
-    out = []
-    for i, ev in enumerate(backend):
-        span = (float(ev.time_range.start), float(ev.time_range.end))
-        own_kind = kind_of(ev.name) or "other"
-        own = _event_bytes(own_kind, ev)
-        if matched:
-            op = ops[i]
-            kind = kind_of(op.name) or own_kind
-            size = op_bytes(kind, list(op.input_shapes or []), list(getattr(op, "input_dtypes", None) or []))
-            out.append(Collective(kind, span, size if size is not None else own))
-        else:
-            out.append(Collective(own_kind, span, own))
+    if len(backend) > len(ops):
+        out = [Collective(kind_of(ev.name) or "other", _span(ev), _event_bytes(kind_of(ev.name) or "other", ev))
+               for ev in backend]
+    else:
+        out = [_matched(op, backend[i] if i < len(backend) else None) for i, op in enumerate(ops)]
     for ev in events:
         if ev.name.startswith(WRAPPED_PREFIX) and not (on_gpu and str(getattr(ev, "device_type", "")).endswith("CUDA")):
             kind = ev.name[len(WRAPPED_PREFIX):]
-            out.append(Collective(kind if kind in KINDS else "other",
-                                  (float(ev.time_range.start), float(ev.time_range.end))))
+            out.append(Collective(kind if kind in KINDS else "other", _span(ev)))
     return out
+
+
+def _span(e) -> Interval:
+    return (float(e.time_range.start), float(e.time_range.end))
+
+
+def _matched(op, ev) -> Collective:
+    """One operator and the backend's event that ran it (None: not recorded): the operator names
+    the kind (gloo runs a reduce-scatter as an all-reduce) and its shapes give the bytes where they
+    carry them (a list form's do not: then the event's)."""
+    kind = kind_of(op.name) or "other"
+    size = op_bytes(kind, list(op.input_shapes or []), list(getattr(op, "input_dtypes", None) or []))
+    if ev is None:
+        return Collective(kind, _span(op), size, issued=float(op.time_range.start))
+    return Collective(kind, _span(ev), size if size is not None else _event_bytes(kind_of(ev.name) or kind, ev),
+                      issued=float(op.time_range.start))
 
 
 def _is_backend_comm(e, on_gpu: bool) -> bool:
@@ -224,7 +241,7 @@ def anatomy(trace: Trace, n_steps: int, world_size: int) -> dict[str, float]:
         in_flight_ms = union_length(spans) * per_step_ms
         out[f"comm_{kind}_exposed_ms"] = union_length(exposed) * per_step_ms
         out[f"comm_{kind}_overlapped_ms"] = max(0.0, in_flight_ms - minus_length(spans, compute) * per_step_ms)
-        out.update(_traffic(kind, [c for c in trace.collectives if c.kind == kind and _inside(c.span, w)],
+        out.update(_traffic(kind, [c for c in trace.collectives if c.kind == kind and c.issued_in(w)],
                             in_flight_ms, n_steps, world_size))
     for phase in PHASES[1:]:
         own = _minus(_clip(trace.phases[phase], w), taken)
@@ -235,10 +252,6 @@ def anatomy(trace: Trace, n_steps: int, world_size: int) -> dict[str, float]:
     out["anatomy_copies_ms"] = union_length(copies) * per_step_ms
     out["anatomy_unattributed_ms"] = max(0.0, out[ANATOMY_STEP] - union_length(taken) * per_step_ms)
     return out
-
-
-def _inside(span: Interval, window: Interval) -> bool:
-    return window[0] <= (span[0] + span[1]) / 2 <= window[1]
 
 
 def _traffic(kind: str, calls: list[Collective], in_flight_ms: float, n_steps: int,

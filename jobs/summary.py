@@ -81,12 +81,13 @@ _REDUCE: dict[metrics.OverRanks, Callable[[list[float]], float]] = {
 def rank_figures_reduced(per_rank: list[dict[str, Any]]) -> dict[str, float]:
     """Each registered figure of the ranks' entries (memory, bytes, communication, skipped steps),
     reduced over the ranks as contract/metrics.py declares it; the rest of an entry (step times,
-    history, host) is not a figure of its own."""
+    history, host) is not a figure of its own. A figure some ranks could not measure (a probe's
+    bytes where that rank's trace lost its collectives) is reduced over the ranks that did."""
     out = {}
-    for key in per_rank[0]:
+    for key in dict.fromkeys(k for r in per_rank for k in r):
         metric = metrics.REGISTRY.get(key)
         if metric is not None and metric.over_ranks in _REDUCE:
-            out[key] = _REDUCE[metric.over_ranks]([r[key] for r in per_rank])
+            out[key] = _REDUCE[metric.over_ranks]([r[key] for r in per_rank if key in r])
     return out
 
 

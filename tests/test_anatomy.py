@@ -3,6 +3,7 @@ communication land in their parts, the parts add up to the step, the explanation
 names the injected part, and every strategy's measured bytes match its theory."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 
 from contract import metrics
 from contract.spec import Layout
+from jobs import anatomy
 from launcher.plan import fit, traffic
 from launcher.report.explain import explain
 from tests.ranks import TINY_GPT, make_spec, run_ranks
@@ -119,6 +121,26 @@ def test_measured_bytes_match_the_theory(tmp_path, world_size, cases):
             measured = summary.get(metrics.comm_bytes(kind), 0.0)
             expected = theory.get(kind, 0)
             assert measured == pytest.approx(expected, rel=traffic.TOLERANCE), (case, kind, measured, expected)
+
+
+def _event(name, start_us, end_us, shapes, dtypes):
+    """One profiler event as jobs/anatomy.py reads it (name, time range, recorded inputs), literal
+    values copied from a gloo profile of DDP then FSDP on 2 ranks."""
+    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start_us, end=end_us),
+                           input_shapes=shapes, input_dtypes=dtypes)
+
+
+def test_a_collective_counts_in_the_step_that_issued_it_even_where_gloo_recorded_it_late_or_not_at_all():
+    ddp_op = _event("c10d::allreduce_", 6203.8, 6280.8, [[], [], [], [], [], []],
+                    ["TensorList", "", "", "", "Scalar", "Scalar"])
+    late = _event("gloo:all_reduce", 6474.5, 31191.3, [[30080]], ["float"])  # ended long after the window
+    gather_op = _event("c10d::_allgather_base_", 7000.0, 7100.0, [[4672], [2336], [], [], []],
+                       ["c10::BFloat16", "c10::BFloat16", "", "Scalar", "Scalar"])  # gloo's event lost
+    found = anatomy.collectives_of([ddp_op, late, gather_op], on_gpu=False)
+    window = (6000.0, 9000.0)
+    assert [(c.kind, c.bytes, c.issued_in(window)) for c in found] == [
+        ("all_reduce", 30080 * 4, True), ("all_gather", 4672 * 2, True)]
+    assert found[0].span == (6474.5, 31191.3) and found[1].span == (7000.0, 7100.0)
 
 
 def test_theory_of_each_strategy_on_a_known_model():
