@@ -44,7 +44,7 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         sweep_dir = work / f"ours-{i}"
         proc = run_logged([PYTHON, "-m", "launcher", "strategy=ddp", f"cluster.tasks_per_node={settings.nproc}",
                            f"model={common['model']}", f"batch_size={common['batch_size']}", f"steps={STEPS}",
-                           f"warmup_steps={WARMUP_STEPS}", "repeats=1", "runs=1", f"output_root={work}", f"sweep_dir={sweep_dir}"],
+                           f"warmup_steps={WARMUP_STEPS}", "repeats=1", "runs=1", "fabric.probe=off", f"output_root={work}", f"sweep_dir={sweep_dir}"],
                           work / f"ours-{i}.log", env, check=False)
         results = list(sweep_dir.glob("cells/*/result.json"))
         result = read_result(results[0] if results else sweep_dir / "cells" / "result.json", proc)

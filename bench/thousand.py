@@ -30,7 +30,8 @@ from bench.slurm_submit import Shim, default_partition, read_log, run_plugin_unt
 from launcher.cluster.slurm_commands import max_array_size
 
 GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"]  # keys the reference app has
-OURS_ONLY = ["runs=1"]  # one run per cell, as the plugin runs each point once
+# One run per cell, as the plugin runs each point once; no fabric probe (a job of its own, bench/fabric.py).
+OURS_ONLY = ["runs=1", "fabric.probe=off"]
 CELLS = 1000
 TARGET_RETURN_S = 15.0
 TARGET_STATUS_S = 2.0

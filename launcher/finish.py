@@ -12,7 +12,7 @@ import sys
 
 from launcher.cluster import colocation
 from launcher.plan.cell import CellStatus
-from launcher.report import report
+from launcher.report import fabric, report
 from launcher.state import SweepState
 from launcher.track import reconcile, runs, tracking
 
@@ -65,7 +65,7 @@ def _said(state: SweepState, written: report.Report) -> str:
 
 def _close_parent(state: SweepState, written: report.Report, outcome: str) -> None:
     """The parent run's description (its page in the MLflow UI: links to the report and the compare
-    page, the ranking table, the findings), the report attached, and its end: KILLED when the cells
+    page, the ranking table, the findings), the fabric's figures and files, the report attached, and its end: KILLED when the cells
     that did not finish were all cancelled (an interrupted sweep), as their runs."""
     uri, parent = state.tracking_uri, state.parent_run_id
     if not (uri and parent):
@@ -77,6 +77,10 @@ def _close_parent(state: SweepState, written: report.Report, outcome: str) -> No
         tracking.describe_parent(uri, parent,
                                  f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
                                  [written.cells_csv] if written.cells_csv else [])
+        probed = fabric.read_sweep(state.path)
+        tracking.log_figures(uri, parent, fabric.parent_figures(probed),
+                             [(f, f"{fabric.PROBE_DIR}/{p.folder.name}") for p in probed for f in
+                              (p.folder / fabric.PROBE_FILE, p.folder / fabric.RESULT_FILE) if f.exists()])
         tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
         state.closed = outcome
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it

@@ -71,7 +71,7 @@ FLOW = [
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
     ("launcher.report",),  # runs -> rows, findings, the report
     ("launcher.finish",),  # a sweep's finish, which every command below reaches
-    ("launcher.preflight", "launcher.preview", "launcher.status", "launcher.sync", "launcher.sweep",
+    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.status", "launcher.sync", "launcher.sweep",
      "launcher.__main__", "launcher.report.__main__"),  # the commands
 ]
 
@@ -119,6 +119,7 @@ LAUNCHER_USES_OF_JOBS = {
     "jobs.spec": "the spec types: what one cell runs",
     "jobs.codec": "how spec.json and sweep.json are written and read",
     "jobs.worker": "the entry point every rank runs",
+    "jobs.fabric": "the fabric probe's entry point and spec, submitted like the worker's",
     "jobs.sinks": "the reader of metrics.jsonl, beside its writer",
     "jobs.cell_run": "a cell's MLflow run, created by whichever side needs it first",
     "jobs.metrics": "the metric registry: names, reductions, directions, the report's columns",

@@ -20,7 +20,8 @@ from launcher.plan import fit
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
 
-__all__ = ["JobRecord", "cancel", "check_partitions", "job_records", "job_states", "max_array_size", "partitions"]
+__all__ = ["JobRecord", "cancel", "check_partitions", "job_records", "job_states", "max_array_size", "partition_nodes",
+           "partitions"]
 
 
 # Where Slurm's own commands look for their configuration (besides $SLURM_CONF), including the
@@ -157,6 +158,25 @@ def _number(text: str) -> int:
 
 def cluster_nodes() -> dict[str, Node]:
     return parse_nodes(_run(["sinfo", "-N", "-h", "-o", "%N|%P|%c|%m|%G|%f|%T"]))
+
+
+def partition_nodes(names: set[str | None]) -> str:
+    """The nodes of partitions ``names`` (None: the default partition), one ``name CPUs memory GPUs``
+    per node, sorted: what names the hardware a fabric probe measures (its state left out)."""
+    wanted = {n for n in names if n} | ({_default_partition()} if None in names else set())
+    return describe_nodes(cluster_nodes(), wanted)
+
+
+def describe_nodes(nodes: dict[str, Node], partitions: set[str]) -> str:
+    def gpus(node: Node) -> str:
+        return ",".join(f"{kind or 'gpu'}:{count}" for kind, count in node.gpus) or "no GPUs"
+
+    return "; ".join(f"{n.name} {n.cpus} CPUs {n.mem_mb} MB {gpus(n)}"
+                     for n in sorted(nodes.values(), key=lambda n: n.name) if partitions & set(n.partitions))
+
+
+def _default_partition() -> str:
+    return next((name for name, p in partitions().items() if p.get("default")), "")
 
 
 def _features_match(constraint: str, features: frozenset[str]) -> bool | None:

@@ -30,6 +30,7 @@ from launcher.plan.schema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState
 
 if TYPE_CHECKING:
+    from jobs.fabric import ProbeSpec
     from launcher.cluster.interrupt import Interrupts
 
 
@@ -89,14 +90,15 @@ def groups(cells: Sequence[Cell], max_array_size: int | None) -> list[list[Cell]
     return [g[i : i + size] for g in by_key.values() for i in range(0, len(g), size)]
 
 
-def submit_slurm(state: SweepState, cells: Sequence[Cell], max_array_size: int | None) -> None:
-    """One sbatch per group, returning at once (launcher.cluster.slurm)."""
+def submit_slurm(state: SweepState, cells: Sequence[Cell], max_array_size: int | None, after: Sequence[str] = ()) -> None:
+    """One sbatch per group, returning at once (launcher.cluster.slurm); the jobs start once the jobs
+    ``after`` have ended (sbatch --dependency=afterany)."""
     from jobs.worker import Worker
 
     calls = groups(cells, max_array_size)
     refused = 0
     for group in calls:
-        executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name)
+        executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name, after)
         try:
             with executor.batch():
                 jobs = [executor.submit(Worker(), state.load_spec(cell)) for cell in group]
@@ -351,9 +353,41 @@ def sbatch_script(group: Sequence[Cell], folder: Path, job_name: str) -> str:
     return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
 
 
-def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str):
+def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str, after: Sequence[str] = ()):
     import submitit
 
     executor = submitit.SlurmExecutor(folder=str(folder), python=python_command(cluster))
-    executor.update_parameters(**slurm_parameters(cluster, layout, job_name))
+    params = slurm_parameters(cluster, layout, job_name)
+    if after:  # beside a dependency of the site's own (cluster.additional_parameters), both must hold
+        own = params["additional_parameters"].get("dependency")
+        params["additional_parameters"]["dependency"] = ",".join(
+            [*([str(own)] if own else []), f"afterany:{':'.join(after)}"])
+    executor.update_parameters(**params)
     return executor
+
+
+def run_local_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: ProbeSpec
+                    ) -> tuple[str | None, str | None]:
+    """The fabric probe on this machine, to its end, before any cell starts: (job id, why it failed)."""
+    from jobs.fabric import Probe
+
+    job = local_executor(folder, cluster, layout).submit(Probe(), spec)
+    try:
+        job.results()
+    except KeyboardInterrupt:
+        job.cancel()  # its ranks run in a session of their own: Ctrl-C reached only this process
+        raise
+    except Exception as exc:  # a failed probe costs the sweep its fabric figures, not its cells
+        return job.job_id, _last_line(exc)
+    return job.job_id, None
+
+
+def submit_slurm_probe(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str, spec: ProbeSpec
+                       ) -> tuple[str | None, str | None]:
+    """The fabric probe as a Slurm job of the cells' shape, returning at once: (job id, sbatch's refusal)."""
+    from jobs.fabric import Probe
+
+    try:
+        return slurm_executor(folder, cluster, layout, job_name).submit(Probe(), spec).job_id, None
+    except Exception as exc:  # sbatch said no: the cells are submitted anyway, without fabric figures
+        return None, _last_line(exc)

@@ -22,7 +22,7 @@ from typing import Any
 from jobs import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
-from launcher.report import findings, noisefloor, plots, stats
+from launcher.report import fabric, findings, noisefloor, plots, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -384,9 +384,10 @@ def _tables(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str
 
 
 def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[str, str],
-          floor: stats.Floor | None = None) -> Report:
+          floor: stats.Floor | None = None, sections: Sequence[str] = ()) -> Report:
     """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``; ``floor``: the cluster's
-    noise floor, the noise of configurations that ran once."""
+    noise floor, the noise of configurations that ran once; ``sections``: markdown lines after the
+    plots (a sweep's fabric)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor), findings=findings.findings(rows, floor=floor),
@@ -394,7 +395,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
              *_results_section(rows, done, report.tables), *_plots_section(rows, bool(done), out_dir, report),
-             "## How measured", "", _how_measured(rows), "",
+             *sections, "## How measured", "", _how_measured(rows), "",
              "## Environment", "", _environment(rows, source), "",
              "## Cells without results", "", _failures(rows), ""]
     report.path.write_text("\n".join(parts))
@@ -494,7 +495,10 @@ def write_sweep_report(state: SweepState) -> Report:
     floor = noisefloor.load(state.path.parent, key)
     source["noise floor"] = (f"{floor.where} ({noisefloor.FLOOR_FILE} beside the sweep directory)" if floor
                              else "none measured on this cluster yet")
-    return write(rows, state.path, f"Benchmark report: {state.name}", source, floor)
+    probed = fabric.read_sweep(state.path)
+    for one in probed:  # a Slurm sweep's probe ended after the launcher returned: kept here
+        fabric.keep(state.path.parent, one, state.name)
+    return write(rows, state.path, f"Benchmark report: {state.name}", source, floor, fabric.section(probed))
 
 
 def floor_key(state: SweepState) -> str:
