@@ -89,6 +89,6 @@ def said(one: fabric.Probed) -> str:
     if one.result is None:
         return one.source
     fits = "; ".join(f"{f['scope']} all_reduce alpha {f['latency_us']:.0f} us, beta "
-                     f"{f['bandwidth_gb_per_s'] or 0:.3g} GB/s" for f in one.result["fits"]
-                     if f["collective"] == "all_reduce")
+                     + (f"{f['bandwidth_gb_per_s']:.3g} GB/s" if f["bandwidth_gb_per_s"] else "- (no size dependence)")
+                     for f in one.result["fits"] if f["collective"] == "all_reduce")
     return f"{one.result['probe_s']:.1f} s of collectives in a {one.result['job_s']:.1f} s job: {fits}"

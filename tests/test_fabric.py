@@ -1,23 +1,20 @@
 """The fabric probe (jobs/fabric.py, launcher/probe.py, launcher/report/fabric.py): nccl-tests'
 figures and the fit on literal numbers, the cores a rank has from literal /proc and cgroup files,
-real gloo ranks (4 as 2 emulated nodes; 2 through a whole local sweep: report, MLflow, the kept
-record), and a kept record reused without a probe job."""
+literal sinfo output, 4 real gloo ranks as 2 emulated nodes, and a kept record reused without a
+probe job. A whole local sweep with its probe on 2 ranks (report, MLflow, the kept record) is
+tests/test_local_e2e.py's parity sweep; on Slurm, tests/test_slurm.py's nodes sweep."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from mlflow.tracking import MlflowClient
 
-from jobs import fabric, metrics
+from jobs import fabric
 from jobs.spec import Layout
-from launcher.__main__ import main
 from launcher.report import fabric as kept_fabric
-from launcher.state import SweepState
 from tests.conftest import FAST
 from tests.ranks import run_ranks
-from tests.stores import existing_store
 
 # ---- nccl-tests' figures and the fit, on literal numbers ----------------------------------------
 
@@ -102,6 +99,27 @@ def test_emulated_nodes_sharing_cores_are_said():
     assert real["b"]["cores_per_rank"] == 1.5 and fabric.distortions(real, nodes=2) == []
 
 
+# ---- on Slurm: what names the nodes, and the cells after the probe ---------------------------------
+
+def test_the_partitions_nodes_name_the_hardware_and_the_cells_start_after_the_probe(tmp_path):
+    from launcher.cluster import submit
+    from launcher.cluster.slurm_commands import describe_nodes, parse_nodes
+    from launcher.plan.schema import ClusterConfig, ClusterKind
+
+    text = ("node1|debug*|2|3900|(null)|(null)|idle\nnode2|debug*|2|3900|(null)|(null)|allocated\n"
+            "gpu1|gpu|64|512000|gpu:h100:8(S:0-1)|ib|mixed\n")
+    nodes = parse_nodes(text)
+    # The nodes' state is left out: a busy node is the same hardware.
+    assert describe_nodes(nodes, {"debug"}) == "node1 2 CPUs 3900 MB no GPUs; node2 2 CPUs 3900 MB no GPUs"
+    assert describe_nodes(nodes, {"gpu"}) == "gpu1 64 CPUs 512000 MB h100:8"
+    # sbatch --dependency: the probe's job, beside a dependency of the site's own.
+    cluster = ClusterConfig(name=ClusterKind.slurm, additional_parameters={"dependency": "afterok:7"})
+    executor = submit.slurm_executor(tmp_path, cluster, Layout(nodes=2), "s", after=["12", "13"])
+    assert executor.parameters["additional_parameters"]["dependency"] == "afterok:7,afterany:12:13"
+    assert "dependency" not in submit.slurm_executor(tmp_path, ClusterConfig(name=ClusterKind.slurm), Layout(), "s"
+                                                     ).parameters["additional_parameters"]
+
+
 # ---- real gloo ranks ------------------------------------------------------------------------------
 
 def test_four_gloo_ranks_as_two_nodes_report_both_scopes(tmp_path):
@@ -122,26 +140,6 @@ def test_four_gloo_ranks_as_two_nodes_report_both_scopes(tmp_path):
     assert [c["rank"] for c in result["cores"]] == [0, 1, 2, 3] and all(c["cpus"] for c in result["cores"])
     assert any("emulated on one machine" in n for n in result["distortions"])  # 2 nodes, one machine
     assert 0 < result["probe_s"] < result["job_s"]
-
-
-def test_a_local_sweep_probes_its_two_rank_shape_once_and_reports_it(tmp_path, capsys):
-    """The probe job runs before the cells; its figures are in report.md, on the parent run (registered
-    metrics, step = ranks) and kept beside the sweeps; the next sweep of that shape reuses them."""
-    overrides = [o for o in FAST if not o.startswith("fabric.")]
-    existing_store(tmp_path)
-    assert main(["-m", *overrides, "nodes=2", "repeats=1", f"output_root={tmp_path}", f"sweep_dir={tmp_path / 's'}"]) == 0
-    out = capsys.readouterr().out
-    assert out.index("fabric 2x1: probing") < out.index("[1/1]")
-    state = SweepState.load(tmp_path / "s")
-    report = (tmp_path / "s" / "report.md").read_text()
-    assert "## Fabric" in report and "| inter_node | all_reduce | 2 |" in report and "emulated on one machine" in report
-    run = MlflowClient(state.tracking_uri).get_run(state.parent_run_id)
-    figures = {k: v for k, v in run.data.metrics.items() if k.startswith("fabric_")}
-    assert figures["fabric_all_reduce_inter_node_latency_us"] >= 0 and figures["fabric_job_s"] > figures["fabric_probe_s"]
-    assert all(metrics.get(k).source is metrics.Source.FABRIC for k in figures)
-    history = MlflowClient(state.tracking_uri).get_metric_history(run.info.run_id, "fabric_probe_s")
-    assert [m.step for m in history] == [2]
-    assert "local:" in next(iter(json.loads((tmp_path / kept_fabric.KEPT_FILE).read_text())))
 
 
 def test_a_kept_record_of_the_same_nodes_and_software_is_reused(tmp_path, capsys):
