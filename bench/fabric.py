@@ -61,8 +61,9 @@ def _launch(out: Path, side: str, args: argparse.Namespace) -> dict:
 
 def probe_side(out: Path, collective: str) -> None:
     """The probe as the launcher runs it, on this torchrun's ranks (one node)."""
-    from jobs.fabric import ProbeSpec, main, plan
-    from jobs.spec import Layout
+    from contract.fabric import ProbeSpec, plan
+    from contract.spec import Layout
+    from jobs.fabric import main
 
     sizes, iters, warmup = plan(gpu=False, full=False)
     ranks = int(os.environ["WORLD_SIZE"])
@@ -82,7 +83,7 @@ def hand_side(out: Path, collective: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from jobs.fabric import plan
+    from contract.fabric import plan
 
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from jobs.codec import to_plain
-from jobs.fabric import ProbeSpec, plan
+from contract.codec import to_plain
+from contract.fabric import ProbeSpec, plan
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import Backend
 from launcher.plan.cell import Cell

@@ -10,8 +10,9 @@ import json
 
 import pytest
 
+from contract import fabric as figures
+from contract.spec import Layout
 from jobs import fabric
-from jobs.spec import Layout
 from launcher.report import fabric as kept_fabric
 from tests.conftest import FAST
 from tests.ranks import run_ranks
@@ -21,27 +22,27 @@ from tests.ranks import run_ranks
 
 def test_bus_factors_are_nccl_tests():
     """doc/PERFORMANCE.md's "Summary": all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n."""
-    assert fabric.bus_factor("all_reduce", 8) == 1.75 and fabric.bus_factor("all_reduce", 2) == 1.0
-    assert fabric.bus_factor("all_gather", 8) == 0.875 and fabric.bus_factor("reduce_scatter", 4) == 0.75
+    assert figures.bus_factor("all_reduce", 8) == 1.75 and figures.bus_factor("all_reduce", 2) == 1.0
+    assert figures.bus_factor("all_gather", 8) == 0.875 and figures.bus_factor("reduce_scatter", 4) == 0.75
 
 
 def test_a_line_of_the_table():
     # 128 MiB all-reduced by 8 ranks in 1 ms: algbw 134.2 GB/s (GB = 1e9), busbw 1.75x that.
-    line = fabric.point("all_reduce", "inter_node", 8, 134217728, 0.001)
+    line = figures.point("all_reduce", "inter_node", 8, 134217728, 0.001)
     assert line["algbw_gb_per_s"] == pytest.approx(134.217728) and line["busbw_gb_per_s"] == pytest.approx(234.881024)
     assert line["time_us"] == pytest.approx(1000.0) and line["count"] == 33554432
     # The whole array of an all-gather is a multiple of the ranks: 1 KiB over 3 ranks is 85 floats each.
-    assert fabric.whole_count(1024, 3) == 255 and fabric.whole_count(4, 8) == 8
+    assert figures.whole_count(1024, 3) == 255 and figures.whole_count(4, 8) == 8
 
 
 def test_the_fit_recovers_latency_and_bandwidth():
     # t = 20 us + S x 1.5 / 100 GB/s (all-reduce over 4 ranks), exact.
-    points = [(s, 20e-6 + s * 1.5 / 100e9) for s in fabric.sizes(1024, 64 * 1024**2, 4)]
-    found = fabric.fit("all_reduce", 4, points)
+    points = [(s, 20e-6 + s * 1.5 / 100e9) for s in figures.sizes(1024, 64 * 1024**2, 4)]
+    found = figures.fit("all_reduce", 4, points)
     assert found.latency_us == pytest.approx(20.0, rel=1e-6)
     assert found.bandwidth_gb_per_s == pytest.approx(100.0, rel=1e-6) and found.fit_error < 1e-9
     # A point 30% off moves the fit and shows in its error.
-    noisy = fabric.fit("all_reduce", 4, [*points[:3], (points[3][0], points[3][1] * 1.3), *points[4:]])
+    noisy = figures.fit("all_reduce", 4, [*points[:3], (points[3][0], points[3][1] * 1.3), *points[4:]])
     assert 0.05 < noisy.fit_error < 0.3
 
 
@@ -49,18 +50,18 @@ def test_the_fit_keeps_latency_non_negative_and_says_when_size_does_not_matter()
     # Times whose line would cross zero below the smallest size: a negative intercept, so alpha = 0 and
     # beta = sum(r^2) / sum(r) with r = bus bytes / time (the 1/t^2-weighted slope through the origin):
     # r = 5e8, 4.545e8, 4.878e8 B/s -> 0.4816 GB/s.
-    found = fabric.fit("all_gather", 2, [(1000, 1e-6), (2000, 2.2e-6), (4000, 4.1e-6)])
+    found = figures.fit("all_gather", 2, [(1000, 1e-6), (2000, 2.2e-6), (4000, 4.1e-6)])
     assert found.latency_us == 0.0 and found.bandwidth_gb_per_s == pytest.approx(0.48155, rel=1e-3)
-    flat = fabric.fit("all_reduce", 2, [(1024, 50e-6), (4096, 50e-6), (16384, 50e-6)])
+    flat = figures.fit("all_reduce", 2, [(1024, 50e-6), (4096, 50e-6), (16384, 50e-6)])
     assert flat.bandwidth_gb_per_s is None and flat.latency_us == pytest.approx(50.0)
 
 
 def test_the_default_probe_is_small_and_the_full_one_covers_the_range():
-    cpu_sizes, iters, _ = fabric.plan(gpu=False, full=False)
+    cpu_sizes, iters, _ = figures.plan(gpu=False, full=False)
     assert cpu_sizes[0] == 1024 and cpu_sizes[-1] == 4 * 1024**2 and len(cpu_sizes) == 7 and iters == 5
-    assert fabric.plan(gpu=False, full=True)[0][-1] == 64 * 1024**2
-    assert fabric.plan(gpu=True, full=False)[0][-1] == 256 * 1024**2
-    assert fabric.plan(gpu=True, full=True)[0][-1] >= 256 * 1024**2
+    assert figures.plan(gpu=False, full=True)[0][-1] == 64 * 1024**2
+    assert figures.plan(gpu=True, full=False)[0][-1] == 256 * 1024**2
+    assert figures.plan(gpu=True, full=True)[0][-1] >= 256 * 1024**2
 
 
 # ---- the cores a rank really has ------------------------------------------------------------------
@@ -134,7 +135,7 @@ def test_four_gloo_ranks_as_two_nodes_report_both_scopes(tmp_path):
     for p in result["points"]:
         assert p["ranks"] == (2 if p["scope"] == "intra_node" else 4) and p["time_us"] > 0
         assert p["algbw_gb_per_s"] == pytest.approx(p["size_bytes"] / (p["time_us"] / 1e6) / 1e9)
-        assert p["busbw_gb_per_s"] == pytest.approx(p["algbw_gb_per_s"] * fabric.bus_factor(p["collective"], p["ranks"]))
+        assert p["busbw_gb_per_s"] == pytest.approx(p["algbw_gb_per_s"] * figures.bus_factor(p["collective"], p["ranks"]))
     assert {(f["scope"], f["collective"]) for f in result["fits"]} == {(s, c) for s in fabric.SCOPES
                                                                       for c in fabric.COLLECTIVES}
     assert [c["rank"] for c in result["cores"]] == [0, 1, 2, 3] and all(c["cpus"] for c in result["cores"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from jobs import metrics
+from contract import metrics
 from launcher.__main__ import main
 from launcher.state import SweepState
 from tests.stores import existing_store

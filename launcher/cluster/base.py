@@ -18,7 +18,7 @@ from launcher.plan.cell import Cell
 from launcher.state import SweepState, this_process
 
 if TYPE_CHECKING:
-    from jobs.fabric import ProbeSpec
+    from contract.fabric import ProbeSpec
     from launcher.cluster.interrupt import Interrupts
 
 # {job id: (start s, end s, hosts)} of jobs whose start and end the cluster recorded.

@@ -23,7 +23,7 @@ from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
 
 if TYPE_CHECKING:
-    from jobs.fabric import ProbeSpec
+    from contract.fabric import ProbeSpec
     from launcher.cluster.interrupt import Interrupts
 
 

@@ -29,7 +29,7 @@ from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState, slurm_status
 
 if TYPE_CHECKING:
-    from jobs.fabric import ProbeSpec
+    from contract.fabric import ProbeSpec
     from launcher.cluster.interrupt import Interrupts
 
 # A submitted job that neither squeue nor sacct knows after this long is lost (accounting lags the

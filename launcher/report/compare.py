@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.report.findings import STATE_TOLERANCE
 from launcher.report.rows import grouped, md_cell, num, settings
 from launcher.report.stats import HIGHER, INCONCLUSIVE, LOWER, MIN_EFFECT, SAME, Diff, Floor, difference, estimate

@@ -20,14 +20,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from jobs import metrics
-from jobs.spec import Layout
+from contract import metrics
+from contract.fabric import RESULT_FILE
+from contract.spec import Layout
 from launcher.plan.schema import ClusterConfig
 from launcher.report.rows import md_cell
 
 PROBE_DIR = "fabric"
 PROBE_FILE = "probe.json"
-RESULT_FILE = "fabric.json"  # jobs.fabric.RESULT_FILE: the probe job writes it
 KEPT_FILE = "fabrics.json"
 
 
