@@ -12,7 +12,7 @@ import sys
 
 from launcher.cluster import colocation
 from launcher.plan.cell import CellStatus
-from launcher.report import fabric, report
+from launcher.report import fabric, plots, report
 from launcher.state import SweepState
 from launcher.track import reconcile, runs, tracking
 
@@ -77,14 +77,29 @@ def _close_parent(state: SweepState, written: report.Report, outcome: str) -> No
         tracking.describe_parent(uri, parent,
                                  f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
                                  [written.cells_csv] if written.cells_csv else [])
+        tracking.log_figures(uri, {parent: written.figures, **written.cell_figures})
+        attach_anatomy(state)
         probed = fabric.read_sweep(state.path)
-        tracking.log_figures(uri, parent, fabric.parent_figures(probed),
-                             [(f, f"{fabric.PROBE_DIR}/{p.folder.name}") for p in probed for f in
-                              (p.folder / fabric.PROBE_FILE, p.folder / fabric.RESULT_FILE) if f.exists()])
+        tracking.log_by_step(uri, parent, fabric.parent_figures(probed))
+        for one in probed:
+            tracking.attach(uri, parent, [f for f in (one.folder / fabric.PROBE_FILE, one.folder / fabric.RESULT_FILE)
+                                          if f.exists()], f"{fabric.PROBE_DIR}/{one.folder.name}")
         tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
         state.closed = outcome
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it
         print(f"[mlflow] could not attach the report to run {parent}: {exc}", file=sys.stderr)
+
+
+def attach_anatomy(state: SweepState) -> None:
+    """Each finished cell's step anatomy (one stacked bar, launcher/report/plots.py) as
+    ``anatomy.png`` in its directory and on its MLflow run."""
+    rows = {row["cell"]: row for row in report.collect(state)}
+    for cell in state.cells:
+        row = rows.get(cell.name)
+        if cell.run_id and row is not None:
+            path = plots.anatomy([row], state.cell_dir(cell) / "anatomy.png")
+            if path is not None:
+                tracking.attach(str(state.tracking_uri), cell.run_id, [path])
 
 
 def _claims(findings: str) -> str:

@@ -98,6 +98,7 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
         if state_bytes is not None:
             cell.predicted_state_bytes = state_bytes.total
             cell.predicted_activation_bytes = state_bytes.activations
+            cell.predicted_comm_bytes = dict(state_bytes.comm_bytes_per_step)
     # Cells run in the foreground log no MLflow from their ranks: the launcher waits for each cell
     # anyway and logs its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import
     # on rank 0). Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.

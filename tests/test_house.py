@@ -74,7 +74,7 @@ FLOW = [
     ("launcher.report",),  # runs -> rows, findings, the report
     ("launcher.finish",),  # a sweep's finish, which every command below reaches
     ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.status", "launcher.sync", "launcher.sweep",
-     "launcher.__main__", "launcher.report.__main__"),  # the commands
+     "launcher.__main__", "launcher.report.__main__", "launcher.forecast"),  # the commands
 ]
 
 

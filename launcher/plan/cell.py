@@ -54,6 +54,8 @@ class Cell:
     run: int = 1  # which independent launch of its grid point (1..runs)
     predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
     predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)
+    # Bytes per optimizer step by collective kind, the strategy's theory (launcher/plan/traffic.py).
+    predicted_comm_bytes: dict[str, int] = field(default_factory=dict)
     # What became of it (submission and the commands that follow it).
     job_id: str | None = None
     run_id: str | None = None

@@ -22,7 +22,7 @@ from typing import Any
 from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
-from launcher.report import fabric, findings, noisefloor, plots, stats
+from launcher.report import fabric, findings, forecasts, noisefloor, plots, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -79,6 +79,7 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
             row["predicted_model_state_bytes"] = cell.predicted_state_bytes
         if cell.predicted_activation_bytes is not None:
             row["predicted_activation_bytes"] = cell.predicted_activation_bytes
+        row.update({metrics.predicted_comm_bytes(k): v for k, v in cell.predicted_comm_bytes.items()})
         if cell.interference:  # launcher/cluster/colocation.py: the cell measured something else too
             row["interference"] = cell.interference
         rows.append(row)
@@ -290,6 +291,10 @@ class Report:
     tables: str = ""
     findings: str = ""
     cells_csv: Path | None = None
+    # MLflow figures of the forecasts checked (launcher/report/forecasts.py): the parent run's, and
+    # per cell run id.
+    figures: dict[str, float] = field(default_factory=dict)
+    cell_figures: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _distinct(rows: Sequence[dict[str, Any]], key: str, split: bool = False) -> list[str]:
@@ -387,7 +392,8 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
           floor: stats.Floor | None = None, sections: Sequence[str] = ()) -> Report:
     """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``; ``floor``: the cluster's
     noise floor, the noise of configurations that ran once; ``sections``: markdown lines after the
-    plots (a sweep's fabric)."""
+    plots (a sweep's fabric, launcher/report/fabric.py, and its forecasts checked,
+    launcher/report/forecasts.py)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor), findings=findings.findings(rows, floor=floor),
@@ -498,7 +504,22 @@ def write_sweep_report(state: SweepState) -> Report:
     probed = fabric.read_sweep(state.path)
     for one in probed:  # a Slurm sweep's probe ended after the launcher returned: kept here
         fabric.keep(state.path.parent, one, state.name)
-    return write(rows, state.path, f"Benchmark report: {state.name}", source, floor, fabric.section(probed))
+    checked = _forecasts_checked(state, rows, key)
+    written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
+                    [*fabric.section(probed), *checked.section])
+    written.figures, written.cell_figures = checked.figures, checked.cell_figures
+    return written
+
+
+def _forecasts_checked(state: SweepState, rows: list[dict[str, Any]], key: str) -> forecasts.SweepCheck:
+    """The forecasts checked (kept in the cluster's record once every cell has ended); a problem is
+    said in the section, never raised: it must not cost the measured report."""
+    try:
+        return forecasts.check(state, rows, key, keep=all(c.status.terminal for c in state.cells))
+    except Exception as exc:
+        print(f"report: forecasts not checked: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return forecasts.SweepCheck(["## Forecasts checked", "", f"Not checked: {md_cell(type(exc).__name__)}: "
+                                     f"{md_cell(exc)}", ""], {}, {})
 
 
 def floor_key(state: SweepState) -> str:

@@ -117,16 +117,31 @@ def run_values(row: dict[str, Any], metric: str) -> list[float]:
 
 def estimate(row: dict[str, Any], metric: str = "throughput", floor: Floor | None = None) -> Estimate | None:
     """The estimate of ``metric`` for a row from its independent runs, or from the floor."""
-    values = run_values(row, metric)
+    cv = floor.cv.get(metric) if floor is not None else None
+    return estimate_of(run_values(row, metric), cv, floor.df if floor is not None else 0)
+
+
+def estimate_of(values: list[float], floor_cv: float | None = None, floor_df: int = 0) -> Estimate | None:
+    """The estimate from independent runs' values; one run borrows a noise floor's coefficient of
+    variation (``floor_cv`` with ``floor_df`` degrees of freedom) where there is one."""
     if not values:
         return None
     mean = statistics.fmean(values)
     if len(values) >= 2:
         return Estimate(mean, statistics.stdev(values) / math.sqrt(len(values)), len(values) - 1, len(values), "runs",
                         values)
-    if floor is not None and metric in floor.cv and floor.df >= 1:
-        return Estimate(mean, floor.cv[metric] * mean, floor.df, 1, "floor", values)
+    if floor_cv is not None and floor_df >= 1:
+        return Estimate(mean, floor_cv * abs(mean), floor_df, 1, "floor", values)
     return Estimate(mean, None, None, 1, "none", values)
+
+
+def welch_interval(a: Estimate, b: Estimate) -> tuple[float, float] | None:
+    """Welch's 95% interval of mean(A) - mean(B), in their unit; None without a noise estimate."""
+    if a.se is None or b.se is None or a.df is None or b.df is None:
+        return None
+    hw = t95(_welch_df(a, b)) * math.sqrt(a.se**2 + b.se**2)
+    d = a.mean - b.mean
+    return d - hw, d + hw
 
 
 @dataclass
@@ -155,13 +170,11 @@ class Diff:
 def difference(a: Estimate, b: Estimate, min_effect: float) -> Diff:
     """Welch's interval for mean(A) - mean(B), as a ratio to B: 1 + interval / mean(B)."""
     ratio = a.mean / b.mean
-    if a.se is None or b.se is None or a.df is None or b.df is None:
+    interval = welch_interval(a, b)
+    if interval is None:
         return Diff(ratio, None, None, INCONCLUSIVE, None, min_effect)
-    se = math.sqrt(a.se**2 + b.se**2)
-    df = _welch_df(a, b)
-    d, hw = a.mean - b.mean, t95(df) * se
     # A throughput or a memory peak is never negative: a very noisy interval is cut at zero.
-    low, high = max(0.0, 1 + (d - hw) / b.mean), 1 + (d + hw) / b.mean
+    low, high = max(0.0, 1 + interval[0] / b.mean), 1 + interval[1] / b.mean
     change = abs(ratio - 1)
     if (low > 1 or high < 1) and change >= min_effect:
         return Diff(ratio, low, high, HIGHER if low > 1 else LOWER, None, min_effect)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from contract import cell_run, mlflow_client
+from contract.metrics import predicted_comm_bytes
 from contract.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
 from contract.records import read_records
 from launcher.cluster.backends import backend_for
@@ -361,6 +362,7 @@ def write_template(state: SweepState, cell: Cell, code: dict[str, str]) -> None:
     metrics = {name: float(value) for name, value in (
         ("predicted_model_state_bytes", cell.predicted_state_bytes),
         ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}
+    metrics.update({predicted_comm_bytes(k): float(v) for k, v in cell.predicted_comm_bytes.items()})
     cell_run.write_template(state.cell_dir(cell), str(state.experiment_id), cell.name, tags,
                             tracking.flatten(_resolved(state, cell)), metrics)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from contract import mlflow_client
+from contract import metrics, mlflow_client
 from contract.mlflow_client import TAG_MAX_CHARS
 from launcher.masking import mask
 
@@ -90,17 +90,15 @@ def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], sta
     client.set_terminated(run_id, status, end_time=int(end_s * 1000))
 
 
-def log_figures(uri: str, run_id: str, by_step: dict[int, dict[str, float]], files: Iterable[tuple[Path, str]]) -> None:
-    """Metrics on a run, each with its step (the fabric's: the ranks of the shape it was probed on),
-    and ``files`` as artifacts under their folders."""
+def log_by_step(uri: str, run_id: str, by_step: dict[int, dict[str, float]]) -> None:
+    """Registered metrics on a run, each with its step (the fabric's: the ranks of the shape it was
+    probed on, so that a sweep of several shapes keeps each)."""
     from mlflow.entities import Metric
 
     client = mlflow_client.client(uri)
     now_ms = int(time.time() * 1000)
     for step, figures in sorted(by_step.items()):
-        client.log_batch(run_id, metrics=[Metric(k, v, now_ms, step) for k, v in figures.items()])
-    for path, folder in files:
-        client.log_artifact(run_id, str(path), folder)
+        client.log_batch(run_id, metrics=[Metric(metrics.get(k).name, v, now_ms, step) for k, v in figures.items()])
 
 
 # MLflow 3's UI opens an experiment on the page its kind asks for: the GenAI overview (traces,
@@ -309,6 +307,22 @@ def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: P
         for path in sorted(set(submitit_dir.glob(f"{job_id}_*")) | set(submitit_dir.glob(f"{array_id}_submission.sh"))):
             if path.suffix in (".out", ".err", ".sh"):
                 client.log_artifact(run_id, str(path), "logs")
+
+
+def log_figures(uri: str, figures_by_run: dict[str, dict[str, float]]) -> None:
+    """Summary figures (registered metrics computed over cells, such as the forecasts checked) on
+    runs that exist, each at step 0 like the cells' own summaries."""
+    client = mlflow_client.client(uri)
+    for run_id, figures in figures_by_run.items():
+        for name, value in figures.items():
+            client.log_metric(run_id, metrics.get(name).name, float(value), step=0)
+
+
+def attach(uri: str, run_id: str, files: Iterable[Path], folder: str | None = None) -> None:
+    """Attach ``files`` to a run (under ``folder``)."""
+    client = mlflow_client.client(uri)
+    for path in files:
+        client.log_artifact(run_id, str(path), folder)
 
 
 def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()) -> None:
