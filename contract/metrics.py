@@ -207,8 +207,8 @@ METRICS += tuple(Metric(fabric_name(c, s, figure), unit, _DER, direction, source
 METRICS += (
     Metric("fabric_probe_s", "s of collectives (the probe's own cost, its job's start-up not counted)", _SAME,
            _DOWN, source=_FABRIC),
-    Metric("fabric_job_s", "s from the probe job's submission to its end (its whole cost)", _SAME, _DOWN,
-           source=_FABRIC),
+    Metric("fabric_job_s", "s of the probe job on its ranks (torch's import, the process group, the collectives)",
+           _SAME, _DOWN, source=_FABRIC),
     Metric("fabric_cores_per_rank", "cores a rank really has (affinity and cgroup quota, shared)", _SAME, _FLAT,
            source=_FABRIC),
 )
