@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from contract.codec import to_plain
@@ -29,12 +30,17 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     """Raise SweepError listing every problem; return each cell's predicted per-rank state bytes."""
     predicted = analyse(cells)
     errors: list[str] = []
-    # What the cluster cannot give (GPUs, memory limits, partitions): also resolves cluster.gpu_mem_gib.
+    # What the cluster cannot give (GPUs, memory limits, partitions), and what it resolves for the cells
+    # (cluster.gpu_mem_gib, a GPU rank's cores and memory): applied here, the check changes nothing.
     # Declared nodes are taken at their word: no cluster is asked.
     if cells[0].cluster.declared:
         _declared_gpu_memory(cells)
     else:
-        errors += backend_for(cells[0].cluster.name.value).check_resources(cells)
+        resources = backend_for(cells[0].cluster.name.value).check_resources(cells)
+        resources.apply(cells)
+        for warning in resources.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        errors += resources.errors
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _writable(cells[0].config)

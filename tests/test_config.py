@@ -4,7 +4,7 @@ import pytest
 
 from contract.spec import InputKind, Precision, Sharding, Strategy
 from launcher.__main__ import main
-from launcher.cluster import submit
+from launcher.cluster.slurm import submit
 from launcher.plan.grid import CONF_DIR, SweepError, compose, expand, plan, search_path
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}

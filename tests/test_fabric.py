@@ -103,8 +103,8 @@ def test_emulated_nodes_sharing_cores_are_said():
 # ---- on Slurm: what names the nodes, and the cells after the probe ---------------------------------
 
 def test_the_partitions_nodes_name_the_hardware_and_the_cells_start_after_the_probe(tmp_path):
-    from launcher.cluster import submit
-    from launcher.cluster.slurm_commands import describe_nodes, parse_nodes
+    from launcher.cluster.slurm import submit
+    from launcher.cluster.slurm.resources import describe_nodes, parse_nodes
     from launcher.plan.schema import ClusterConfig, ClusterKind
 
     text = ("node1|debug*|2|3900|(null)|(null)|idle\nnode2|debug*|2|3900|(null)|(null)|allocated\n"

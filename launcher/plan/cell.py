@@ -35,6 +35,10 @@ class CellStatus(str, enum.Enum):
         return self in (CellStatus.done, CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
 
 
+# The statuses of cells that run again: with --resubmit-failed, or when the same sweep is run again.
+RUN_AGAIN = (CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
+
+
 class NotPlannedHere(RuntimeError):
     """A cell read back from sweep.json was asked for its whole resolved configuration."""
 
