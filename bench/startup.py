@@ -36,7 +36,8 @@ def launcher_overrides(settings: Settings, work: Path, sweep_dir: Path) -> list[
     """Our side's command line after ``python -m launcher``: the settings the bare loop gets."""
     return ["strategy=ddp", f"cluster.tasks_per_node={settings.nproc}", f"model={settings.model}",
             f"model.seq_len={settings.seq_len}", f"model.vocab_size={settings.vocab_size}", f"batch_size={settings.batch_size}", f"steps={STEPS}", f"warmup_steps={WARMUP_STEPS}", "repeats=1",
-            "runs=1", f"output_root={work}", f"sweep_dir={sweep_dir}"]
+            # No fabric probe: a job of its own before the cells (bench/fabric.py states its cost).
+            "runs=1", "fabric.probe=off", f"output_root={work}", f"sweep_dir={sweep_dir}"]
 
 
 def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:

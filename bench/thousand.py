@@ -34,7 +34,8 @@ from contract.cell_run import TEMPLATE_FILE
 from launcher.cluster.slurm.resources import max_array_size
 
 GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"]  # keys the reference app has
-OURS_ONLY = ["runs=1"]  # one run per cell, as the plugin runs each point once
+# One run per cell, as the plugin runs each point once; no fabric probe (a job of its own, bench/fabric.py).
+OURS_ONLY = ["runs=1", "fabric.probe=off"]
 CELLS = 1000
 TARGET_RETURN_S = 15.0
 TARGET_STATUS_S = 2.0

@@ -66,6 +66,7 @@ class Source(str, Enum):
     WORKER = "worker"  # in the job's summary (jobs/summary.py)
     LAUNCHER = "launcher"  # predicted before launch (launcher/plan/fit.py)
     REPORT = "report"  # derived over cells (launcher/report/rows.py)
+    FABRIC = "fabric"  # the fabric probe (jobs/fabric.py), on the sweep's parent run: one per probed shape
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,36 @@ METRICS: tuple[Metric, ...] = (
            source=_REPORT),
     Metric("forecast_points", "configurations forecast", _NONE, _FLAT, source=_REPORT),
 )
+
+# The fabric probe's figures (jobs/fabric.py): per collective and scope, logged on the sweep's parent
+# run with the probed shape's ranks as their step (launcher/report/fabric.py).
+FABRIC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+FABRIC_SCOPES = ("intra_node", "inter_node")
+FABRIC_FIGURES = (
+    ("latency_us", "us (fitted alpha)", Direction.LOWER),
+    ("bandwidth_gb_per_s", "GB/s of bus bandwidth (fitted beta)", Direction.HIGHER),
+    ("busbw_gb_per_s_peak", "GB/s of bus bandwidth (the best message size)", Direction.HIGHER),
+    ("fit_error", "root mean square relative error of the fit", Direction.LOWER),
+)
+
+
+def fabric_name(collective: str, scope: str, figure: str) -> str:
+    """``fabric_all_reduce_inter_node_latency_us``: one figure of one collective in one scope."""
+    return f"fabric_{collective}_{scope}_{figure}"
+
+
+_FABRIC = Source.FABRIC
+METRICS += tuple(Metric(fabric_name(c, s, figure), unit, _DER, direction, source=_FABRIC)
+                 for s in FABRIC_SCOPES for c in FABRIC_COLLECTIVES for figure, unit, direction in FABRIC_FIGURES)
+METRICS += (
+    Metric("fabric_probe_s", "s of collectives (the probe's own cost, its job's start-up not counted)", _SAME,
+           _DOWN, source=_FABRIC),
+    Metric("fabric_job_s", "s of the probe job on its ranks (torch's import, the process group, the collectives)",
+           _SAME, _DOWN, source=_FABRIC),
+    Metric("fabric_cores_per_rank", "cores a rank really has (affinity and cgroup quota, shared)", _SAME, _FLAT,
+           source=_FABRIC),
+)
+
 
 # ---- a step's anatomy (jobs/anatomy.py): parts that add up to the probe's step time -------------
 # Reduced over ranks as the mean: a mean of sums is the sum of means, so the job's parts still add

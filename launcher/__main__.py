@@ -38,6 +38,8 @@ examples:
   python -m launcher -m strategy=ddp,fsdp,zero2,hsdp precision=fp32,bf16 nodes=2
   python -m launcher -m cluster=slurm cluster.partition=gpu cluster.gpus_per_node=8 \\
       cluster.tasks_per_node=8 model=gpt2-small strategy=ddp,fsdp nodes=1,2,4
+  python -m launcher --plan -m cluster.declared=true cluster.gpus_per_node=2 cluster.tasks_per_node=2 \\
+      cluster.gpu_mem_gib=22.35 model=gpt2-xl batch_size=1 strategy=ddp,fsdp   (does it fit on 24 GB GPUs?)
 """
 
 
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         from launcher import preview
         from launcher.cluster.backends import backend_for
 
-        size = backend_for(cells[0].cluster.name.value).max_array_size(cells)
+        # Declared nodes ask nothing of a cluster, its MaxArraySize included.
+        size = None if cells[0].cluster.declared else backend_for(cells[0].cluster.name.value).max_array_size(cells)
         print(preview.render(cells, predicted, size))
         return 0
 

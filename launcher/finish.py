@@ -29,7 +29,7 @@ from pathlib import Path
 
 from launcher.cluster import colocation
 from launcher.plan.cell import Cell, CellStatus
-from launcher.report import plots, report
+from launcher.report import fabric, plots, report
 from launcher.state import SweepState
 from launcher.track import reconcile, runs, tracking
 
@@ -192,7 +192,7 @@ def _close_if_due(state: SweepState, written: report.Report | None) -> None:
 
 def _close_parent(state: SweepState, written: report.Report, outcome: str) -> None:
     """The parent run's description (its page in the MLflow UI: links to the report and the compare
-    page, the ranking table, the findings), the report attached, and its end: KILLED when the cells
+    page, the ranking table, the findings), the fabric's figures and files, the report attached, and its end: KILLED when the cells
     that did not finish were all cancelled (an interrupted sweep), as their runs."""
     uri, parent = state.tracking_uri, state.parent_run_id
     if not (uri and parent):
@@ -206,6 +206,11 @@ def _close_parent(state: SweepState, written: report.Report, outcome: str) -> No
                                  [written.cells_csv] if written.cells_csv else [])
         tracking.log_figures(uri, {parent: written.figures, **written.cell_figures})
         attach_anatomy(state)
+        probed = fabric.read_sweep(state.path)
+        tracking.log_by_step(uri, parent, fabric.parent_figures(probed))
+        for one in probed:
+            tracking.attach(uri, parent, [f for f in (one.folder / fabric.PROBE_FILE, one.folder / fabric.RESULT_FILE)
+                                          if f.exists()], f"{fabric.PROBE_DIR}/{one.folder.name}")
         tracking.close_parent(uri, parent, written.path, written.plots, parent_status, runs.sweep_end_s(state))
         state.record_settled(closed=outcome, report_mtime_ns=written.path.stat().st_mtime_ns)
     except Exception as exc:  # the report is on disk; a tracking outage must not hide it

@@ -22,7 +22,7 @@ from launcher.cluster.backends import backend_for
 from launcher.plan import fit, fitcache, traffic
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
-from launcher.plan.schema import Config
+from launcher.plan.schema import Config, declared_gpu_mem_gib
 from launcher.track.tracking import check_reachable, default_uri
 
 
@@ -32,11 +32,15 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     errors: list[str] = []
     # What the cluster cannot give (GPUs, memory limits, partitions), and what it resolves for the cells
     # (cluster.gpu_mem_gib, a GPU rank's cores and memory): applied here, the check changes nothing.
-    resources = backend_for(cells[0].cluster.name.value).check_resources(cells)
-    resources.apply(cells)
-    for warning in resources.warnings:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    errors += resources.errors
+    # Declared nodes are taken at their word: no cluster is asked.
+    if cells[0].cluster.declared:
+        _declared_gpu_memory(cells)
+    else:
+        resources = backend_for(cells[0].cluster.name.value).check_resources(cells)
+        resources.apply(cells)
+        for warning in resources.warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        errors += resources.errors
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _writable(cells[0].config)
@@ -135,6 +139,14 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
                           f"Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller "
                           f"batch_size, activation_checkpointing=true, precision=bf16, a smaller model, or "
                           f"allow_oom=true to run it anyway.")
+
+
+def _declared_gpu_memory(cells: list[Cell]) -> None:
+    """A declared node's GPU memory, for the fit check: cluster.gpu_mem_gib or its gpu_type's (the
+    schema has refused declared GPUs that say neither)."""
+    for cell in cells:
+        if cell.layout.gpus_per_node:
+            cell.cluster.gpu_mem_gib = declared_gpu_mem_gib(cell.cluster)
 
 
 def _about(activations: int | None) -> str:

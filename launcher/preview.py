@@ -20,10 +20,13 @@ def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_si
 
 
 def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:
-    lines = [f"{len(cells)} cell(s):", "",
-             "| # | cell | nodes x ranks | GPUs/node | CPUs/rank | time min | model params | params/rank | "
-             "grads/rank | optimizer/rank | state/rank | activations/rank (est.) | GPU mem |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"{len(cells)} cell(s):", ""]
+    if cells[0].cluster.declared:
+        lines += ["Declared nodes (cluster.declared=true): checked against the settings alone, no cluster was "
+                  "asked; this grid can be planned, not submitted.", ""]
+    lines += ["| # | cell | nodes x ranks | GPUs/node | CPUs/rank | time min | model params | params/rank | "
+              "grads/rank | optimizer/rank | state/rank | activations/rank (est.) | GPU mem |",
+              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in cells:
         c, lay, state = cell.cluster, cell.layout, predicted.get(cell.index)
         figures = ([f"{state.param_count:,}", fit.human(state.params), fit.human(state.grads),

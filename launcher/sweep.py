@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from contract.codec import to_plain
-from launcher import finish
+from launcher import finish, probe
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.cluster.interrupt import NOT_STARTED, Interrupts, stop_waiting
@@ -29,11 +29,13 @@ from launcher.track import reconcile, runs, tracking
 def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None,
         allow_concurrent: bool = False) -> int:
     """The whole life of a sweep from the command line; returns the exit code."""
+    refuse_declared(cells)
     if not allow_concurrent:
         check_not_running(cells, argv)
     state = prepare(cells, argv, predicted or {})
     todo = [c for c in state.cells if c.status in (CellStatus.planned, *RUN_AGAIN)]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
+    probes = probe.before_cells(state, todo, cells[0].config)  # the cells start after them
     backend = backend_for(state.cluster)
     if backend.runs_cells_in_foreground:
         # Handlers for the whole life in the foreground, MLflow's closing included: a second Ctrl-C
@@ -43,7 +45,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
             if interrupts.requested:
                 return _interrupted(state, interrupts)
     else:
-        backend.submit(state, todo)
+        backend.submit(state, todo, after=probes)
         _create_runs(state)
         print_jobs(state)
         if any(c.failure_class == SUBMIT_REFUSED for c in todo):
@@ -65,6 +67,15 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     _print_mlflow(state)
     _print_missing_runs(state)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
+
+
+def refuse_declared(cells: list[Cell]) -> None:
+    """Declared nodes were never asked whether they exist: such a grid is planned, not submitted."""
+    if cells and cells[0].cluster.declared:
+        raise SweepError("cluster.declared=true: these nodes are described, not asked about (no sinfo, no "
+                         "nvidia-smi), so the grid can be planned with --plan but not submitted. Fix: add --plan to "
+                         "see the plan, or drop cluster.declared to check the grid against the live cluster and "
+                         "run it.")
 
 
 def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None) -> SweepState:

@@ -120,11 +120,12 @@ def splits_the_world_group(spec: Any) -> bool:
     return spec.layout.gpus_per_node > 0 and sharding in (Sharding.hybrid, Sharding.none)
 
 
-def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
-              timeout_s: float = 120.0) -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
+def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1, timeout_s: float = 120.0,
+              entry: str = "jobs.worker") -> list[dict[str, Any]] | list[list[dict[str, Any]]]:
     """Run ``specs`` (one RunSpec or a list) on ``world_size`` gloo ranks as ``nodes`` nodes.
 
-    Returns, per spec, each rank's result in rank order: ``jobs.worker.main``'s return value, or
+    Returns, per spec, each rank's result in rank order: ``jobs.worker.main``'s return value (or
+    that of the ``main`` of module ``entry``: ``jobs.fabric`` runs the fabric probe), or
     ``{"error": "<traceback>"}`` where that spec raised on that rank. A single spec in gives a single
     per-rank list out.
     """
@@ -137,12 +138,12 @@ def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1,
         # world group, and torch 2.13's gloo split crashes (SIGSEGV) on a world group that is not
         # the process's first gloo group (GPU review 3, G6; pytorch#192106). The worker runs one
         # spec per process, so only a harness that runs several in one process meets it.
-        return [run_ranks(s, world_size, nodes=nodes, timeout_s=timeout_s) for s in spec_list]
+        return [run_ranks(s, world_size, nodes=nodes, timeout_s=timeout_s, entry=entry) for s in spec_list]
     per_node = world_size // nodes
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         work = Path(tmp)
         job = work / "job.pkl"
-        job.write_bytes(pickle.dumps({"specs": spec_list, "ports": free_ports(len(spec_list))}))
+        job.write_bytes(pickle.dumps({"specs": spec_list, "ports": free_ports(len(spec_list)), "entry": entry}))
         base = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}
         base.update(
             WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(per_node), MASTER_ADDR="127.0.0.1",
@@ -275,9 +276,10 @@ def _wait(procs: list[subprocess.Popen], work: Path, timeout_s: float) -> None:
 
 
 def _child(job_path: str, rank: int) -> None:
-    from jobs.worker import main
+    import importlib
 
     job = pickle.loads(Path(job_path).read_bytes())
+    main = importlib.import_module(job["entry"]).main
     results = []
     for spec, port in zip(job["specs"], job["ports"], strict=True):
         os.environ["MASTER_PORT"] = str(port)

@@ -73,7 +73,7 @@ FLOW = [
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
     ("launcher.report",),  # runs -> rows, findings, the report
     ("launcher.finish",),  # a sweep's finish, which every command below reaches
-    ("launcher.preflight", "launcher.preview", "launcher.status", "launcher.sync", "launcher.sweep",
+    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.status", "launcher.sync", "launcher.sweep",
      "launcher.__main__", "launcher.report.__main__", "launcher.forecast"),  # the commands
 ]
 
@@ -127,6 +127,7 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
 LAUNCHER_USES_OF_JOBS = {
     "jobs": "its files, hashed into the fit cache's key",
     "jobs.worker": "the entry point every rank runs",
+    "jobs.fabric": "the fabric probe's entry point, submitted like the worker's",
     "jobs.models": "building a model on the meta device before launch (preflight's fit)",
     "jobs.loop": "the loss a cell trains with, for the activation estimate before launch",
 }

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from contract import metrics
 from launcher.__main__ import main
 from launcher.state import SweepState
 from tests.stores import existing_store
@@ -25,9 +26,10 @@ def run_sweep(tmp_path, *overrides, fresh_store=False):
 
 def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, capsys):
     code, state = run_sweep(tmp_path, "strategy=ddp,fsdp", "cluster.tasks_per_node=2", *fast_overrides,
-                            fresh_store=True)
+                            "fabric.probe=auto", fresh_store=True)
     out = capsys.readouterr().out
     assert code == 0, out
+    check_fabric_probe(state, out)
     assert [c.status for c in state.cells] == ["done", "done"]
     results = [json.loads((state.cell_dir(c) / "result.json").read_text()) for c in state.cells]
     ddp, fsdp = (r["summary"] for r in results)
@@ -61,6 +63,22 @@ def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, caps
     assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(6))
     assert Path(state.sweep_dir, "report.md").exists()
     check_run_times(client, state)
+
+
+def check_fabric_probe(state, out):
+    """The shape's fabric probe ran before the first cell; its figures are in report.md, on the parent
+    run (registered metrics, step = the shape's ranks, its files) and kept beside the sweep."""
+    assert out.index("fabric 1x2: probing") < out.index("[1/2]")
+    assert "| intra_node | all_reduce | 2 |" in Path(state.sweep_dir, "report.md").read_text()
+    client = MlflowClient(tracking_uri=state.tracking_uri)
+    figures = {k: v for k, v in client.get_run(state.parent_run_id).data.metrics.items() if k.startswith("fabric_")}
+    assert figures["fabric_all_reduce_intra_node_latency_us"] >= 0 and figures["fabric_job_s"] > figures["fabric_probe_s"]
+    assert all(metrics.get(k).source is metrics.Source.FABRIC for k in figures)
+    assert [m.step for m in client.get_metric_history(state.parent_run_id, "fabric_probe_s")] == [2]
+    assert {a.path for a in client.list_artifacts(state.parent_run_id, "fabric/1x2")} == {
+        "fabric/1x2/fabric.json", "fabric/1x2/probe.json"}
+    kept = json.loads(Path(state.sweep_dir).parent.joinpath("fabrics.json").read_text())
+    assert [k.split()[1] for k in kept] == ["1x2"] and kept[next(iter(kept))]["sweep"] == state.name
 
 
 def check_run_times(client, state):

@@ -25,7 +25,7 @@ from tests.stores import existing_store
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 FAST = ["model=gpt_tiny", "model.seq_len=32", "model.vocab_size=256", "batch_size=4", "cluster=slurm", "runs=1",
-        "cluster.timeout_min=10"]
+        "cluster.timeout_min=10", "fabric.probe=off"]
 
 
 def _slurm_reason():
@@ -59,8 +59,10 @@ def sacct(job_ids, fields):
 
 
 def test_nodes_sweep_gets_per_point_allocations(tmp_path, capsys):
+    """...and the 2-node shape its fabric probe: an sbatch job of that shape, which the cells wait for
+    (afterany), so that none measures it; the report shows it and the output root keeps it."""
     t0 = time.monotonic()
-    state = submit(tmp_path, "strategy=ddp,fsdp", "nodes=1,2", "steps=6", "warmup_steps=2")
+    state = submit(tmp_path, "strategy=ddp,fsdp", "nodes=1,2", "steps=6", "warmup_steps=2", "fabric.probe=auto")
     submit_s = time.monotonic() - t0
     out = capsys.readouterr().out
     assert "2 sbatch call(s)" in out  # one job array per resource shape, not one sbatch per cell
@@ -68,6 +70,7 @@ def test_nodes_sweep_gets_per_point_allocations(tmp_path, capsys):
     assert submit_s < 30  # fire-and-forget: returned after submission, not after the jobs
     assert status.wait(state, timeout_s=240)
     assert [c.status for c in state.cells] == ["done"] * 4, status.render(state)
+    check_fabric_probe_ran_first(state, tmp_path)
 
     # sacct: the 2-node cells really got 2 nodes.
     rows = {r[0]: r for r in sacct([c.job_id for c in state.cells], "JobID,NNodes,NodeList,State")}
@@ -87,6 +90,19 @@ def test_nodes_sweep_gets_per_point_allocations(tmp_path, capsys):
     assert {r.data.tags["hostnames"] for r in children if r.data.tags["nodes"] == "2"} <= {
         f"node{a},node{b}" for a in range(1, 5) for b in range(a + 1, 5)}
     check_run_spans_job(client, state, state.cells)
+
+
+def check_fabric_probe_ran_first(state, output_root):
+    asked = json.loads((state.path / "fabric" / "2x1" / "probe.json").read_text())
+    assert asked["identity"]["cluster"] == "slurm:default" and "node1" in asked["identity"]["nodes"]
+    two_nodes = [c.job_id for c in state.cells if c.nodes == 2]
+    rows = sacct([asked["job_id"], *two_nodes], "JobID,NNodes,Start,End,State")
+    probe = next(r for r in rows if r[0] == asked["job_id"])
+    assert probe[1] == "2" and probe[4] == "COMPLETED"
+    assert all(datetime.fromisoformat(probe[3]) <= datetime.fromisoformat(r[2]) for r in rows if r[0] != probe[0])
+    finish.finalize(state)
+    assert f"measured by this sweep (job {asked['job_id']})" in (state.path / "report.md").read_text()
+    assert json.loads((output_root / "fabrics.json").read_text())["slurm:default 2x1"]["sweep"] == state.name
 
 
 # A run starts when its rank 0 begins (after Slurm started the job, and the job's Python its

@@ -22,6 +22,7 @@ from launcher.plan.schema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState, this_process
 
 if TYPE_CHECKING:
+    from contract.fabric import ProbeSpec
     from launcher.cluster.interrupt import Interrupts
 
 # {job id: (start s, end s, hosts)} of jobs whose start and end the cluster recorded.
@@ -92,20 +93,31 @@ class Backend(ABC):
 
     def submit(self, state: SweepState, cells: Sequence[Cell], *,
                after_each_cell: Callable[[Cell], None] | None = None,
-               interrupts: Interrupts | None = None) -> None:
+               interrupts: Interrupts | None = None, after: Sequence[str] = ()) -> None:
         """The one submission path for every run, resume and resubmission of cells; the state is
         saved as jobs get ids. ``after_each_cell`` is called after each cell a foreground backend ran
-        (tracking, progress); ``interrupts`` are the signal handlers of the caller, if it has any."""
+        (tracking, progress); ``interrupts`` are the signal handlers of the caller, if it has any;
+        ``after``: jobs the cells start after (the fabric probes: no cell measures one)."""
         for cell in cells:
             for stale in state.cell_dir(cell).glob("error-rank*.txt"):
                 stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
         state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
-        self._start(state, cells, after_each_cell, interrupts)
+        self._start(state, cells, after_each_cell, interrupts, after)
 
     @abstractmethod
-    def _start(self, state: SweepState, cells: Sequence[Cell],
-               after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
-        """Hand ``cells`` to the cluster, each with its own settings."""
+    def _start(self, state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
+               interrupts: Interrupts | None, after: Sequence[str]) -> None:
+        """Hand ``cells`` to the cluster, each with its own settings, to start after the jobs ``after``."""
+
+    @abstractmethod
+    def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
+        """Start the fabric probe (jobs/fabric.py) on ``cell``'s shape, submitted as the cell would be:
+        (its job id, or None; why it did not start or failed, or None). A foreground backend returns
+        once it has ended; its result is then in ``spec.out_dir``."""
+
+    @abstractmethod
+    def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:
+        """What names the nodes ``cells`` would run on: a fabric kept for other nodes is measured again."""
 
     @abstractmethod
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:

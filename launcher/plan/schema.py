@@ -37,6 +37,7 @@ from contract.spec import (
     _non_negative,
     _positive,
 )
+from launcher.plan.fit import gpu_mem_gib_of
 from launcher.plan.shellsafe import check_cluster
 
 
@@ -119,6 +120,26 @@ class ClusterConfig:
     gpu_type: str | None = None
     # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
     max_array_size: int | None = None
+    # Nodes declared, not asked: --plan checks the cells against these settings alone (GPUs per node,
+    # cluster.gpu_mem_gib or cluster.gpu_type), without sinfo, scontrol or nvidia-smi, so that a laptop
+    # can ask "does it fit on 24 GB GPUs?". Such a grid is planned, never submitted.
+    declared: bool = False
+
+
+class FabricProbe(enum.Enum):
+    auto = "auto"  # probe a shape when no fabric kept for this cluster, shape and software matches
+    always = "always"  # probe every shape of the sweep again
+    off = "off"
+
+
+@dataclass
+class FabricConfig:
+    """The fabric probe (jobs/fabric.py), a job per shape before the cells (docs/fabric.md)."""
+
+    probe: FabricProbe = FabricProbe.auto
+    # The full range: every power of two from 1 KiB to 64 MiB (CPU) or 1 GiB (GPU), 20 iterations;
+    # otherwise steps of 4 up to 4 MiB (CPU) or 256 MiB (GPU), 5 iterations: seconds on CPU.
+    full: bool = False
 
 
 @dataclass
@@ -138,6 +159,7 @@ class Config(TrainSpec):
     data: DataSpec = field(default_factory=DataSpec)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
     output_root: str = "outputs"
     sweep_dir: str | None = None  # default: <output_root>/<date>_<time>
     # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
@@ -231,6 +253,8 @@ class Config(TrainSpec):
                               "set cluster.container.image to the worker image (see docker/).")
         if c.container.runtime is ContainerRuntime.oci:
             _check_oci_bundle(c.container)
+        if c.declared:
+            _check_declared(c)
 
     def _validate_precision_mode(self) -> None:
         """Settings that only FSDP's parameter casting reads."""
@@ -281,13 +305,32 @@ SLURM_ONLY = ("partition", "account", "qos", "constraint", "exclude", "nodelist"
 
 
 def _refuse_slurm_only(c: ClusterConfig) -> None:
-    """A Slurm setting on the local cluster would be silently dropped: refuse it instead."""
+    """A Slurm setting on the local cluster would be silently dropped: refuse it instead. A declared
+    machine's cluster.gpu_type says its GPUs' memory (nothing asks Slurm for it)."""
     default = ClusterConfig()
     for key in SLURM_ONLY:
+        if key == "gpu_type" and c.declared:
+            continue
         if getattr(c, key) != getattr(default, key):
             raise ConfigError(f"cluster.{key}", to_plain(getattr(c, key)),
                               "only Slurm reads it, and this cell runs on cluster=local (processes on this machine).",
                               f"drop cluster.{key}, or use cluster=slurm.")
+
+
+def declared_gpu_mem_gib(c: ClusterConfig) -> float | None:
+    """The memory of a declared node's GPUs: cluster.gpu_mem_gib, or what cluster.gpu_type holds."""
+    return c.gpu_mem_gib or (gpu_mem_gib_of(c.gpu_type) if c.gpu_type else None)
+
+
+def _check_declared(c: ClusterConfig) -> None:
+    """Declared GPUs must say their memory: nothing will be asked, and the fit check needs it."""
+    if c.gpus_per_node and not declared_gpu_mem_gib(c):
+        named = (f"cluster.gpu_type={c.gpu_type} names no GPU model whose memory is known"
+                 if c.gpu_type else "neither cluster.gpu_mem_gib nor cluster.gpu_type is set")
+        raise ConfigError("cluster.declared", True, f"declares {c.gpus_per_node} GPU(s) per node, and {named}: the "
+                          "fit check would have nothing to check against.",
+                          "give the memory per GPU, e.g. cluster.gpu_mem_gib=22.35 (a 24 GB card), or a known "
+                          "cluster.gpu_type (h100, h200, a100_80g, a100_40g, l40s, a10g, l4, t4, v100_32g, mi300x).")
 
 
 # ---- the schema's keys: strict overrides, open dicts, finite numbers -------------------------

@@ -22,7 +22,7 @@ from typing import Any
 from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
-from launcher.report import findings, forecasts, noisefloor, plots, stats
+from launcher.report import fabric, findings, forecasts, noisefloor, plots, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -389,10 +389,11 @@ def _tables(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str
 
 
 def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[str, str],
-          floor: stats.Floor | None = None, checked: Sequence[str] = ()) -> Report:
+          floor: stats.Floor | None = None, sections: Sequence[str] = ()) -> Report:
     """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``; ``floor``: the cluster's
-    noise floor, the noise of configurations that ran once; ``checked``: the forecasts checked
-    section (launcher/report/forecasts.py), after the plots."""
+    noise floor, the noise of configurations that ran once; ``sections``: markdown lines after the
+    plots (a sweep's fabric, launcher/report/fabric.py, and its forecasts checked,
+    launcher/report/forecasts.py)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor), findings=findings.findings(rows, floor=floor),
@@ -400,7 +401,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
              *_results_section(rows, done, report.tables), *_plots_section(rows, bool(done), out_dir, report),
-             *checked, "## How measured", "", _how_measured(rows), "",
+             *sections, "## How measured", "", _how_measured(rows), "",
              "## Environment", "", _environment(rows, source), "",
              "## Cells without results", "", _failures(rows), ""]
     report.path.write_text("\n".join(parts))
@@ -500,8 +501,12 @@ def write_sweep_report(state: SweepState) -> Report:
     floor = noisefloor.load(state.path.parent, key)
     source["noise floor"] = (f"{floor.where} ({noisefloor.FLOOR_FILE} beside the sweep directory)" if floor
                              else "none measured on this cluster yet")
+    probed = fabric.read_sweep(state.path)
+    for one in probed:  # a Slurm sweep's probe ended after the launcher returned: kept here
+        fabric.keep(state.path.parent, one, state.name)
     checked = _forecasts_checked(state, rows, key)
-    written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor, checked.section)
+    written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
+                    [*fabric.section(probed), *checked.section])
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
     return written
 

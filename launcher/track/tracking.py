@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,17 @@ def close_parent(uri: str, run_id: str, report: Path, plots: Iterable[Path], sta
     for p in plots:
         client.log_artifact(run_id, str(p), "plots")
     client.set_terminated(run_id, status, end_time=int(end_s * 1000))
+
+
+def log_by_step(uri: str, run_id: str, by_step: dict[int, dict[str, float]]) -> None:
+    """Registered metrics on a run, each with its step (the fabric's: the ranks of the shape it was
+    probed on, so that a sweep of several shapes keeps each)."""
+    from mlflow.entities import Metric
+
+    client = mlflow_client.client(uri)
+    now_ms = int(time.time() * 1000)
+    for step, figures in sorted(by_step.items()):
+        client.log_batch(run_id, metrics=[Metric(metrics.get(k).name, v, now_ms, step) for k, v in figures.items()])
 
 
 # MLflow 3's UI opens an experiment on the page its kind asks for: the GenAI overview (traces,

@@ -21,6 +21,7 @@ from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
 
 if TYPE_CHECKING:
+    from contract.fabric import ProbeSpec
     from launcher.cluster.interrupt import Interrupts
 
 
@@ -30,9 +31,16 @@ class LocalBackend(Backend):
     runs_cells_in_foreground = True
     ranks_log_to_tracking = False
 
-    def _start(self, state: SweepState, cells: Sequence[Cell],
-               after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
-        submit.run(state, cells, after_each_cell, interrupts)
+    def _start(self, state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
+               interrupts: Interrupts | None, after: Sequence[str]) -> None:
+        submit.run(state, cells, after_each_cell, interrupts)  # after: ended already (run in the foreground)
+
+    def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
+        return submit.run_probe(state.path / "submitit", cell.cluster, cell.layout, spec)
+
+    def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:
+        """This machine and the CPUs its ranks may use."""
+        return f"{socket.gethostname()}: {len(os.sched_getaffinity(0))} CPUs"
 
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """This machine has the GPUs the cells ask for (nvidia-smi), and a memory cgroup can be made

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from contract.fabric import ProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import classify, first_failure
@@ -169,6 +170,21 @@ def _show_progress(job, cell_dir: Path, steps: int, poll_s: float = 0.2, plain_e
 def _last_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[-1] if lines else type(exc).__name__
+
+
+def run_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: ProbeSpec) -> tuple[str | None, str | None]:
+    """The fabric probe on this machine, to its end, before any cell starts: (job id, why it failed)."""
+    from jobs.fabric import Probe
+
+    job = local_executor(folder, cluster, layout).submit(Probe(), spec)
+    try:
+        job.results()
+    except KeyboardInterrupt:
+        job.cancel()  # its ranks run in a session of their own: Ctrl-C reached only this process
+        raise
+    except Exception as exc:  # a failed probe costs the sweep its fabric figures, not its cells
+        return job.job_id, _last_line(exc)
+    return job.job_id, None
 
 
 def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout, cgroup: Path | None = None):

@@ -29,6 +29,7 @@ from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
 
 if TYPE_CHECKING:
+    from contract.fabric import ProbeSpec
     from launcher.cluster.interrupt import Interrupts
 
 # A submitted job that neither squeue nor sacct knows after this long is lost (accounting lags the
@@ -45,9 +46,16 @@ class SlurmBackend(Backend):
     runs_cells_in_foreground = False
     ranks_log_to_tracking = True
 
-    def _start(self, state: SweepState, cells: Sequence[Cell],
-               after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
-        submit.submit(state, cells, self.max_array_size(cells))
+    def _start(self, state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
+               interrupts: Interrupts | None, after: Sequence[str]) -> None:
+        submit.submit(state, cells, self.max_array_size(cells), after)
+
+    def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
+        return submit.submit_probe(state.path / "submitit", cell.cluster, cell.layout, f"{state.name}-fabric", spec)
+
+    def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:
+        """The partitions' nodes, as sinfo names and describes them (CPUs, memory, GPUs)."""
+        return resources.partition_nodes({c.cluster.partition for c in cells})
 
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """The partitions hold the cells (sinfo): nodes, GPUs, cores, memory, node lists, account and QoS;

@@ -187,6 +187,25 @@ def cluster_nodes() -> dict[str, Node]:
     return parse_nodes(run(["sinfo", "-N", "-h", "-o", "%N|%P|%c|%m|%G|%f|%T"]))
 
 
+def partition_nodes(names: set[str | None]) -> str:
+    """The nodes of partitions ``names`` (None: the default partition), one ``name CPUs memory GPUs``
+    per node, sorted: what names the hardware a fabric probe measures (its state left out)."""
+    wanted = {n for n in names if n} | ({_default_partition()} if None in names else set())
+    return describe_nodes(cluster_nodes(), wanted)
+
+
+def describe_nodes(nodes: dict[str, Node], partitions: set[str]) -> str:
+    def gpus(node: Node) -> str:
+        return ",".join(f"{kind or 'gpu'}:{count}" for kind, count in node.gpus) or "no GPUs"
+
+    return "; ".join(f"{n.name} {n.cpus} CPUs {n.mem_mb} MB {gpus(n)}"
+                     for n in sorted(nodes.values(), key=lambda n: n.name) if partitions & set(n.partitions))
+
+
+def _default_partition() -> str:
+    return next((name for name, p in partitions().items() if p.get("default")), "")
+
+
 def _features_match(constraint: str, features: frozenset[str]) -> bool | None:
     """A simple --constraint (``a``, ``a&b``, ``a|b``) against a node's features; None for the forms
     this does not judge (counts, brackets): Slurm decides those."""

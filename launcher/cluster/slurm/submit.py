@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.codec import to_plain
+from contract.fabric import ProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import SUBMIT_REFUSED
@@ -69,14 +70,15 @@ def groups(cells: Sequence[Cell], max_array_size: int | None) -> list[list[Cell]
     return [g[i : i + size] for g in by_key.values() for i in range(0, len(g), size)]
 
 
-def submit(state: SweepState, cells: Sequence[Cell], max_array_size: int | None) -> None:
-    """One sbatch per group, returning at once (launcher/cluster/slurm/backend.py)."""
+def submit(state: SweepState, cells: Sequence[Cell], max_array_size: int | None, after: Sequence[str] = ()) -> None:
+    """One sbatch per group, returning at once (launcher/cluster/slurm/backend.py); the jobs start once
+    the jobs ``after`` have ended (sbatch --dependency=afterany)."""
     from jobs.worker import Worker
 
     calls = groups(cells, max_array_size)
     refused = 0
     for group in calls:
-        executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name)
+        executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name, after)
         try:
             with executor.batch():
                 jobs = [executor.submit(Worker(), state.load_spec(cell)) for cell in group]
@@ -125,9 +127,26 @@ def sbatch_script(group: Sequence[Cell], folder: Path, job_name: str) -> str:
     return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
 
 
-def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str):
+def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str, after: Sequence[str] = ()):
     import submitit
 
     executor = submitit.SlurmExecutor(folder=str(folder), python=python_command(cluster))
-    executor.update_parameters(**slurm_parameters(cluster, layout, job_name))
+    params = slurm_parameters(cluster, layout, job_name)
+    if after:  # beside a dependency of the site's own (cluster.additional_parameters), both must hold
+        own = params["additional_parameters"].get("dependency")
+        params["additional_parameters"]["dependency"] = ",".join(
+            [*([str(own)] if own else []), f"afterany:{':'.join(after)}"])
+    executor.update_parameters(**params)
     return executor
+
+
+def submit_probe(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str, spec: ProbeSpec
+                 ) -> tuple[str | None, str | None]:
+    """The fabric probe as a Slurm job of the cells' shape, returning at once: (job id, sbatch's refusal)."""
+    from jobs.fabric import Probe
+
+    try:
+        return slurm_executor(folder, cluster, layout, job_name).submit(Probe(), spec).job_id, None
+    except Exception as exc:  # sbatch said no: the cells are submitted anyway, without fabric figures
+        lines = str(exc).strip().splitlines()
+        return None, lines[-1] if lines else type(exc).__name__
