@@ -27,7 +27,8 @@ def finalize(state: SweepState, force: bool = True) -> str | None:
     (its store failed, or the sweep ran with tracking=off and was synced since) is closed with the
     report as it was written. Returns the ranking table and the report's path when it wrote one."""
     changed = _reconcile(state)
-    finished = all(c.status.terminal for c in state.cells)
+    # runs=auto: the sweep has ended only once no further round comes (launcher/decide.py).
+    finished = all(c.status.terminal for c in state.cells) and (state.design is None or bool(state.design.stopped))
     outcome = state.outcome()
     write_now = force or (finished and state.reported != outcome)
     close_now = finished and bool(state.tracking_uri) and (write_now or state.closed != outcome)

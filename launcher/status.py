@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from jobs.cell_run import RUN_ID_FILE
+from launcher import decide
 from launcher.cli import guarded
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER
@@ -68,11 +69,28 @@ def wait(state: SweepState, poll_s: float = 2.0, timeout_s: float | None = None,
         if line != last:
             print(line, file=stream, flush=True)
             last = line
-        if all(c.status.terminal for c in state.cells):
+        if all(c.status.terminal for c in state.cells) and not advance(state, stream):
             return True
         if deadline is not None and time.monotonic() > deadline:
             return False
         time.sleep(poll_s)
+
+
+def advance(state: SweepState, stream=sys.stdout) -> list[Cell]:
+    """runs=auto, once every cell has ended: submit the next round where comparisons are still open
+    (launcher/decide.py), so that a Slurm sweep needs no process waiting for it. Returns its cells."""
+    added = decide.next_round(state)
+    if not added:
+        return []
+    backend = backend_for(state.cluster)
+    if backend.worker_tracking_uri(state):
+        ensure_runs(state)  # the ranks log into their runs themselves: the runs exist first
+    last = state.design.rounds[-1] if state.design else None
+    print(f"runs=auto: round {last.number if last else '?'} submits {len(added)} run(s) for "
+          f"{len(last.open) if last else 0} open comparison(s)", file=stream, flush=True)
+    backend.submit(state, added, after_each_cell=lambda cell: finish_cell(state, cell))
+    state.save()
+    return added
 
 
 def cancel(state: SweepState) -> list[Cell]:
@@ -80,6 +98,8 @@ def cancel(state: SweepState) -> list[Cell]:
     cell waits for an accounting record that a never-started array task does not get."""
     refresh(state)
     active = [c for c in state.cells if not c.status.terminal]
+    if state.design is not None and not state.design.stopped:
+        state.design.stopped = CANCELLED_BY_LAUNCHER  # runs=auto: no further round either
     backend_for(state.cluster).cancel([c.job_id for c in active if c.job_id])
     for cell in active:
         cell.status, cell.error, cell.failure_class = CellStatus.cancelled, CANCELLED_BY_LAUNCHER, None
@@ -198,9 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.wait and not wait(state, timeout_s=args.timeout_s):
         print("timed out waiting", file=sys.stderr)
         return 3
+    if not args.cancel:
+        refresh(state)
+        if all(c.status.terminal for c in state.cells):
+            advance(state)
     # The one finishing step (reconciliation, interference, MLflow, report once the sweep has ended).
     finished = finalize(state, force=args.report or args.wait)
     print(render(state, all_cells=args.all))
+    if state.design is not None:
+        print(decide.summary(state))
     if finished:
         print(finished)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
