@@ -16,12 +16,12 @@ ended. This module decides and plans the cells; the callers submit them.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.cluster.backends import backend_for
+from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.grid import cell_dirname
 from launcher.plan.schema import Config
@@ -30,8 +30,6 @@ from launcher.report.report import collect, looks_of
 from launcher.report.rows import grouped
 from launcher.report.stats import MIN_EFFECT, Diff, Looks, sequential_difference, stop_reason
 from launcher.state import Design, Round, SweepState
-
-_RUN = re.compile(r" run=\d+$")
 
 
 @dataclass
@@ -60,9 +58,7 @@ def first_round(state: SweepState) -> None:
         state.design.rounds.append(Round(1, state.design.runs_min, [c.index for c in state.cells], time.time()))
 
 
-def configuration(cell_name: str) -> str:
-    """A cell's grid point: its name without ``run=N``."""
-    return _RUN.sub("", cell_name.split(" (")[0])
+configuration = spread.configuration
 
 
 def pairs(state: SweepState) -> list[Pair]:
@@ -114,7 +110,8 @@ def next_round(state: SweepState, now_s: float | None = None) -> list[Cell]:
         return []
     wanted = {name for p in open_ for name in p.configurations}
     target = looks.schedule[done]
-    cells = [_another_run(state, name, target) for name in _in_plan_order(state, wanted)]
+    hosts = _hosts(state)
+    cells = [_another_run(state, name, target, hosts) for name in _in_plan_order(state, wanted)]
     added = [c for group in cells for c in group]
     design.rounds.append(Round(done + 1, target, [c.index for c in added], now_s, [p.label for p in open_]))
     state.save()
@@ -153,9 +150,22 @@ def _in_plan_order(state: SweepState, names: set[str]) -> list[str]:
     return order
 
 
-def _another_run(state: SweepState, name: str, target: int) -> list[Cell]:
-    """Runs of configuration ``name`` up to ``target``, each a copy of its latest run's cell and spec."""
+def _hosts(state: SweepState) -> dict[int, set[str]]:
+    """The nodes each finished cell ran on (its ranks' host names, Slurm's node names on Slurm)."""
+    out = {}
+    for cell in state.cells:
+        found = state.read_result(cell).get("tags", {}).get("hostnames") if cell.status is CellStatus.done else None
+        if found:
+            out[cell.index] = set(str(found).split(","))
+    return out
+
+
+def _another_run(state: SweepState, name: str, target: int, hosts: dict[int, set[str]]) -> list[Cell]:
+    """Runs of configuration ``name`` up to ``target``, each a copy of its latest run's cell and spec,
+    placed away from the nodes its earlier runs used where others are left (launcher/plan/spread.py)."""
     mine = [c for c in state.cells if configuration(c.name) == name]
+    used = set().union(*(hosts.get(c.index, set()) for c in mine))
+    seen = set().union(*hosts.values()) if hosts else set()
     source = max(mine, key=lambda c: c.run)
     added = []
     for run in range(source.run + 1, target + 1):
@@ -166,6 +176,7 @@ def _another_run(state: SweepState, name: str, target: int) -> list[Cell]:
             status=CellStatus.planned, error=None, failure_class=None, interference=None, resubmits=0,
             submitted_at=None, restarts=0, history=[], cluster=dataclasses.replace(source.cluster),
             resolved=None)
+        spread.exclude_used(cell, used, seen)
         state.cells.append(cell)
         spec = state.load_spec(source)
         state.save_spec(cell, dataclasses.replace(spec, cell=full, out_dir=str(state.cell_dir(cell)), run_id=None))

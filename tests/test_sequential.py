@@ -80,7 +80,8 @@ def _planned(tmp_path, *overrides, name="sweep"):
 
 
 def _finish(state, throughputs: dict[str, list[float]]) -> None:
-    """Each planned cell done, with the result.json summary its rank 0 would write."""
+    """Each planned cell done, with the result.json summary and tags its rank 0 would write (run k of
+    the j-th configuration on node j + k, as launcher/plan/spread.py places them on Slurm)."""
     for cell in state.cells:
         if cell.status.terminal:
             continue
@@ -88,7 +89,9 @@ def _finish(state, throughputs: dict[str, list[float]]) -> None:
         tp = values[cell.run - 1]
         summary = {"throughput_samples_per_s": tp, "throughput_samples_per_s_per_device": tp,
                    "step_time_ms_p50": 4000 / tp, "peak_mem_allocated_gib": 0.3, "loss_first": 5.0, "loss_last": 4.0}
-        (state.cell_dir(cell) / "result.json").write_text(json.dumps({"summary": summary, "tags": {}}))
+        node = f"node{cell.run + ('fsdp' in cell.name)}"
+        (state.cell_dir(cell) / "result.json").write_text(json.dumps({"summary": summary,
+                                                                      "tags": {"hostnames": node}}))
         cell.status = CellStatus.done
     state.save()
 
@@ -105,6 +108,8 @@ def test_a_round_adds_runs_only_where_a_comparison_is_open(tmp_path):
     added = decide.next_round(state)
     assert [c.name for c in added] == ["strategy=ddp run=4", "strategy=ddp run=5", "strategy=fsdp run=4",
                                        "strategy=fsdp run=5"]
+    # Placed away from the nodes its configuration's runs used (on Slurm: sbatch --exclude).
+    assert [c.placed for c in added] == ["exclude=node1,node2,node3"] * 2 + ["exclude=node2,node3,node4"] * 2
     spec = json.loads((state.cell_dir(added[0]) / "spec.json").read_text())
     assert spec["cell"] == "strategy=ddp run=4" and spec["out_dir"] == str(state.cell_dir(added[0]))
     assert state.design.rounds[1].runs == 5 and state.design.rounds[1].open == [pair.label]

@@ -25,6 +25,7 @@ from launcher.cluster import slurm_commands, submit
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, Backend, JobTimes
 from launcher.cluster.failures import classify, first_failure
 from launcher.cluster.slurm_commands import JobRecord, first_word
+from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState, slurm_status
 
@@ -50,8 +51,12 @@ class SlurmBackend(Backend):
 
     def check_resources(self, cells: Sequence[Cell]) -> list[str]:
         """The partitions hold the cells (sinfo): nodes, GPUs, cores, memory, node lists, account and QoS;
-        a cell's GPU memory is read from its partition's GPU type."""
-        return slurm_commands.check_partitions(cells)
+        a cell's GPU memory is read from its partition's GPU type. Then the runs of each grid point
+        are spread over the partition's nodes (launcher/plan/spread.py)."""
+        errors = slurm_commands.check_partitions(cells)
+        if not errors:
+            spread.rotate(cells, slurm_commands.partition_nodes())
+        return errors
 
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         return submit.max_array_size_for(cells)

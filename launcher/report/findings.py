@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs import metrics
+from launcher.report import nodes
 from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
 from launcher.report.stats import (
     HIGHER,
@@ -416,6 +417,9 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
     lines += scaling(units, floor) or ["No series was measured at more than one world size."]
     lines += ["", "### Stragglers", ""]
     lines += stragglers(rows) or ["No rank lagged more than 10% behind the median rank."]
+    on_nodes = nodes.section(rows)
+    if on_nodes:
+        lines += ["", "### Nodes", "", *on_nodes]
     lines += ["", f"### Recommendation (margin {margin:.0%})", ""]
     lines += recommendations(units, margin, floor) or ["No cell finished with a result."]
     return "\n".join(lines).rstrip() + "\n"
