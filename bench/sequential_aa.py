@@ -35,12 +35,10 @@ from datetime import datetime
 from pathlib import Path
 
 from launcher.report.sequential import Looks, schedule
-from launcher.report.stats import MIN_EFFECT, Diff, Estimate, difference, runs_needed, stop_reason
+from launcher.report.stats import METRICS, MIN_EFFECT, Diff, Estimate, difference, runs_needed, stop_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 NOISE_FILE = ROOT / "tests" / "data" / "run_noise.json"
-METRICS = {"throughput": "throughput_samples_per_s", "step_time": "step_time_ms_p50",
-           "peak_memory": "peak_mem_allocated_gib"}
 
 
 # ---- the recorded noise -------------------------------------------------------------------------
@@ -66,8 +64,8 @@ def record(sweep_dirs: Sequence[Path], out: Path = NOISE_FILE) -> dict:
             if len(summaries) < 3:
                 continue
             configurations[name] = {}
-            for metric, key in METRICS.items():
-                values = [s[key] for s in summaries if isinstance(s.get(key), (int, float))]
+            for metric, read in METRICS.items():  # the claimed metrics, read as the report reads them
+                values = [v for s in summaries if (v := read({**s, "status": "done"})) is not None]
                 if len(values) == len(summaries):
                     mean = statistics.fmean(values)
                     configurations[name][metric] = [round(v / mean, 5) for v in values]

@@ -11,6 +11,7 @@ import time
 from datetime import datetime
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from jobs.dist import expand_nodelist
@@ -424,26 +425,20 @@ def test_the_same_sweep_twice_is_refused_while_the_first_runs(tmp_path, capsys):
             status.cancel(SweepState.load(path.parent))
 
 
-class SlowOnNode:
+class SlowOnNode(torch.nn.Module):
     """A small token model that sleeps ``delay_ms`` in every forward on node ``slow_node`` only: a node
     made slow on purpose (the ranks know their node as Slurm names it, SLURMD_NODENAME)."""
 
-    def __new__(cls, vocab_size: int = 256, width: int = 64, slow_node: str = "", delay_ms: float = 0.0):
-        import torch
+    def __init__(self, vocab_size: int = 256, width: int = 64, slow_node: str = "", delay_ms: float = 0.0):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, width)
+        self.head = torch.nn.Linear(width, vocab_size)
+        self.delay_s = delay_ms / 1e3 if os.environ.get("SLURMD_NODENAME") == slow_node else 0.0
 
-        class _Model(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed = torch.nn.Embedding(vocab_size, width)
-                self.head = torch.nn.Linear(width, vocab_size)
-                self.delay_s = delay_ms / 1e3 if os.environ.get("SLURMD_NODENAME") == slow_node else 0.0
-
-            def forward(self, x):
-                if self.delay_s:
-                    time.sleep(self.delay_s)
-                return self.head(self.embed(x))
-
-        return _Model()
+    def forward(self, x):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.head(self.embed(x))
 
 
 def test_runs_spread_over_nodes_and_a_slow_node_is_named(tmp_path):

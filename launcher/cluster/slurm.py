@@ -54,7 +54,7 @@ class SlurmBackend(Backend):
         a cell's GPU memory is read from its partition's GPU type. Then the runs of each grid point
         are spread over the partition's nodes (launcher/plan/spread.py)."""
         errors = slurm_commands.check_partitions(cells)
-        if not errors:
+        if not errors and spread.repeated(cells):
             spread.rotate(cells, slurm_commands.partition_nodes())
         return errors
 

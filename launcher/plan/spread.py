@@ -35,6 +35,12 @@ def windows(nodes: Sequence[str], width: int) -> list[list[str]]:
     return [list(nodes[i:i + width]) for i in range(0, len(nodes) - width + 1, width)] if width > 0 else []
 
 
+def repeated(cells: Sequence[Cell]) -> bool:
+    """Whether some grid point runs more than once (only then is there something to spread)."""
+    names = [configuration(c.name) for c in cells]
+    return len(set(names)) < len(names)
+
+
 def rotate(cells: Sequence[Cell], partition_nodes: dict[str | None, list[str]]) -> list[Cell]:
     """Give each run of a configuration with several runs its own window of its partition's nodes
     (``partition_nodes``: partition -> its nodes in order; None: the default partition). Returns

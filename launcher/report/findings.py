@@ -193,11 +193,12 @@ def _verdict_words(a_label: str, d: Diff) -> str:
     return f"**{a_label} {pct:.1%} {'faster' if d.verdict == HIGHER else 'slower'}**"
 
 
-def sequence_text(d: Diff, looks: Looks) -> str:
-    """In a runs=auto sweep: the runs the verdict used and why no more came (empty for fixed runs)."""
+def sequence_text(d: Diff, looks: Looks, flip: bool = False) -> str:
+    """In a runs=auto sweep: the runs the verdict used, at which look, and why no more came (empty
+    for fixed runs); ``flip``: the runs listed B first (a comparison of B against A)."""
     if not looks.sequential:
         return ""
-    return f" [{d.runs_text()}; {stop_reason(d, looks) or 'open: the next round adds runs'}]"
+    return f" [{d.runs_text(flip)}; {stop_reason(d, looks) or 'open: the next round adds runs'}]"
 
 
 def memory_text(d: Diff | None) -> str:

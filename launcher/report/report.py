@@ -65,7 +65,7 @@ def looks_of(state: SweepState) -> stats.Looks:
     if design is None:
         return stats.Looks.fixed()
     ended = f"stopped early: {design.stopped}" if design.stopped and design.stopped.startswith("budget") else None
-    return stats.Looks(sequential.schedule(design.runs_min, design.runs_max), ended=ended)
+    return stats.Looks(sequential.schedule(design.runs_min, design.runs_max), ended=ended, done=len(design.rounds))
 
 
 def collect(state: SweepState) -> list[dict[str, Any]]:

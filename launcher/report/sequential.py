@@ -61,6 +61,8 @@ class Looks:
     alpha: float = ALPHA
     # Why the sweep added no further round although comparisons were open (a wall-time budget).
     ended: str | None = None
+    # The looks taken so far (the rounds that have run); None: all planned.
+    done: int | None = None
 
     @classmethod
     def fixed(cls, runs: int = 1) -> Looks:
@@ -74,6 +76,11 @@ class Looks:
     @property
     def sequential(self) -> bool:
         return self.rounds > 1
+
+    @property
+    def taken(self) -> int:
+        """The looks taken so far: a look not yet run is not judged."""
+        return self.rounds if self.done is None else max(1, min(self.done, self.rounds))
 
     def alpha_at(self, look: int) -> float:
         """The level of look ``look`` (1-based); the levels of all looks add up to ``alpha``."""

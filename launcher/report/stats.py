@@ -171,10 +171,12 @@ class Diff:
     def decided(self) -> bool:
         return self.verdict != INCONCLUSIVE
 
-    def runs_text(self) -> str:
-        """How many runs the verdict used, and at which look: ``3 + 5 runs, look 2 of 4``."""
+    def runs_text(self, flip: bool = False) -> str:
+        """How many runs the verdict used, and at which look: ``3 + 5 runs, look 2 of 4 at 0.91%``
+        (``flip``: B's runs first, as a comparison of B against A lists them)."""
         at = f", look {self.look} of {self.looks} at {self.alpha:.2%}" if self.looks > 1 else ""
-        return f"{self.n_a} + {self.n_b} runs{at}"
+        first, second = (self.n_b, self.n_a) if flip else (self.n_a, self.n_b)
+        return f"{first} + {second} runs{at}"
 
     def why_inconclusive(self) -> str:
         if self.low is None:
@@ -216,7 +218,7 @@ def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: 
     """A against B judged at every planned look with that look's alpha (launcher/report/sequential.py):
     the first decided look gives the verdict, else the last look's. None when a side has no result."""
     found = None
-    for look in range(1, looks.rounds + 1):
+    for look in range(1, looks.taken + 1):
         upto = look if looks.sequential else None
         ea, eb = estimate(row_a, metric, floor, upto), estimate(row_b, metric, floor, upto)
         if ea is None or eb is None:
@@ -237,11 +239,11 @@ def stop_reason(d: Diff, looks: Looks) -> str | None:
     if not looks.sequential:
         return "fixed runs"
     if d.decided:
-        return f"decided at look {d.look} of {d.looks}"
+        return "decided"
     if d.low is None:
         return "no noise estimate"
     runs_max = looks.schedule[-1]
-    if max(d.n_a, d.n_b) >= runs_max:
+    if d.look >= looks.rounds:
         return f"runs_max={runs_max} reached"
     if d.runs_needed is None or d.runs_needed > runs_max:
         needed = f"about {d.runs_needed}" if d.runs_needed else f"more than {MAX_RUNS_NEEDED}"
