@@ -27,7 +27,7 @@ import time
 SCRIPT_START_UNIX_S = time.time()
 
 
-def parse_args() -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     p.add_argument("--model", default="gpt_tiny")
@@ -39,17 +39,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="rank 0 writes its JSON result here (default: stdout only)")
-    return p.parse_args()
+    return p
 
 
 def main() -> None:
-    args = parse_args()
+    args = parser().parse_args()
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from contract.spec import ModelSpec
     from jobs.models import build_model
-    from jobs.spec import ModelSpec
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])

@@ -425,8 +425,8 @@ def harness(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
 MEMORY_TOLERANCE = 0.10
 MEMORY_PROBE = r"""
 import dataclasses, json, sys
-from jobs.codec import from_plain
-from jobs.spec import RunSpec
+from contract.codec import from_plain
+from contract.spec import RunSpec
 from launcher.plan import fit
 LOW = {"bf16": "bfloat16", "fp16": "float16"}
 for line in sys.stdin:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="fsdp")
     p.add_argument("--model", default="gpt_tiny")
@@ -44,19 +44,26 @@ def main() -> None:
     p.add_argument("--block-steps", type=int, default=5)
     p.add_argument("--warmup-steps", type=int, default=5, help="per side, before the first block")
     p.add_argument("--out")
+    return p
+
+
+def main() -> None:
+    p = parser()
     args = p.parse_args()
+    if args.input == "image" and args.strategy != "ddp":
+        p.error("--input image runs DDP only: the bare FSDP side wraps a transformer's blocks")
 
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from contract.spec import InputKind, ModelSpec, PrecisionSpec, Strategy, StrategySpec
     from jobs import memory, parallel, schedule
     from jobs.data import synthetic_batches
     from jobs.dist import DistEnv, backend_for, choose_device
     from jobs.heartbeat import Heartbeat
     from jobs.loop import Trainer
     from jobs.models import build_model
-    from jobs.spec import InputKind, ModelSpec, PrecisionSpec, Strategy, StrategySpec
 
     env = DistEnv.detect(os.environ)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -69,8 +76,6 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dist.init_process_group(backend_for(device.type), device_id=device if device.type == "cuda" else None)
     control_group = dist.new_group(backend="gloo")  # as jobs.dist.process_group opens it for the worker
-    if args.input == "image" and args.strategy != "ddp":
-        p.error("--input image runs DDP only: the bare FSDP side wraps a transformer's blocks")
     spec = ModelSpec(name=args.model, input=InputKind(args.input), seq_len=args.seq_len, vocab_size=args.vocab_size,
                      image_size=args.image_size)
 

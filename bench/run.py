@@ -11,6 +11,8 @@ Figures (each a ratio of ours to a reference measured in the same run, alternati
   3. command start -> first training step: python -m launcher (local) vs torchrun + bare loop
   4. a 16-cell Slurm sweep: start -> last cell accepted by sbatch, vs hydra-submitit-launcher 1.2.0
   5. --help and config composition import neither torch nor mlflow
+  6. a 1000-cell Slurm sweep and status over it, vs hydra-submitit-launcher (a cluster whose
+     MaxArraySize admits 1000 tasks; otherwise reported as skipped, with the reason)
 
 Figure 4 needs a Slurm cluster (SLURM_CONF exported) and hydra-submitit-launcher
 (pip install -e '.[bench]'); without them it is reported as skipped.
@@ -28,10 +30,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench import imports, paired, slurm_submit, startup, throughput
+from bench import imports, paired, slurm_submit, startup, thousand, throughput
 from bench.common import PYTHON, REPO, Row, Settings, machine, render_table
 
-FIGURES = {"throughput": throughput, "paired": paired, "startup": startup, "slurm": slurm_submit, "imports": imports}
+FIGURES = {"throughput": throughput, "paired": paired, "startup": startup, "slurm": slurm_submit, "imports": imports,
+           "thousand": thousand}
 
 
 def probe_device() -> dict[str, object]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from bench.common import (
     PYTHON,
@@ -31,20 +32,24 @@ TARGET = 1.3
 STEPS, WARMUP_STEPS = 3, 1
 
 
+def launcher_overrides(settings: Settings, work: Path, sweep_dir: Path) -> list[str]:
+    """Our side's command line after ``python -m launcher``: the settings the bare loop gets."""
+    return ["strategy=ddp", f"cluster.tasks_per_node={settings.nproc}", f"model={settings.model}",
+            f"model.seq_len={settings.seq_len}", f"model.vocab_size={settings.vocab_size}", f"batch_size={settings.batch_size}", f"steps={STEPS}", f"warmup_steps={WARMUP_STEPS}", "repeats=1",
+            "runs=1", f"output_root={work}", f"sweep_dir={sweep_dir}"]
+
+
 def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
     work = settings.work / "startup"
     work.mkdir(parents=True, exist_ok=True)
     env = bench_env(settings.threads)
     ours: list[float] = []
     bare: list[float] = []
-    common = {"model": settings.model, "batch_size": settings.batch_size}
     busy: list[float] = []
 
     def run_ours(i: int) -> None:
         sweep_dir = work / f"ours-{i}"
-        proc = run_logged([PYTHON, "-m", "launcher", "strategy=ddp", f"cluster.tasks_per_node={settings.nproc}",
-                           f"model={common['model']}", f"batch_size={common['batch_size']}", f"steps={STEPS}",
-                           f"warmup_steps={WARMUP_STEPS}", "repeats=1", "runs=1", f"output_root={work}", f"sweep_dir={sweep_dir}"],
+        proc = run_logged([PYTHON, "-m", "launcher", *launcher_overrides(settings, work, sweep_dir)],
                           work / f"ours-{i}.log", env, check=False)
         results = list(sweep_dir.glob("cells/*/result.json"))
         result = read_result(results[0] if results else sweep_dir / "cells" / "result.json", proc)

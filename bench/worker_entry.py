@@ -85,7 +85,7 @@ def _timings_class():
     return Timings
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     p.add_argument("--model", default="gpt_tiny")
@@ -100,11 +100,12 @@ def main() -> None:
     p.add_argument("--tracking-uri")
     p.add_argument("--run-id")
     p.add_argument("--profile", action="store_true", help="cProfile rank 0 into <out-dir>/profile-rank0.pstats")
-    args = p.parse_args()
+    return p
 
-    import torch
 
-    from jobs.spec import (
+def spec_for(args: argparse.Namespace, world: int, local_world: int, gpus: bool, cpus_per_task: int):
+    """The RunSpec the launcher would ship for these arguments (its checks run as it is made)."""
+    from contract.spec import (
         DataSpec,
         Layout,
         ModelSpec,
@@ -114,12 +115,8 @@ def main() -> None:
         StrategySpec,
         TrainSpec,
     )
-    from jobs.worker import main as worker_main
 
-    timings = _timings_class()(args.warmup_steps, args.steps)
-    world = int(os.environ["WORLD_SIZE"])
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    spec = RunSpec(
+    return RunSpec(
         cell=f"bench strategy={args.strategy}", out_dir=args.out_dir,
         strategy=StrategySpec(name=Strategy(args.strategy)), precision=PrecisionSpec(),
         model=ModelSpec(name=args.model, seq_len=args.seq_len, vocab_size=args.vocab_size), data=DataSpec(),
@@ -128,10 +125,22 @@ def main() -> None:
         # GPUs when the host has them, one per rank, as bench/bare_loop.py runs (the worker follows
         # the layout, not torch.cuda.is_available()).
         layout=Layout(nodes=max(1, world // local_world), tasks_per_node=local_world,
-                      gpus_per_node=local_world if torch.cuda.is_available() else 0,
-                      cpus_per_task=int(os.environ.get("OMP_NUM_THREADS", "1"))),
+                      gpus_per_node=local_world if gpus else 0, cpus_per_task=cpus_per_task),
         tracking_uri=args.tracking_uri, run_id=args.run_id,
     )
+
+
+def main() -> None:
+    args = parser().parse_args()
+
+    import torch
+
+    from jobs.worker import main as worker_main
+
+    timings = _timings_class()(args.warmup_steps, args.steps)
+    world = int(os.environ["WORLD_SIZE"])
+    spec = spec_for(args, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), torch.cuda.is_available(),
+                    int(os.environ.get("OMP_NUM_THREADS", "1")))
     rank = int(os.environ["RANK"])
     if args.profile and rank == 0:
         import cProfile

@@ -26,14 +26,12 @@ from pathlib import Path
 
 import torch
 
-from jobs.spec import (
-    TOKEN_DTYPE,
+from contract.datasets import TOKEN_DTYPE, image_folder_classes, token_file_samples
+from contract.spec import (
     DataKind,
     DataSpec,
     InputKind,
     ModelSpec,
-    image_folder_classes,
-    token_file_samples,
 )
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract.spec import LrScaling
 from jobs.data import Batch
 from jobs.memory import local_bytes
-from jobs.spec import LrScaling
 
 
 def scaled_lr(lr: float, scaling: LrScaling, world_size: int) -> float:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.spec import BatchNormUnits, Precision, PrecisionMode, PrecisionSpec, Sharding, Strategy, StrategySpec
 from jobs.shards import shard_of
-from jobs.spec import BatchNormUnits, Precision, PrecisionMode, PrecisionSpec, Sharding, Strategy, StrategySpec
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -7,7 +7,7 @@ caches, allocator and thread pools are cold again after a restart. Measurements 
 restart come back from the checkpoint, so the summary covers every measured step.
 
 Steady state: when ``warmup_extend_max`` > 0, a fresh job decides at the end of its warm-up
-whether step times still fall (jobs.stats.still_falling on this rank's warm-up times, agreed
+whether step times still fall (contract.stats.still_falling on this rank's warm-up times, agreed
 by all ranks); while they do, one more warm-up step runs, up to ``warmup_extend_max`` extra steps.
 The measured window keeps its length, so the job runs ``total_steps + extended`` steps; the
 extension is saved with every checkpoint, so a resumed job measures the same steps.
@@ -217,7 +217,7 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
 
 
 def _agree_still_falling(history: History, control_group) -> bool:
-    """Whether any rank's warm-up step times still fall (jobs.stats.still_falling), agreed by all.
+    """Whether any rank's warm-up step times still fall (contract.stats.still_falling), agreed by all.
 
     Sync point: one all-reduce of one integer on the control group (gloo, CPU tensor), at the end
     of the warm-up, before the window's own barrier: no measured step waits on it. Every rank
@@ -226,7 +226,7 @@ def _agree_still_falling(history: History, control_group) -> bool:
     import torch
     import torch.distributed as dist
 
-    from jobs.stats import still_falling
+    from contract.stats import still_falling
 
     mine = still_falling([t for t, m in zip(history.trace.step_time_s, history.measured, strict=True) if not m])
     if not (dist.is_available() and dist.is_initialized()):

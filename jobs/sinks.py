@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jobs import cell_run, mlflow_client
+from contract import cell_run, mlflow_client
+from contract.records import read_records
 from jobs.hooks import Observer
 
 
@@ -41,20 +42,6 @@ class NullSink:
     def finish(self, status: str, error: str | None = None) -> None: ...
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every record of a ``metrics.jsonl`` (none if it does not exist yet)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed writer: the rest is still good
-    return out
-
-
 class JsonlSink(NullSink):
     """Appends one JSON object per line to ``metrics.jsonl`` (steps, summary, tags, status)."""
 
@@ -74,7 +61,7 @@ class JsonlSink(NullSink):
                 f.write(json.dumps({k: _clean(v) for k, v in rec.items()}) + "\n")
 
     def log_start(self, start_s: float) -> None:
-        """The attempt's start (epoch seconds): the job's run starts at the first one (jobs/cell_run.py)."""
+        """The attempt's start (epoch seconds): the job's run starts at the first one (contract/cell_run.py)."""
         self._write([{"kind": "start", "time": start_s}])
 
     def log_steps(self, records: list[dict[str, Any]]) -> None:
@@ -108,7 +95,7 @@ class MlflowSink(NullSink):
     after the measured window: importing it and opening the store took rank 0 about 2 s before its
     first step, while every other rank waited. The run id is given, or found at finish in
     ``cell_dir``, where the run is created then if nobody has yet, starting at the job's start
-    (jobs/cell_run.py). A job killed before finish loses nothing: JSONL has it all and
+    (contract/cell_run.py). A job killed before finish loses nothing: JSONL has it all and
     ``python -m launcher.sync`` replays it.
     """
 

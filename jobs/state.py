@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # types only: importing torch here would cost every importer 
     import torch
     from torch.distributed import ProcessGroup
 
+    from contract.spec import RunSpec
     from jobs.data import Batch
     from jobs.dist import DistEnv
     from jobs.heartbeat import Heartbeat
@@ -20,7 +21,6 @@ if TYPE_CHECKING:  # types only: importing torch here would cost every importer 
     from jobs.loop import Trainer
     from jobs.parallel import Parallelized
     from jobs.sinks import NullSink
-    from jobs.spec import RunSpec
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """One owner of a run's measurements: the reduction across ranks, the summary schema, the per-step
 records and the run's tags (:func:`report`; torchtitan's MetricsProcessor plays this part).
 
-Every name carries its unit, and is declared in jobs/metrics.py with its reduction across ranks:
+Every name carries its unit, and is declared in contract/metrics.py with its reduction across ranks:
 throughput is summed (each rank's own samples over its own time), step time is the slowest rank's
 per step (a synchronous step ends when the last rank ends), memory is the maximum over ranks (the
 rank that runs out first).
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jobs import metrics
-from jobs.stats import coefficient_of_variation, percentile
+from contract import metrics
+from contract.stats import coefficient_of_variation, percentile
 
 if TYPE_CHECKING:
     from jobs.schedule import Outcome
@@ -80,7 +80,7 @@ _REDUCE: dict[metrics.OverRanks, Callable[[list[float]], float]] = {
 
 def rank_figures_reduced(per_rank: list[dict[str, Any]]) -> dict[str, float]:
     """Each registered figure of the ranks' entries (memory, bytes, communication, skipped steps),
-    reduced over the ranks as jobs/metrics.py declares it; the rest of an entry (step times,
+    reduced over the ranks as contract/metrics.py declares it; the rest of an entry (step times,
     history, host) is not a figure of its own."""
     out = {}
     for key in per_rank[0]:
@@ -260,8 +260,8 @@ def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary
     """Where and how the job ran: hosts, versions, backend, precision mode, MFU, GPUs, resume."""
     import torch
 
+    from contract.mlflow_client import TAG_MAX_CHARS
     from jobs.dist import backend_for
-    from jobs.mlflow_client import TAG_MAX_CHARS
 
     rank, par = run.rank, run.setup.par
     env, device = rank.env, rank.device
@@ -290,8 +290,8 @@ def gpu_figures(device, per_rank: list[dict[str, Any]], summary: dict[str, Any],
     """Energy of the window into ``summary`` (``energy_j``, ``energy_j_per_sample``, ``power_w_mean``;
     jobs.energy.energy_figures) and the why-not tags into ``tags``; returns the job's GPU system
     metrics for rank 0 to log. Off CUDA, or without NVML, no figure and a tag that says why."""
+    from contract.mlflow_client import TAG_MAX_CHARS
     from jobs import energy
-    from jobs.mlflow_client import TAG_MAX_CHARS
 
     if device.type != "cuda":
         tags["energy_missing"] = f"{device.type} ranks: energy is measured on CUDA devices only (NVML)"
@@ -365,7 +365,7 @@ def mfu_figures(run: Run, summary: dict[str, Any], matmul_peaks=()) -> dict[str,
 def provenance(torch, device) -> dict[str, str]:
     """Versions and the environment variables that change what a benchmark measures (the rank
     layout, Slurm's variables included, is jobs/dist.py's alone and is tagged from DistEnv)."""
-    from jobs.mlflow_client import TAG_MAX_CHARS
+    from contract.mlflow_client import TAG_MAX_CHARS
 
     tags = {"python_version": platform.python_version(), "python_executable": sys.executable,
             "cuda_version": str(torch.version.cuda), "hostname_rank0": platform.node()}

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.cell_run import METRICS_FILE
+from contract.cell_run import METRICS_FILE
+from contract.spec import Precision, RunSpec, Strategy
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
 from jobs.heartbeat import Heartbeat
 from jobs.hooks import Observer
 from jobs.preempt import Preempted, listen
 from jobs.sinks import FanOut, JsonlSink, MlflowSink, NullSink
-from jobs.spec import Precision, RunSpec, Strategy
 from jobs.state import Rank, Run, Setup
 from jobs.summary import Report, gather_ranks, rank_figures, report, step_records
 
@@ -37,7 +37,7 @@ RESULT_FILE = "result.json"
 def main(spec: RunSpec, observer: Observer | None = None) -> dict[str, Any]:
     """Run one cell on this rank. ``observer``: a timing harness's hooks (jobs/hooks.py); by
     default nothing observes."""
-    started_s = time.time()  # the job's start as its MLflow run shows it (jobs/cell_run.py)
+    started_s = time.time()  # the job's start as its MLflow run shows it (contract/cell_run.py)
     listen()  # a stop request sent while the model is built still stops the job (jobs/preempt.py)
     env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
     import torch

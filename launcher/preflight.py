@@ -15,8 +15,8 @@ import os
 import re
 from pathlib import Path
 
-from jobs.codec import to_plain
-from jobs.spec import ConfigError, ModelSpec
+from contract.codec import to_plain
+from contract.spec import ConfigError, ModelSpec
 from launcher.cluster.backends import backend_for
 from launcher.plan import fit, fitcache
 from launcher.plan.cell import Cell

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import cell_run
-from jobs.codec import from_plain, to_plain
-from jobs.spec import RunSpec
+from contract import cell_run
+from contract.codec import from_plain, to_plain
+from contract.spec import RunSpec
 from launcher.plan.cell import Cell, CellStatus
 
 STATE_FILE = "sweep.json"

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.cell_run import RUN_ID_FILE
+from contract.cell_run import RUN_ID_FILE
 from launcher import decide
 from launcher.cli import guarded
 from launcher.cluster.backends import backend_for

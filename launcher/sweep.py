@@ -11,7 +11,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from jobs.codec import to_plain
+from contract.codec import to_plain
 from launcher import decide, status, sync
 from launcher.cluster import submit
 from launcher.cluster.backends import backend_for
@@ -188,7 +188,7 @@ def _command(argv: list[str]) -> list[str]:
 def _create_runs(state: SweepState) -> None:
     """The sweep's parent run and its cells' run templates, inline (small sweeps, local sweeps) or in
     the background (large Slurm sweeps); a cell's run is created once its job has started, by its
-    rank 0 at the job's end or by status and sync, whichever comes first (jobs/cell_run.py)."""
+    rank 0 at the job's end or by status and sync, whichever comes first (contract/cell_run.py)."""
     if not state.tracking_uri:
         return
     first = not state.parent_run_id

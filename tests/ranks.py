@@ -114,7 +114,7 @@ def _devices_for(spec_list: Sequence[Any]) -> list[str] | None:
 def splits_the_world_group(spec: Any) -> bool:
     """Whether ``spec``'s ranks build a 2-D mesh on CUDA (HSDP, no-shard), which splits the world
     group once a device is bound to it."""
-    from jobs.spec import Sharding
+    from contract.spec import Sharding
 
     sharding = getattr(spec.strategy, "sharding", None)
     return spec.layout.gpus_per_node > 0 and sharding in (Sharding.hybrid, Sharding.none)
@@ -196,7 +196,7 @@ def make_spec(out_dir: str | Path, *, strategy: str = "ddp", precision: str = "f
     ``precision_args`` PrecisionSpec fields (mode, batchnorm, given by value); ``gpus_per_node``
     > 0 runs the ranks on CUDA (one GPU each).
     """
-    from jobs import spec as s
+    from contract import spec as s
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +229,7 @@ def make_spec(out_dir: str | Path, *, strategy: str = "ddp", precision: str = "f
 
 
 def _precision_args(args: dict[str, Any] | None) -> dict[str, Any]:
-    from jobs import spec as s
+    from contract import spec as s
 
     out = dict(args or {})
     if "mode" in out:

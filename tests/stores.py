@@ -19,7 +19,7 @@ from pathlib import Path
 @functools.cache
 def _template() -> Path:
     """An empty store, created by MLflow once per session."""
-    from jobs import mlflow_client
+    from contract import mlflow_client
 
     path = Path(tempfile.mkdtemp(prefix="mlflow-template-")) / "mlflow.db"
     mlflow_client.client(f"sqlite:///{path}").search_experiments()  # creates the tables

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.spec import Layout
+from contract.spec import Layout
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig
 from launcher.report import compare, report

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jobs.spec import InputKind, Precision, Sharding, Strategy
+from contract.spec import InputKind, Precision, Sharding, Strategy
 from launcher.__main__ import main
 from launcher.cluster import submit
 from launcher.plan.grid import CONF_DIR, SweepError, compose, expand, plan, search_path
@@ -111,13 +111,6 @@ def test_help_lists_groups(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "strategy" in out and "zero2" in out and "gpt2-small" in out
-
-
-def test_known_model_names_match_the_registry():
-    from jobs.models import REGISTRY
-    from jobs.spec import KNOWN_MODELS
-
-    assert set(KNOWN_MODELS) == set(REGISTRY)
 
 
 FAST_PATH_CASES = [

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from contract.spec import DataKind, DataSpec, InputKind, ModelSpec
 from jobs.data import (
     ImageFolderDataset,
     TokenFileDataset,
@@ -11,7 +12,6 @@ from jobs.data import (
     loader_batches,
     synthetic_batches,
 )
-from jobs.spec import DataKind, DataSpec, InputKind, ModelSpec
 from launcher.plan.grid import SweepError, compose, expand
 from tests.ranks import TINY_CNN, TINY_GPT, make_spec, run_ranks
 

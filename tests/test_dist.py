@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from jobs.dist import PORT_BASE, PORT_SPAN, DistEnv, check_port_free, expand_nodelist, port_for_job
+from contract.nodelist import PORT_BASE, PORT_SPAN, expand_nodelist, port_for_job
+from jobs.dist import DistEnv, check_port_free
 
 
 @pytest.mark.parametrize(

@@ -135,8 +135,8 @@ def _sharded_on_meta(spec, env) -> dict:
     """Parameter bytes of each rank's local shards, sharded on meta with the worker's units."""
     import torch
 
+    from contract.spec import Strategy
     from jobs import memory, models, parallel, summary
-    from jobs.spec import Strategy
 
     with torch.device("meta"):
         model = models.build_model(spec.model)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.spec import InputKind, ModelSpec
 from jobs.loop import loss_fn
 from jobs.models import build_model
-from jobs.spec import InputKind, ModelSpec
 from launcher.__main__ import main
 from launcher.cluster.local import parse_gpu_query
 from launcher.cluster.slurm_commands import parse_sinfo
@@ -181,7 +181,7 @@ GPU_RUN1_PEAK_GIB = [
 @pytest.mark.parametrize("spec, batch_size, low_dtype, measured_gib", GPU_RUN1_PEAK_GIB)
 def test_predicted_peak_holds_what_the_gpu_measured(spec, batch_size, low_dtype, measured_gib):
     # Before the loss's gradients were counted, GPT-2 small's prediction was 10.3 GiB (0.62x).
-    from jobs.spec import Layout, Optimizer, StrategySpec
+    from contract.spec import Layout, Optimizer, StrategySpec
 
     shapes, activations = fit.analyse(spec, batch_size, low_dtype, checkpointing=False)
     state = fit.predict(shapes, StrategySpec(), Layout(nodes=1, tasks_per_node=1, gpus_per_node=1), Optimizer.adamw)

@@ -219,8 +219,8 @@ def test_profiler_annotations_and_compute_on_gpu(tmp_path):
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
+    from contract.spec import ModelSpec, Precision, PrecisionMode, PrecisionSpec, Strategy, StrategySpec
     from jobs import models, parallel
-    from jobs.spec import ModelSpec, Precision, PrecisionMode, PrecisionSpec, Strategy, StrategySpec
 
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))

@@ -143,8 +143,8 @@ def test_matmul_peak_is_timed_in_the_math_the_model_runs(monkeypatch, model, pre
     # too high). CUDA is a stateful fake (tests/fake_cuda.py); the flag is read at each matmul.
     import torch
 
+    from contract.spec import InputKind, ModelSpec
     from jobs import models
-    from jobs.spec import InputKind, ModelSpec
     from tests import fake_cuda
 
     spec = ModelSpec(name=model, input=InputKind.image if model == "cnn" else InputKind.tokens)

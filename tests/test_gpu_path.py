@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from jobs import checkpoint, dist, parallel, peaks, summary
-from jobs.spec import (
+from contract.spec import (
     BatchNormUnits,
     ConfigError,
     Precision,
@@ -20,6 +19,7 @@ from jobs.spec import (
     Strategy,
     StrategySpec,
 )
+from jobs import checkpoint, dist, parallel, peaks, summary
 from tests.ranks import make_spec, run_ranks
 
 T = 1e12
@@ -399,8 +399,8 @@ BIG = dict(name="gpt_tiny", input="tokens", seq_len=8, vocab_size=64,
 def test_fsdp_setup_never_holds_the_unsharded_model(tmp_path):
     import torch
 
+    from contract.spec import InputKind, ModelSpec
     from jobs.models import build_model, param_count
-    from jobs.spec import InputKind, ModelSpec
 
     with torch.device("meta"):
         full = 4 * param_count(build_model(ModelSpec(**{**BIG, "input": InputKind.tokens})))
@@ -513,7 +513,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORL
 dist.init_process_group("gloo", rank=0, world_size=1)
 from jobs import models, parallel
 from jobs.loop import Trainer, local_step_times
-from jobs.spec import ModelSpec, Precision, PrecisionSpec, Strategy, StrategySpec
+from contract.spec import ModelSpec, Precision, PrecisionSpec, Strategy, StrategySpec
 with torch.device("meta"):
     m = models.build_model(ModelSpec(name="gpt_tiny", seq_len=16, vocab_size=128,
                                      params={"n_layer": 2, "n_head": 2, "d_model": 32}))
@@ -636,7 +636,7 @@ def test_every_nvml_function_named_in_the_code_exists_in_pynvml():
     import re
 
     repo = Path(__file__).resolve().parent.parent
-    sources = [p for d in ("jobs", "launcher", "bench", "tests") for p in (repo / d).rglob("*.py")]
+    sources = [p for d in ("contract", "jobs", "launcher", "bench", "tests") for p in (repo / d).rglob("*.py")]
     named = {m for p in sources for m in re.findall(r"\bnvml[A-Z][A-Za-z]*\b", p.read_text())}
     assert "nvmlDeviceGetTotalEnergyConsumption" in named  # the search sees the code's names
     assert sorted(n for n in named if not hasattr(pynvml, n)) == []

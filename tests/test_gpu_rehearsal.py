@@ -38,8 +38,7 @@ import torch
 import yaml
 from torch import nn
 
-from jobs import dist, models, parallel
-from jobs.spec import (
+from contract.spec import (
     DataSpec,
     InputKind,
     ModelSpec,
@@ -50,6 +49,7 @@ from jobs.spec import (
     Strategy,
     StrategySpec,
 )
+from jobs import dist, models, parallel
 from tests import fake_cuda, ranks
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,6 +17,7 @@ from torch import nn
 
 pytest.importorskip("transformers")
 
+from contract.spec import ConfigError, InputKind, LMHead, ModelSpec  # noqa: E402
 from jobs.data import POOL_STEPS  # noqa: E402
 from jobs.models import (  # noqa: E402
     build_model,
@@ -29,7 +30,6 @@ from jobs.models import (  # noqa: E402
 )
 from jobs.models.hf import HFLogits  # noqa: E402
 from jobs.models.instantiate import InstantiationError, instantiate  # noqa: E402
-from jobs.spec import ConfigError, InputKind, LMHead, ModelSpec  # noqa: E402
 
 slow = pytest.mark.slow
 

@@ -3,6 +3,8 @@ worker's public steps only, sweep directories hold no pickles, the code layout i
 exists, and the README stays short with every link of the documents resolving."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +60,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_circles_in_launcher_or_jobs_even_through_function_level_imports():
-    for package in ("launcher", "jobs"):
+    for package in ("launcher", "jobs", "contract"):
         assert _cycle(import_graph(package)) is None, _cycle(import_graph(package))
 
 
@@ -112,23 +114,31 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
             assert banned not in text, f"{path.relative_to(ROOT)} uses {banned}"
 
 
-# What the launcher may import from jobs, and why: the worker's side of a contract both sides must
-# read alike. Anything else of jobs belongs to the ranks. (jobs.models and jobs.loop are imported
+# What the launcher may import from jobs, and why. What both sides must read alike is the contract
+# (contract/); anything else of jobs belongs to the ranks. (jobs.models and jobs.loop are imported
 # inside preflight's functions only, for the meta-device fit before launch: never at start-up.)
 LAUNCHER_USES_OF_JOBS = {
-    "jobs": "its version, in the fit cache's key",
-    "jobs.spec": "the spec types: what one cell runs",
-    "jobs.codec": "how spec.json and sweep.json are written and read",
+    "jobs": "its files, hashed into the fit cache's key",
     "jobs.worker": "the entry point every rank runs",
-    "jobs.sinks": "the reader of metrics.jsonl, beside its writer",
-    "jobs.cell_run": "a cell's MLflow run, created by whichever side needs it first",
-    "jobs.metrics": "the metric registry: names, reductions, directions, the report's columns",
-    "jobs.mlflow_client": "MLflow's limits, which both writers keep",
-    "jobs.stats": "scaling efficiency, computed one way by the ranks and the report",
-    "jobs.dist": "Slurm's node-list syntax, read one way by the ranks and the launcher",
     "jobs.models": "building a model on the meta device before launch (preflight's fit)",
     "jobs.loop": "the loss a cell trains with, for the activation estimate before launch",
 }
+
+
+def test_the_contract_imports_neither_side_nor_torch():
+    """contract/ is what launcher and worker share: it imports neither of them, nor torch, Hydra or
+    OmegaConf, so the launcher starts without torch and the ranks without config machinery."""
+    for path in (ROOT / "contract").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            tops = {n.split(".")[0] for n in names}
+            assert not tops & {"jobs", "launcher", "torch", "hydra", "omegaconf", "numpy"}, (path, tops)
+    modules = sorted(_module_name(p) for p in (ROOT / "contract").rglob("*.py"))
+    blocked = "import sys; sys.modules.update(dict.fromkeys(['torch', 'hydra', 'omegaconf', 'numpy']))"
+    done = subprocess.run([sys.executable, "-c", f"{blocked}; import " + ", ".join(modules)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_launcher_imports_only_the_contract_from_jobs():
@@ -291,7 +301,7 @@ def _layout_section() -> str:
 
 
 def test_the_code_layout_names_every_module_and_only_what_exists():
-    """The code layout (docs/architecture.md) cannot drift: every module of launcher/ and jobs/ (and
+    """The code layout (docs/architecture.md) cannot drift: every module of launcher/, contract/ and jobs/ (and
     every script) is named in its directory's entry, each package of launcher/ and jobs/ has an entry of its own
     that names its modules, and every path the section names exists."""
     import re
@@ -299,7 +309,7 @@ def test_the_code_layout_names_every_module_and_only_what_exists():
     section = _layout_section()
     entries = dict(re.findall(r"^    (\S+/)\s+(.*(?:\n {21}.*)*)", section, flags=re.M))
     packages = [*(ROOT / "launcher").glob("*/__init__.py"), *(ROOT / "jobs").glob("*/__init__.py")]
-    folders = ["launcher", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in packages]
+    folders = ["launcher", "contract", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in packages]
     for folder in folders:
         assert f"{folder}/" in entries, f"the code layout has no entry for {folder}/"
         text = entries[f"{folder}/"]
@@ -310,7 +320,7 @@ def test_the_code_layout_names_every_module_and_only_what_exists():
     scripts = [p.name for p in (ROOT / "scripts").iterdir() if p.is_file()]
     assert not [s for s in scripts if s not in entries["scripts/"]], entries["scripts/"]
     for path in re.findall(r"\b[\w.-]+/[\w./-]*", section):
-        if path.startswith(("launcher/", "jobs/", "scripts/", "slurm/", "docker/", "bench/", "tests/")):
+        if path.startswith(("launcher/", "contract/", "jobs/", "scripts/", "slurm/", "docker/", "bench/", "tests/")):
             assert (ROOT / path.rstrip("/")).exists(), f"the code layout names {path}, which does not exist"
 
 

@@ -1,11 +1,12 @@
-"""The metric registry (jobs/metrics.py) is the one list of metrics: every figure the worker's
+"""The metric registry (contract/metrics.py) is the one list of metrics: every figure the worker's
 summary writes is declared there, and the report's columns, cells.csv's leading figures and
 MLflow's headline order are read from it."""
 
 import ast
 from pathlib import Path
 
-from jobs import cell_run, comm, metrics, summary
+from contract import cell_run, metrics
+from jobs import comm, summary
 from launcher.report import report
 from tests.ranks import make_spec, run_ranks
 

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from jobs import energy, peaks, stats, summary
+from contract import stats
+from jobs import energy, peaks, summary
 
 
 def test_percentile_interpolates_linearly_like_numpy():

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, checkpoint_wrapper
 
+from contract.spec import InputKind, ModelSpec
 from jobs.models import (
     REGISTRY,
     build_model,
@@ -23,7 +24,6 @@ from jobs.models import (
 )
 from jobs.models.resnet import Bottleneck
 from jobs.models.units import _repeated_units
-from jobs.spec import InputKind, ModelSpec
 
 GPT2_VOCAB = 50257
 BERT_VOCAB = 30522

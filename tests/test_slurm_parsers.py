@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jobs.spec import Layout
+from contract.spec import Layout
 from launcher.cluster import slurm as slurm_backend
 from launcher.cluster import slurm_commands
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation

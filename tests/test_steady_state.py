@@ -1,12 +1,12 @@
-"""Steady state: the warm-up is extended while step times still fall (jobs.stats.still_falling)."""
+"""Steady state: the warm-up is extended while step times still fall (contract.stats.still_falling)."""
 
 import time
 
 import pytest
 from torch import nn
 
-from jobs.spec import ConfigError, TrainSpec
-from jobs.stats import still_falling
+from contract.spec import ConfigError, TrainSpec
+from contract.stats import still_falling
 from tests.ranks import make_spec, run_ranks
 
 

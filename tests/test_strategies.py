@@ -17,9 +17,9 @@ import time
 
 import pytest
 
+from contract.spec import LrScaling, WrapPolicy
 from jobs.data import POOL_STEPS
 from jobs.loop import scaled_lr
-from jobs.spec import LrScaling, WrapPolicy
 from launcher.plan.grid import SweepError, compose, expand
 from tests.ranks import TINY_CNN, RanksTimeout, make_spec, run_ranks
 

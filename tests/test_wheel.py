@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["pyproject.toml", "README.md", "launcher", "jobs"]
+SOURCES = ["pyproject.toml", "README.md", "launcher", "contract", "jobs"]
 
 
 def _run(cmd, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:

@@ -19,13 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.catalog import BERT_SIZES, GPT_SIZES, RESNET_DEPTHS
+from contract.spec import ConfigError, InputKind, ModelSpec
 from jobs.models.bert import Bert, BertConfig
 from jobs.models.gpt import GPT, GPTConfig
 from jobs.models.init import init_weights
 from jobs.models.instantiate import instantiate
-from jobs.models.resnet import RESNET_LAYOUTS, ResNet
+from jobs.models.resnet import ResNet
 from jobs.models.small import CNN, MLP
-from jobs.spec import ConfigError, InputKind, ModelSpec
 
 
 def require_input(spec: ModelSpec, kind: InputKind) -> None:
@@ -119,20 +120,6 @@ def build_for(spec: ModelSpec, device: torch.device, *, sharded: bool) -> nn.Mod
         return build_model(spec)
 
 
-_GPT_SIZES = {  # name -> (n_layer, n_head, d_model)
-    "gpt_tiny": (2, 4, 128),
-    "gpt2-small": (12, 12, 768),  # 124M
-    "gpt2-medium": (24, 16, 1024),  # 355M
-    "gpt2-large": (36, 20, 1280),  # 774M
-    "gpt2-xl": (48, 25, 1600),  # 1.56B
-}
-
-_BERT_SIZES = {  # name -> (n_layer, n_head, d_model)
-    "bert-base": (12, 12, 768),  # 110M
-    "bert-tiny": (2, 2, 128),  # Google's BERT-Tiny (L-2, H-128, A-2)
-}
-
-
 def _build_gpt(sizes: tuple[int, int, int], spec: ModelSpec) -> nn.Module:
     require_input(spec, InputKind.tokens)
     n_layer, n_head, d_model = sizes
@@ -175,9 +162,9 @@ def _build_cnn(spec: ModelSpec) -> nn.Module:
 REGISTRY: dict[str, Callable[[ModelSpec], nn.Module]] = {
     "mlp": _build_mlp,
     "cnn": _build_cnn,
-    **{name: functools.partial(_build_gpt, sizes) for name, sizes in _GPT_SIZES.items()},
-    **{name: functools.partial(_build_bert, sizes) for name, sizes in _BERT_SIZES.items()},
-    **{f"resnet{depth}": functools.partial(_build_resnet, depth) for depth in RESNET_LAYOUTS},
+    **{name: functools.partial(_build_gpt, sizes) for name, sizes in GPT_SIZES.items()},
+    **{name: functools.partial(_build_bert, sizes) for name, sizes in BERT_SIZES.items()},
+    **{f"resnet{depth}": functools.partial(_build_resnet, depth) for depth in RESNET_DEPTHS},
 }
 
 

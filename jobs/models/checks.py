@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from contract.imports import import_problem
+from contract.spec import ConfigError, ModelSpec
 from jobs.models.build import REGISTRY, on_meta
 from jobs.models.hf_checks import check_hf, check_hf_target
 from jobs.models.instantiate import InstantiationError, instantiate, locate
-from jobs.spec import ConfigError, ModelSpec, import_problem
 
 _TARGET_FIX = ("set model._target_ to an nn.Module subclass, or a function returning one, importable on the "
                "nodes (e.g. torch.nn.Linear, torchvision.models.resnet50, transformers.GPT2LMHeadModel).")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from contract.spec import ModelSpec
 from jobs.models.bert import Bert
 from jobs.models.gpt import GPT
 from jobs.models.init import unwrap
 from jobs.models.resnet import ResNet
 from jobs.models.small import CNN, MLP
-from jobs.spec import ModelSpec
 
 
 def param_count(model: nn.Module) -> int:

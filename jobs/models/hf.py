@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import torch
 from torch import nn
 
+from contract.spec import HF_INSTALL, HF_POSITION_KEYS, LMHead, ModelSpec
 from jobs.shards import local_slices
-from jobs.spec import HF_INSTALL, HF_POSITION_KEYS, LMHead, ModelSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -14,8 +14,8 @@ import inspect
 import os
 from typing import Any
 
+from contract.spec import HF_INSTALL, HF_POSITION_KEYS, ConfigError, InputKind, LMHead, ModelSpec
 from jobs.models.build import on_meta, require_input
-from jobs.spec import HF_INSTALL, HF_POSITION_KEYS, ConfigError, InputKind, LMHead, ModelSpec
 
 # Keys the shipped model=hf config (launcher/conf/model/hf.yaml) sets for every architecture: they
 # apply where the architecture's config class has them (GPT-2 has neither: its MLP width is n_inner).

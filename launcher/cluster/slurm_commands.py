@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from jobs.dist import expand_nodelist
+from contract.nodelist import expand_nodelist
 from launcher.plan import fit
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.codec import to_plain
-from jobs.spec import Layout
+from contract.codec import to_plain
+from contract.spec import Layout
 from launcher.cluster import memlimit
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig, ContainerRuntime

@@ -16,8 +16,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from jobs.codec import TRANSIENT
-from jobs.spec import Layout
+from contract.codec import TRANSIENT
+from contract.spec import Layout
 from launcher.plan.schema import ClusterConfig, Config
 
 

@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from jobs.spec import InputKind, Layout, ModelSpec, Optimizer, Sharding, Strategy, StrategySpec
+from contract.spec import InputKind, Layout, ModelSpec, Optimizer, Sharding, Strategy, StrategySpec
 
 GIB = 1024**3
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import jobs
+from contract import spec
 
 # The sources that decide a project model's parameters and what its forward and loss save, and the
 # analysis itself (launcher/plan/fit.py).
-_SOURCES = ("models", "spec.py", "loop.py")
+_SOURCES = ("models", "loop.py")  # of jobs/; with the spec, whose ModelSpec they build from
 
 
 def directory() -> Path:
@@ -74,7 +75,7 @@ def _has_target(value: Any) -> bool:
 
 def _code_digest() -> str:
     root = Path(jobs.__file__).parent
-    paths = [root / name for name in _SOURCES] + [Path(__file__).with_name("fit.py")]
+    paths = [root / name for name in _SOURCES] + [Path(spec.__file__), Path(__file__).with_name("fit.py")]
     digest = hashlib.sha256()
     for path in paths:
         for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from jobs.spec import ConfigError, Layout, RunSpec, TrainSpec
+from contract.spec import ConfigError, Layout, RunSpec, TrainSpec
 from launcher.plan.cell import Cell
 from launcher.plan.schema import (
     Config,

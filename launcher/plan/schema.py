@@ -17,8 +17,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from jobs.codec import to_plain
-from jobs.spec import (
+from contract.codec import to_plain
+from contract.datasets import image_folder_classes, token_file_samples
+from contract.spec import (
     BatchNormUnits,
     CheckpointSpec,
     ConfigError,
@@ -35,8 +36,6 @@ from jobs.spec import (
     TrainSpec,
     _non_negative,
     _positive,
-    image_folder_classes,
-    token_file_samples,
 )
 from launcher.plan.shellsafe import check_cluster
 

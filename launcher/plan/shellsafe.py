@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jobs.spec import ConfigError
+from contract.spec import ConfigError
 
 # Slurm names and lists: letters, digits and . , : = @ % / + - _ [ ] (node lists, gres, times).
 PLAIN = re.compile(r"^[\w.,:=@%/+\-\[\]]*$")

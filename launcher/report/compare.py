@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.report.findings import STATE_TOLERANCE, sequence_text
 from launcher.report.rows import grouped, md_cell, num, settings
 from launcher.report.stats import (

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.report import nodes
 from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
 from launcher.report.stats import (

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import metrics, mlflow_client
+from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
 from launcher.report import findings, noisefloor, plots, sequential, stats

@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobs import metrics
-from jobs.stats import scaling_efficiency
+from contract import metrics
+from contract.stats import scaling_efficiency
 
 GIB = 1024**3
 MIB = 1024**2

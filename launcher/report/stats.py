@@ -32,14 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import metrics
+from contract import metrics
 from launcher.report import sequential
 from launcher.report.rows import num, throughput
 from launcher.report.sequential import ALPHA, Looks
 
 HIGHER, LOWER, SAME, INCONCLUSIVE = "higher", "lower", "same", "inconclusive"
 # The smallest change worth a claim, per claimed metric (users asked "is it 5% faster?"; the
-# registry, jobs/metrics.py, says why each band is what it is).
+# registry, contract/metrics.py, says why each band is what it is).
 MIN_EFFECT: dict[str, float] = {claim: m.min_effect or 0.0 for claim, m in metrics.claimed().items()}
 # Beyond this many runs per side, "runs needed" is reported as "more than".
 MAX_RUNS_NEEDED = 100

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from jobs import cell_run, mlflow_client
-from jobs.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
-from jobs.sinks import read_records
+from contract import cell_run, mlflow_client
+from contract.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
+from contract.records import read_records
 from launcher.cluster.backends import backend_for
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import MLFLOW_STATUS, RUNS_FILE, SweepState
@@ -252,7 +252,7 @@ def runs_lock(state: SweepState, wait: bool = True) -> Iterator[bool]:
 def ensure_runs(state: SweepState, wait: bool = True) -> int:
     """The sweep's MLflow runs as far as its jobs have gone: the parent (it starts with the sweep),
     every cell's run template, and the run of every cell whose job has started (or has ended without
-    starting), created at the job's own start time (jobs/cell_run.py). Idempotent and resumable;
+    starting), created at the job's own start time (contract/cell_run.py). Idempotent and resumable;
     returns how many cell runs it created (0 when another process holds the lock and wait=False)."""
     if not state.tracking_uri:
         return 0
@@ -354,7 +354,7 @@ def open_parent(state: SweepState, tracker: tracking.SweepTracker, code: dict[st
 
 
 def write_template(state: SweepState, cell: Cell, code: dict[str, str]) -> None:
-    """What the cell's run is created with, whoever creates it (jobs/cell_run.py)."""
+    """What the cell's run is created with, whoever creates it (contract/cell_run.py)."""
     tags = {"mlflow.parentRunId": str(state.parent_run_id), "strategy": cell.strategy, "precision": cell.precision,
             "nodes": str(cell.nodes), "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name,
             **code, **backend_for(state.cluster).job_tags(cell)}

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs import mlflow_client
-from jobs.mlflow_client import TAG_MAX_CHARS
+from contract import mlflow_client
+from contract.mlflow_client import TAG_MAX_CHARS
 from launcher.masking import mask
 
 mlflow_client.set_defaults()  # before anything imports MLflow
@@ -131,7 +131,7 @@ class SweepTracker:
         return self.client.get_experiment_by_name(name)
 
     def parent(self, name: str, tags: dict[str, str], start_s: float) -> str:
-        """The sweep's parent run, starting at the sweep's start (its cells' runs: jobs/cell_run.py)."""
+        """The sweep's parent run, starting at the sweep's start (its cells' runs: contract/cell_run.py)."""
         run = self.client.create_run(self.experiment_id, run_name=name, tags={"sweep": name, **tags},
                                      start_time=int(start_s * 1000))
         return run.info.run_id

@@ -1,7 +1,7 @@
 """The metric registry: every figure a run reports, declared once.
 
 The worker writes these names into its summary (jobs/summary.py), MLflow shows the headline ones
-first (jobs/cell_run.py), and the report's table, ``cells.csv``, ``--compare`` and the findings
+first (contract/cell_run.py), and the report's table, ``cells.csv``, ``--compare`` and the findings
 read their labels, formats and directions from here. Standard library only: the launcher imports
 it on a login node, without torch.
 
@@ -180,7 +180,7 @@ def get(name: str) -> Metric:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise KeyError(f"{name!r} is not a registered metric: declare it in jobs/metrics.py") from None
+        raise KeyError(f"{name!r} is not a registered metric: declare it in contract/metrics.py") from None
 
 
 def headlines() -> tuple[str, ...]:

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from jobs import metrics
-from jobs.mlflow_client import PARAM_MAX_CHARS, PARAMS_PER_BATCH
+from contract import metrics
+from contract.mlflow_client import PARAM_MAX_CHARS, PARAMS_PER_BATCH
 
 METRICS_FILE = "metrics.jsonl"  # the job's records, written by rank 0 (jobs/sinks.py)
 RUN_ID_FILE = "mlflow_run_id"
@@ -70,7 +70,7 @@ def first_start_s(metrics_file: Path) -> float | None:
 # What people compare first, in this order. MLflow's compare page orders a run's metrics as they
 # were first logged, and its parallel-coordinates chart opens on the first one shared by every
 # run: so every logger sends these first (view_order), before the step series and the figures
-# known before launch. Which metrics, in which order: jobs/metrics.py.
+# known before launch. Which metrics, in which order: contract/metrics.py.
 HEADLINE_METRICS = metrics.headlines()
 
 

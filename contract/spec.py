@@ -15,6 +15,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.catalog import KNOWN_MODELS
+from contract.imports import import_problem
+
 
 class ConfigError(ValueError):
     """A bad setting, reported as one paragraph: setting, value, why, and the fix."""
@@ -84,42 +87,6 @@ class LrScaling(enum.Enum):
     none = "none"
     linear = "linear"
     sqrt = "sqrt"
-
-
-# Modules whose package has another name on PyPI (the rest: the package is named as its module).
-PACKAGE_OF_MODULE = {"sklearn": "scikit-learn", "cv2": "opencv-python", "PIL": "Pillow", "yaml": "PyYAML",
-                     "skimage": "scikit-image", "google": "protobuf", "attr": "attrs"}
-
-
-def install_hint(module: str) -> str:
-    """``pip install <the package that provides module>``."""
-    top = module.split(".")[0]
-    return f"pip install {PACKAGE_OF_MODULE.get(top, top)}"
-
-
-def import_problem(dotted: str) -> str | None:
-    """Why the module path ``dotted`` (whose tail may be attributes of a module) does not import here,
-    naming the module that is missing and the package that provides it; None when it imports (the
-    attributes are checked when the model is built). Imports the parent packages, as finding does."""
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec(dotted) is not None:
-            return None
-        missing = dotted
-    except ModuleNotFoundError as exc:
-        missing = exc.name or dotted
-    except Exception as exc:  # a parent package raised while importing: its own missing library, a broken build
-        parent = dotted.rpartition(".")[0] or dotted
-        return f"importing {parent} fails here with {type(exc).__name__}: {exc}"
-    if missing != dotted and not dotted.startswith(missing + "."):
-        # A dependency of a parent package, not the path itself.
-        return (f"importing {dotted.rpartition('.')[0]} needs the module {missing!r}, which is not installed here "
-                f"({install_hint(missing)})")
-    parent = dotted.rpartition(".")[0]
-    if parent:
-        return import_problem(parent)  # the tail may be a class (or a class's attribute) of the parent
-    return f"the module {dotted!r} is not installed here ({install_hint(dotted)})"
 
 
 def _positive(setting: str, value: Any, fix: str) -> None:
@@ -205,14 +172,6 @@ class PrecisionSpec:
                 "casting parameters is precision.mode=params; under mode=autocast parameters stay fp32.",
                 "add precision.mode=params (FSDP strategies only), or drop the param_dtype override.",
             )
-
-
-# The names jobs.models.REGISTRY builds (kept here, stdlib only, so the launcher can check a
-# name without importing torch; a test keeps the two lists equal).
-KNOWN_MODELS = (
-    "bert-base", "bert-tiny", "cnn", "gpt2-large", "gpt2-medium", "gpt2-small", "gpt2-xl", "gpt_tiny", "mlp",
-    "resnet101", "resnet152", "resnet18", "resnet34", "resnet50",
-)
 
 
 class LMHead(enum.Enum):
@@ -352,24 +311,6 @@ class ModelSpec:
 
 
 # The layout of a token file (nanoGPT's train.bin): flat uint16 token ids.
-TOKEN_DTYPE = "uint16"
-TOKEN_BYTES = 2
-
-
-def token_file_samples(path: str, seq_len: int) -> int:
-    """Samples of ``seq_len + 1`` tokens at stride ``seq_len`` in a token file, from its size alone."""
-    import os
-
-    return max(0, (os.path.getsize(path) // TOKEN_BYTES - 1) // seq_len)
-
-
-def image_folder_classes(path: str) -> list:
-    """Class names of an image folder: its subdirectories, sorted (class index = position)."""
-    import os
-
-    return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
-
-
 @dataclass
 class DataSpec:
     kind: DataKind = DataKind.synthetic
@@ -420,7 +361,7 @@ class TrainSpec:
     # time (jobs/comm.py); not part of any throughput figure. 0 turns the probe off.
     comm_probe_steps: int = 3
     # Extra warm-up steps allowed while step times still fall at the end of the warm-up
-    # (jobs.stats.still_falling); the measured window keeps its length, so up to this many more
+    # (contract.stats.still_falling); the measured window keeps its length, so up to this many more
     # steps run in total. 0 keeps the warm-up exactly warmup_steps long.
     warmup_extend_max: int = 5
     # Extra forward+backward passes per rank after the window, without gradient communication,
