@@ -61,8 +61,10 @@ def first_round(state: SweepState) -> None:
 configuration = spread.configuration
 
 
-def pairs(state: SweepState) -> list[Pair]:
-    """Every comparison the design follows, judged at the looks so far."""
+def pairs(state: SweepState, unjudged: list[str] | None = None) -> list[Pair]:
+    """Every comparison the design follows, judged at the looks so far; ``unjudged`` collects why
+    the findings' comparisons that cannot be judged are left out (a side without a result, or a
+    cell flagged for interference: more runs would not make those claims)."""
     looks = looks_of(state)
     rows = collect(state)
     units = grouped(rows)
@@ -70,7 +72,9 @@ def pairs(state: SweepState) -> list[Pair]:
     for axis in findings.AXES:
         for c in findings.comparisons(units, axis, looks=looks):
             if c.throughput is None or c.caveat:
-                continue  # a side without a result, or flagged: nothing more runs can decide
+                if unjudged is not None:
+                    unjudged.append(c.caveat or f"{c.a_label} vs {c.b_label}: a side has no result")
+                continue
             names = [configuration(str(m["cell"])) for side in (c.a, c.b) for m in side.get("_members", [side])]
             label = f"{c.a_label} vs {c.b_label} at {c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
             out.append(Pair(label, sorted(set(names)), c.throughput, stop_reason(c.throughput, looks)))
@@ -100,10 +104,11 @@ def next_round(state: SweepState, now_s: float | None = None) -> list[Cell]:
         return []
     now_s = time.time() if now_s is None else now_s
     looks = looks_of(state)
-    found = pairs(state)
+    unjudged: list[str] = []
+    found = pairs(state, unjudged)
     open_ = [p for p in found if p.stopped is None]
     done = len(design.rounds)
-    why = _why_stop(state, design, looks, found, open_, done, now_s)
+    why = _why_stop(state, design, looks, found, open_, done, now_s, unjudged)
     if why:
         design.stopped = why
         state.save()
@@ -119,11 +124,14 @@ def next_round(state: SweepState, now_s: float | None = None) -> list[Cell]:
 
 
 def _why_stop(state: SweepState, design: Design, looks: Looks, found: list[Pair], open_: list[Pair], done: int,
-              now_s: float) -> str | None:
+              now_s: float, unjudged: list[str]) -> str | None:
+    left_out = (f"; {len(unjudged)} comparison(s) not judged ({unjudged[0]}"
+                + (" ..." if len(unjudged) > 1 else "") + ")") if unjudged else ""
     if not found:
-        return "nothing to compare: no two configurations with a result differ in one setting"
+        return "no comparison can be judged" + (left_out or ": no two configurations with a result differ in one "
+                                                "setting")
     if not open_:
-        return f"every comparison decided or stopped after round {done}"
+        return f"every comparison decided or stopped after round {done}{left_out}"
     if done >= looks.rounds:
         return f"runs_max={design.runs_max} reached"
     if design.budget_min is not None:
