@@ -53,22 +53,22 @@ def test_no_change_is_shown_by_two_one_sided_tests():
 
 # Seeded: this test's outcome is fixed. With another seed it would fail when the 400 sequences gave
 # more than 20 false claims with runs=auto or at most 20 with naive re-testing; at the rates
-# bench/sequential_aa.py measured on the same noise over 4000 sequences (about 1-2% and 12-15%)
-# each of those binomial tails is below 1e-4: fewer than 1 in 1,000 seeds fail.
+# bench/sequential_aa.py measured on the same noise over 4000 sequences (1.6% and 13.9%) each of
+# those binomial tails is below 1e-4: fewer than 1 in 1,000 seeds fail.
 def test_runs_auto_keeps_false_claims_at_5_percent_where_naive_retesting_does_not():
     pool = sequential_aa.load_noise()
-    assert len(pool) >= 12  # recorded from real sweeps (the file says which)
+    assert len(pool) >= 24  # recorded from real sweeps (the file says which)
     result = sequential_aa.simulate(pool, 400, seed=7)
     assert result.auto_claims <= 0.05 * result.sequences, result
     assert result.naive_claims > 0.05 * result.sequences, result
 
 
-# Seeded as above. On the recorded noise (a loaded machine: CV about 34%) runs=auto calls a halved
-# throughput in 83% of 2000 sequences (bench/sequential_aa.py, shift 0.5); fewer than 70% of 200 is
-# 4.9 standard deviations below that: a different seed fails with probability below 1e-6.
+# Seeded as above. On the recorded noise (a loaded machine: CV about 38%) runs=auto calls a halved
+# throughput in 70% of 2000 sequences (bench/sequential_aa.py, shift 0.5); fewer than 55% of 200 is
+# 4.5 standard deviations below that: a different seed fails with probability below 1e-5.
 def test_a_halved_throughput_is_called_within_runs_max():
     result = sequential_aa.simulate(sequential_aa.load_noise(), 200, seed=3, shift=0.5)
-    assert result.auto_claims >= 0.7 * result.sequences, result
+    assert result.auto_claims >= 0.55 * result.sequences, result
 
 
 # ---- the rounds of a planned sweep --------------------------------------------------------------
