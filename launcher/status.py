@@ -78,11 +78,15 @@ def wait(state: SweepState, poll_s: float = 2.0, timeout_s: float | None = None,
 
 def advance(state: SweepState, stream=sys.stdout) -> list[Cell]:
     """runs=auto, once every cell has ended: submit the next round where comparisons are still open
-    (launcher/decide.py), so that a Slurm sweep needs no process waiting for it. Returns its cells."""
+    (launcher/decide.py), so that a Slurm sweep needs no process waiting for it. Returns its cells.
+    A local sweep runs its rounds in its launcher's foreground (its command, run again, resumes it):
+    status never starts benchmarks on this machine behind the user's back."""
+    backend = backend_for(state.cluster)
+    if backend.runs_cells_in_foreground:
+        return []
     added = decide.next_round(state)
     if not added:
         return []
-    backend = backend_for(state.cluster)
     if backend.worker_tracking_uri(state):
         ensure_runs(state)  # the ranks log into their runs themselves: the runs exist first
     last = state.design.rounds[-1] if state.design else None

@@ -132,6 +132,8 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
                          f"{', '.join(c.name for c in state.cells[:4])}...). Fix: repeat that sweep's grid to resume "
                          f"it, or give a new sweep_dir.")
     status.refresh(state)  # Slurm's view first: a cell it still runs, or has requeued, is not run twice
+    if state.design is not None and (state.design.stopped or "").startswith("interrupted"):
+        state.design.stopped = None  # runs=auto: resumed, its rounds go on
     state.submitter, state.code = this_process(), tracking.code_provenance()
     again = [cs for cs in state.cells if cs.status in (CellStatus.planned, *status.RESUBMITTED)]
     by_name = {cell.name: cell for cell in cells}
@@ -226,6 +228,9 @@ def _interrupted(state: SweepState, interrupts: Interrupts) -> int:
     """A local sweep stopped by a signal: its cells are cancelled (submit.run_local) and their runs
     KILLED (finish_cell); the parent run ends KILLED too, each with the reason as a tag."""
     reason = f"interrupted by {interrupts.reason}"
+    if state.design is not None and not state.design.stopped:
+        state.design.stopped = reason  # runs=auto: no further round either
+        state.save()
     if state.tracking_uri and state.parent_run_id:
         try:
             tracking.tag_runs(state.tracking_uri, {c.run_id: {STOP_REASON_TAG: reason} for c in state.cells
