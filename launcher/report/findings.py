@@ -180,7 +180,7 @@ def throughput_text(d: Diff | None) -> str:
 def verdict_text(c: Comparison) -> str:
     d = c.throughput
     if d is None or c.caveat:
-        return f"not claimed: {c.caveat}"
+        return f"not claimed: {c.caveat}" + (sequence_text(d, c.looks) if d is not None else "")
     return _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
 
 
