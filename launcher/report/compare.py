@@ -223,7 +223,7 @@ def _delta(metric: metrics.Metric, d: Diff, a: float, b: float, *, noise: str, l
     if verdict == NO_CHANGE and d.eq_low is not None and d.eq_high is not None:
         interval = f"within ±{d.min_effect:.0%}: {1 - 2 * d.alpha:.0%} CI {d.eq_low - 1:+.1%}..{d.eq_high - 1:+.1%}, "
     note = f"{interval}{noise}{sequence_text(d, looks, flip=True)}"
-    if verdict == UNDECIDED:
+    if verdict == UNDECIDED and not looks.sequential:  # a sequential note says it already
         note = d.why_inconclusive() if d.low is None else f"{note}; {d.why_inconclusive()}"
     return Delta(str(metric.label), a, b, d.ratio - 1, verdict, note, d.runs_needed, d.min_effect)
 

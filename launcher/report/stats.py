@@ -161,6 +161,7 @@ class Diff:
     n_b: int = 0
     look: int = 1  # which planned look gave it (1 of 1 for fixed runs)
     looks: int = 1
+    grew_until: int = 1  # the last look at which either side had new runs
     alpha: float = ALPHA  # that look's level
 
     @property
@@ -217,14 +218,16 @@ def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: 
                           looks: Looks, floor: Floor | None = None) -> Diff | None:
     """A against B judged at every planned look with that look's alpha (launcher/report/sequential.py):
     the first decided look gives the verdict, else the last look's. None when a side has no result."""
-    found = None
+    found, seen, grew = None, (0, 0), 1
     for look in range(1, looks.taken + 1):
         upto = look if looks.sequential else None
         ea, eb = estimate(row_a, metric, floor, upto), estimate(row_b, metric, floor, upto)
         if ea is None or eb is None:
             continue  # a side without a run at this look (its first runs failed)
         found = difference(ea, eb, min_effect, looks.alpha_at(look))
-        found.look, found.looks = look, looks.rounds
+        grew = look if (ea.n, eb.n) != seen else grew
+        seen = (ea.n, eb.n)
+        found.look, found.looks, found.grew_until = look, looks.rounds, grew
         if found.decided:
             return found
     if found is not None and looks.sequential and found.low is not None:
@@ -243,11 +246,15 @@ def stop_reason(d: Diff, looks: Looks) -> str | None:
     if d.low is None:
         return "no noise estimate"
     runs_max = looks.schedule[-1]
-    if d.look >= looks.rounds:
+    if d.look >= looks.rounds and d.grew_until >= looks.rounds:
         return f"runs_max={runs_max} reached"
     if d.runs_needed is None or d.runs_needed > runs_max:
         needed = f"about {d.runs_needed}" if d.runs_needed else f"more than {MAX_RUNS_NEEDED}"
-        return f"stopped early: {needed} runs per side would decide it, beyond runs_max={runs_max}"
+        # Its runs stopped growing at that look (later looks saw the same runs).
+        at = f" at look {d.grew_until}" if d.grew_until < d.look else ""
+        return f"stopped early{at}: {needed} runs per side would decide it, beyond runs_max={runs_max}"
+    if d.look >= looks.rounds:
+        return f"runs_max={runs_max} reached"
     return looks.ended
 
 
