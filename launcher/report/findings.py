@@ -97,7 +97,8 @@ def _axis_of(key: str, axis: str) -> bool:
     return key == axis or key.startswith(axis + ".")
 
 
-def _interference(row: dict[str, Any]) -> str | None:
+def interference(row: dict[str, Any]) -> str | None:
+    """What else a configuration's runs measured (the first flagged run's reason), or None."""
     for m in row.get("_members", [row]):
         if m.get("interference"):
             return str(m["interference"])
@@ -152,8 +153,8 @@ def _compare(axis: str, a: dict[str, Any], b: dict[str, Any], floor: Floor | Non
     for side, e in ((a, ea), (b, eb)):
         if e is None:
             caveat = f"{_label(side, axis)} has no result ({side.get('status')})"
-        elif _interference(side):
-            caveat = f"{_label(side, axis)} flagged interference: {_interference(side)}"
+        elif interference(side):
+            caveat = f"{_label(side, axis)} flagged interference: {interference(side)}"
     context = " ".join(w for w in _words(a) if not _axis_of(w.split("=", 1)[0].lstrip("+~"), axis)
                        and not w.startswith(("nodes=", "seed=", "run=")))
     pa, pb = estimate(a, "peak_memory", floor), estimate(b, "peak_memory", floor)
@@ -259,7 +260,7 @@ def scaling(units: list[dict[str, Any]], floor: Floor | None = None) -> list[str
     """Scaling efficiency per series: per-device throughput over the smallest world size's."""
     series: dict[str, list[dict[str, Any]]] = {}
     for u in units:
-        if estimate(u) is not None and not _interference(u):
+        if estimate(u) is not None and not interference(u):
             series.setdefault(str(u.get("series")), []).append(u)
     labels = series_labels([u for members in series.values() for u in members])
     lines = []
@@ -294,7 +295,7 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
     measurably slower than it (a configuration inside the noise of the fastest is as good a pick)."""
     by_size: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for u in units:
-        if estimate(u) is not None and not _interference(u):
+        if estimate(u) is not None and not interference(u):
             by_size.setdefault((str(u.get("model")), int(u.get("world_size") or 0)), []).append(u)
     multi_model = len({m for m, _ in by_size}) > 1
     lines = []
@@ -392,12 +393,12 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
              + (f" This sweep ran with runs=auto: {looks.text()}; each verdict is its first decided look, so "
                 "false claims stay at 5% over all looks." if looks.sequential else ""), ""]
     failed = [u for u in units if estimate(u) is None]
-    flagged = [u for u in units if _interference(u)]
+    flagged = [u for u in units if interference(u)]
     noiseless = [u for u in units if (e := estimate(u, "throughput", floor)) is not None and e.se is None]
     if failed:
         lines.append("Left out (no result): " + ", ".join(f"{md_cell(u['cell'])} ({_why(u)})" for u in failed) + ".")
     if flagged:
-        lines.append("⚠ Interference: " + "; ".join(f"{md_cell(u['cell'])}: {md_cell(_interference(u))}" for u in flagged)
+        lines.append("⚠ Interference: " + "; ".join(f"{md_cell(u['cell'])}: {md_cell(interference(u))}" for u in flagged)
                      + ". Their comparisons are shown but not claimed, and they are not recommended.")
     if noiseless:
         lines.append(f"{len(noiseless)} configuration(s) ran once and this cluster has no noise floor: nothing is "
