@@ -21,7 +21,7 @@ from launcher.report import findings
 from launcher.report.report import collect, looks_of
 from launcher.report.rows import grouped
 from launcher.report.sequential import ALPHA, Looks, schedule, spent, t_two_sided
-from launcher.report.stats import SAME, Estimate, difference, t95
+from launcher.report.stats import SAME, Estimate, difference, runs_needed, t95
 
 
 def test_t_quantiles_match_the_table_and_known_values():
@@ -49,6 +49,13 @@ def test_no_change_is_shown_by_two_one_sided_tests():
     assert d.verdict == SAME and 0.95 <= d.low < d.eq_low and d.eq_high < d.high <= 1.05  # 90% inside 95%
     wide = difference(Estimate(1000.0, 20.0, 2, 3, "runs"), Estimate(1005.0, 20.0, 2, 3, "runs"), 0.05)
     assert wide.verdict == "inconclusive" and wide.runs_needed  # the interval reaches beyond ±5%
+
+
+def test_runs_needed_against_a_baseline_grows_one_side_only():
+    new, baseline = Estimate(80.0, 4.0, 2, 3, "runs"), Estimate(100.0, 20.0, 2, 3, "runs")  # 3 runs, 35% apart
+    both = runs_needed(new, baseline, 0.05)
+    assert both is not None and runs_needed(new, baseline, 0.05, fixed_b=True) is None  # B's 3 runs cannot
+    assert runs_needed(new, Estimate(100.0, 2.0, 2, 3, "runs"), 0.05, fixed_b=True) == 4
 
 
 # Seeded: this test's outcome is fixed. With another seed it would fail when the 400 sequences gave

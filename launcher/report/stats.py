@@ -231,8 +231,10 @@ def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: 
         if found.decided:
             return found
     if found is not None and looks.sequential and found.low is not None:
+        # A baseline's runs (round 0: all there before this sweep began) do not grow with its rounds.
+        fixed_b = all(int(m.get("round") or 1) == 0 for m in row_b.get("_members", [row_b]))
         found.runs_needed = runs_needed(estimate(row_a, metric, floor), estimate(row_b, metric, floor),
-                                        min_effect, looks.alpha_at(looks.rounds))
+                                        min_effect, looks.alpha_at(looks.rounds), fixed_b)
     return found
 
 
@@ -266,20 +268,24 @@ def _welch_df(a: Estimate, b: Estimate) -> float:
     return se2**2 / ((a.se**4 / a.df if a.se else 0.0) + (b.se**4 / b.df if b.se else 0.0))
 
 
-def runs_needed(a: Estimate | None, b: Estimate | None, min_effect: float, alpha: float = ALPHA) -> int | None:
+def runs_needed(a: Estimate | None, b: Estimate | None, min_effect: float, alpha: float = ALPHA,
+                fixed_b: bool = False) -> int | None:
     """The runs per side at which, with the spread and the difference seen now, the interval would
     either exclude 1 beyond the minimum effect or fit inside it; None beyond MAX_RUNS_NEEDED.
     Always more than either side has: the runs already there did not decide it (Welch's degrees of
-    freedom, which the verdict used, are fewer than this pooled estimate's when the spreads differ)."""
+    freedom, which the verdict used, are fewer than this pooled estimate's when the spreads differ).
+    ``fixed_b``: B's runs are all there is (a baseline sweep): only A grows, and B's own standard
+    error stays; then None also where no number of A's runs would decide it."""
     if a is None or b is None or a.sd is None or b.sd is None:
         return None
     change = abs(a.mean / b.mean - 1)
     room = change if change >= min_effect else min_effect - change
-    rel_sd = math.sqrt(a.sd**2 + b.sd**2) / b.mean
-    for n in range(max(2, a.n + 1, b.n + 1), MAX_RUNS_NEEDED + 1):
-        # A difference needs the 1 - alpha interval clear of 1, "no change" the 1 - 2 alpha one inside.
-        level = alpha if change >= min_effect else 2 * alpha
-        if t_two_sided(level, 2 * n - 2) * rel_sd / math.sqrt(n) < room:
+    # A difference needs the 1 - alpha interval clear of 1, "no change" the 1 - 2 alpha one inside.
+    level = alpha if change >= min_effect else 2 * alpha
+    for n in range(max(2, a.n + 1, 2 if fixed_b else b.n + 1), MAX_RUNS_NEEDED + 1):
+        n_b = b.n if fixed_b else n
+        se = math.sqrt(a.sd**2 / n + b.sd**2 / n_b) / b.mean
+        if t_two_sided(level, n + n_b - 2) * se < room:
             return n
     return None
 
