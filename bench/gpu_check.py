@@ -431,7 +431,7 @@ from launcher.plan import fit
 LOW = {"bf16": "bfloat16", "fp16": "float16"}
 for line in sys.stdin:
     spec = from_plain(RunSpec, json.loads(line))
-    shapes, activations = fit.analyse(spec.model, batch_size=spec.train.batch_size,
+    shapes, activations, _ = fit.analyse(spec.model, batch_size=spec.train.batch_size,
                                       low_dtype=LOW.get(spec.precision.name.value),
                                       checkpointing=spec.train.activation_checkpointing)
     state = dataclasses.replace(fit.predict(shapes, spec.strategy, spec.layout, spec.train.optimizer),

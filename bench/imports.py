@@ -1,4 +1,5 @@
 """Figure 5: ``python -m launcher --help`` and config composition import neither torch nor MLflow.
+Beside it, ``python -m bench.imports chain``: each package's longest import chain, from the source.
 
 Each check runs in a fresh interpreter: ``--help`` under ``python -X importtime`` (the modules it
 imported are read from that report), composition of the 16-cell grid (expand, compose, validate,
@@ -8,11 +9,14 @@ plan) in a subprocess that prints ``sys.modules``' heavy entries afterwards. Ref
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from bench.common import PYTHON, REPO, Row, Settings, bench_env, ratio_of_medians
 
@@ -88,9 +92,48 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     return rows, {"help_heavy_imports": help_heavy, "compose_heavy_imports": compose_heavy}
 
 
+def import_graph(package: str, root: Path = REPO) -> dict[str, set[str]]:
+    """Every module of ``package`` (a package's __init__ counts as one) -> the modules of ``package`` it
+    imports, at the top or inside functions (``from a.b import c`` is ``a.b.c`` where that is a module)."""
+    def name(path: Path) -> str:
+        parts = path.relative_to(root).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    paths = {name(p): p for p in (root / package).rglob("*.py") if name(p) != package}
+    graph = {}
+    for module, path in paths.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
+                          for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[module] = (found & set(paths)) - {module}
+    return graph
+
+
+def longest_chain(package: str, root: Path = REPO) -> list[str]:
+    """The longest path of imports inside ``package``: a -> b -> c means a imports b, which imports c."""
+    graph = import_graph(package, root)
+
+    @functools.cache
+    def longest(module: str) -> tuple[str, ...]:
+        return max(((module, *longest(n)) for n in sorted(graph[module])), key=len, default=(module,))
+
+    return list(max((longest(m) for m in sorted(graph)), key=len))
+
+
 if __name__ == "__main__":
+    import sys
+
     from bench.common import render_table
 
+    if sys.argv[1:] == ["chain"]:
+        for package in ("launcher", "jobs"):
+            chain = longest_chain(package)
+            print(f"{package}: {len(chain)} modules: {' -> '.join(chain)}")
+        raise SystemExit(0)
     rows, details = run(Settings(repeats=2), print)
     print(render_table(rows))
     print(details)

@@ -9,7 +9,10 @@ Measured, each once per repeat (a 1000-job run is long enough that one stray pro
   runs being created by a background ``launcher.sync`` that the sweep state tracks; and 6b' the
   time until that background work has finished (every child run exists);
 - the plugin: start -> last cell accepted by sbatch (it would then block until every job ends);
-- 6c. ``python -m launcher.status`` over the 1000-cell sweep (one sacct call, one squeue call).
+- 6c. ``python -m launcher.status`` over the 1000-cell sweep (one sacct call, one squeue call);
+- 6d. the same once cells have changed: 10 of the held jobs are cancelled outside the launcher
+  (scancel, as an administrator would), then status; 6e. the other 990 cancelled, then status (990
+  cells changed, and the sweep has ended: its report is due), and 6e' the call after it.
 
 Needs a cluster whose MaxArraySize admits 1000 tasks (the plugin submits one array; ours would split
 it): run it against a test cluster started with the default, e.g.
@@ -27,13 +30,16 @@ from pathlib import Path
 
 from bench.common import PYTHON, REPO, Row, Settings, ratio_of_medians
 from bench.slurm_submit import Shim, default_partition, read_log, run_plugin_until_accepted, scancel, unavailable
-from launcher.cluster.slurm_commands import max_array_size
+from contract.cell_run import TEMPLATE_FILE
+from launcher.cluster.slurm.resources import max_array_size
 
 GRID = ["seed=range(0,250)", "strategy=ddp,fsdp", "nodes=1,2"]  # keys the reference app has
 OURS_ONLY = ["runs=1"]  # one run per cell, as the plugin runs each point once
 CELLS = 1000
 TARGET_RETURN_S = 15.0
 TARGET_STATUS_S = 2.0
+FEW_CHANGED = 10  # 6d: cells whose jobs end between two status calls, as when a sweep is finishing
+STATUS_TIMEOUT_S = 600.0
 
 
 def _ours(work: Path, shim: Shim, partition: str, name: str, tracking: list[str], threads: int,
@@ -56,10 +62,11 @@ def _ours(work: Path, shim: Shim, partition: str, name: str, tracking: list[str]
 
 
 def _runs_done_s(sweep: Path, started: float, timeout_s: float = 600) -> float:
-    """Seconds from the command's start until every cell's run id file exists (background creation)."""
+    """Seconds from the command's start until the parent run and every cell's run template exist
+    (background creation; a cell's run itself is created once its job starts: contract/cell_run.py)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if len(list(sweep.glob("cells/*/mlflow_run_id"))) >= CELLS and (sweep / "mlflow.json").exists():
+        if len(list(sweep.glob(f"cells/*/{TEMPLATE_FILE}"))) >= CELLS and (sweep / "mlflow.json").exists():
             return time.time() - started
         time.sleep(0.25)
     raise RuntimeError(f"the background run creation did not finish in {timeout_s} s ({sweep / 'mlflow-runs.log'})")
@@ -79,11 +86,39 @@ def _plugin(work: Path, shim: Shim, partition: str, threads: int, submitted: lis
     return max(c[1] for c in calls) - start
 
 
-def _status_s(sweep: Path, threads: int) -> tuple[float, str]:
+def _status_s(sweep: Path, threads: int, timeout_s: float = STATUS_TIMEOUT_S) -> tuple[float, str]:
+    """Seconds ``launcher.status`` took, and its first line; a call past ``timeout_s`` is stopped and
+    counted as ``timeout_s`` (a lower bound), its line saying so."""
     start = time.time()
-    proc = subprocess.run([PYTHON, "-m", "launcher.status", str(sweep)], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    try:
+        proc = subprocess.run([PYTHON, "-m", "launcher.status", str(sweep)], capture_output=True, text=True, cwd=REPO,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return timeout_s, f"stopped after {timeout_s:.0f} s"
     return time.time() - start, proc.stdout
+
+
+def _logged_status(sweep: Path, threads: int, what: str, log: Callable[[str], None]) -> float:
+    took, out = _status_s(sweep, threads)
+    log(f"    status, {what}: {took:.2f} s: {out.splitlines()[0] if out else '-'}")
+    return took
+
+
+def _cancel_outside(sweep: Path, first: int, count: int, timeout_s: float = 120) -> None:
+    """scancel the jobs of the sweep's cells ``first .. first+count-1``, as an administrator would (the
+    launcher is not told), and wait until the queue no longer holds them and accounting has caught up."""
+    jobs = [c["job_id"] for c in json.loads((sweep / "sweep.json").read_text())["cells"][first : first + count]]
+    scancel(jobs)
+    arrays = ",".join(sorted({j.split("_")[0] for j in jobs}))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", arrays], capture_output=True, text=True,
+                                timeout=60).stdout.split()
+        if not set(jobs) & set(queued):
+            time.sleep(2.0)  # accounting lags the queue by a second or two
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"scancel of {count} job(s) of {sweep} did not take effect in {timeout_s} s")
 
 
 def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict]:
@@ -102,6 +137,9 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     shim, partition = Shim(work), default_partition()
     submitted: list[str] = []
     off_s, with_s, runs_s, plugin_s, status_s = [], [], [], [], []
+    few_s: list[float] = []
+    all_s: list[float] = []
+    after_s: list[float] = []
     try:
         for i in range(settings.repeats):
             elapsed, _ = _ours(work, shim, partition, f"off-{i}", ["tracking=off"], settings.threads, submitted)
@@ -116,6 +154,11 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
             took, out = _status_s(sweep, settings.threads)
             status_s.append(took)
             log(f"    status #{i + 1}: {took:.2f} s: {out.splitlines()[0] if out else '-'}")
+            _cancel_outside(sweep, 0, FEW_CHANGED)
+            few_s.append(_logged_status(sweep, settings.threads, f"{FEW_CHANGED} cells changed", log))
+            _cancel_outside(sweep, FEW_CHANGED, CELLS - FEW_CHANGED)
+            all_s.append(_logged_status(sweep, settings.threads, f"{CELLS - FEW_CHANGED} more changed", log))
+            after_s.append(_logged_status(sweep, settings.threads, "the next call", log))
             scancel(submitted)
             plugin_s.append(_plugin(work, shim, partition, settings.threads, submitted))
             scancel(submitted)
@@ -134,6 +177,15 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
             ours=runs_s, reference=[], target="tracked by the sweep state; status/sync finish it", passed=bool(runs_s)),
         Row(figure=f"6c. launcher.status over the {CELLS}-cell sweep", unit="s", ours=status_s, reference=[],
             target=f"<= {TARGET_STATUS_S} s", passed=bool(status_s) and max(status_s) <= TARGET_STATUS_S),
+        Row(figure=f"6d. launcher.status after {FEW_CHANGED} cells changed (jobs cancelled outside the launcher)",
+            unit="s", ours=few_s, reference=[], target=f"<= {TARGET_STATUS_S} s",
+            passed=bool(few_s) and max(few_s) <= TARGET_STATUS_S),
+        Row(figure=f"6e. launcher.status after the other {CELLS - FEW_CHANGED} cells changed (the sweep has ended)",
+            unit="s", ours=all_s, reference=[], target=f"<= {TARGET_STATUS_S} s",
+            passed=bool(all_s) and max(all_s) <= TARGET_STATUS_S,
+            note=f"a call stopped at {STATUS_TIMEOUT_S:.0f} s counts as {STATUS_TIMEOUT_S:.0f} s"),
+        Row(figure="6e'. the next launcher.status call", unit="s", ours=after_s, reference=[],
+            target=f"<= {TARGET_STATUS_S} s", passed=bool(after_s) and max(after_s) <= TARGET_STATUS_S),
     ]
     return rows, {"partition": partition, "max_array_size": size, "grid": GRID}
 

@@ -203,8 +203,9 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
         unit="s", ours=client_start, reference=[], target="(info)", passed=None))
     if any(comm_probe):
         rows.append(Row(
-            figure="2c. communication probe on rank 0 (extra profiled steps after the window; comm_probe_steps=0 "
-                   "turns it off)", unit="s", ours=comm_probe, reference=[], target="(info)", passed=None))
+            figure="2c. communication and anatomy probe on rank 0 (extra profiled steps after the window, shapes "
+                   "recorded, the trace cut into the step's parts: jobs/anatomy.py; the cost of the whole probe, "
+                   "outside the window; comm_probe_steps=0 turns it off)", unit="s", ours=comm_probe, reference=[], target="(info)", passed=None))
     if any(local_probe):
         rows.append(Row(
             figure="2d. straggler probe on rank 0 (extra forward+backward passes without gradient communication "

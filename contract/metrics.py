@@ -170,7 +170,57 @@ METRICS: tuple[Metric, ...] = (
     Metric("measured_matmul_tflops", "TFLOP/s", _M, _FLAT),
     Metric("predicted_model_state_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
     Metric("predicted_activation_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
+    # ---- forecasts checked (launcher/report/forecasts.py): each configuration forecast from the others
+    Metric("forecast_throughput_samples_per_s", "samples/s (leave-one-out forecast)", _NONE, _FLAT, source=_REPORT),
+    Metric("forecast_error", "forecast over measured throughput, minus 1", _NONE, _FLAT, source=_REPORT),
+    # The sweep's parent run: over its configurations.
+    Metric("forecast_error_median", "median absolute forecast error (share of the measured)", _NONE, _DOWN,
+           source=_REPORT),
+    Metric("forecast_error_median_at_measured_cores", "the same, each forecast at the share of cores its cell had",
+           _NONE, _DOWN, source=_REPORT),
+    Metric("forecast_interval_coverage", "share of measurements inside their forecast's interval", _NONE, _UP,
+           source=_REPORT),
+    Metric("forecast_points", "configurations forecast", _NONE, _FLAT, source=_REPORT),
 )
+
+# ---- a step's anatomy (jobs/anatomy.py): parts that add up to the probe's step time -------------
+# Reduced over ranks as the mean: a mean of sums is the sum of means, so the job's parts still add
+# up to the job's probe step time (a maximum per part would not).
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "other")
+# The parts, in the order they are summed and drawn; the last is the remainder, never spread.
+STEP_PARTS = ("anatomy_data_wait_ms", "anatomy_forward_ms", "anatomy_backward_ms", "anatomy_optimizer_ms",
+              "anatomy_copies_ms", *(f"comm_{k}_exposed_ms" for k in COLLECTIVE_KINDS), "anatomy_unattributed_ms")
+ANATOMY_STEP = "anatomy_step_time_ms"
+
+
+def comm_bytes(kind: str) -> str:
+    return f"comm_{kind}_bytes_per_step"
+
+
+def comm_calls(kind: str) -> str:
+    return f"comm_{kind}_calls_per_step"
+
+
+def predicted_comm_bytes(kind: str) -> str:
+    return f"predicted_comm_{kind}_bytes_per_step"
+
+
+def _anatomy() -> tuple[Metric, ...]:
+    ms = "ms per step (the profiled probe's)"
+    out = [Metric(ANATOMY_STEP, "ms per step (the profiled probe's: the profiler's cost included)", _M, _DOWN)]
+    out += [Metric(name, ms, _M, _DOWN) for name in STEP_PARTS]
+    for k in COLLECTIVE_KINDS:
+        out += [Metric(f"comm_{k}_overlapped_ms", ms + ", hidden by computation, not in the sum", _M, _FLAT),
+                Metric(comm_bytes(k), "bytes per optimizer step (nccl-tests' size)", _M, _DOWN),
+                Metric(comm_calls(k), "collectives per optimizer step", _M, _FLAT),
+                Metric(f"comm_{k}_algbw_gbps", "GB/s (bytes over time in flight)", _M, _UP),
+                Metric(f"comm_{k}_busbw_gbps", "GB/s (nccl-tests' bus bandwidth)", _M, _UP),
+                Metric(predicted_comm_bytes(k), "bytes per optimizer step (the strategy's theory)", _X, _FLAT,
+                       source=Source.LAUNCHER)]
+    return tuple(out)
+
+
+METRICS = METRICS + _anatomy()
 
 REGISTRY: dict[str, Metric] = {m.name: m for m in METRICS}
 

@@ -174,6 +174,51 @@ class PrecisionSpec:
             )
 
 
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """What a precision setting means for one strategy (dtype names; None = fp32 / off).
+
+    ``autocast``: the dtype of ``torch.autocast`` around forward and loss (fp32 master weights,
+    per-op casts, norms and softmax in fp32). ``param_dtype`` / ``reduce_dtype``: FSDP2's
+    MixedPrecisionPolicy (parameters all-gathered and used in that dtype; gradients reduced in
+    ``reduce_dtype``). ``grad_scaler``: fp16 loss scaling.
+    """
+
+    mode: str
+    autocast: str | None
+    param_dtype: str | None
+    reduce_dtype: str | None
+    grad_scaler: bool
+
+
+def precision_plan(strategy: Strategy, precision: PrecisionSpec) -> PrecisionPlan:
+    """The same numerics for DDP and FSDP by default (``precision.mode=autocast``).
+
+    ``mode=params`` (FSDP only) casts the parameters themselves (pure low-precision compute,
+    half the all-gather bytes); DDP has no public equivalent (its ``_MixedPrecision`` is private
+    and CUDA-only), so it is refused there rather than silently run as something else.
+    """
+    name = precision.name
+    mode = PrecisionMode(precision.mode)
+    if name is Precision.fp32:
+        return PrecisionPlan(mode.value, None, None, None, False)
+    low = name.value
+    reduce = precision.reduce_dtype.value if precision.reduce_dtype is not None else None
+    if mode is PrecisionMode.autocast:
+        # FSDP keeps fp32 parameters (and fp32 all-gathers); gradients are fp32, so an fp32
+        # reduce_dtype is a no-op and a low one (bf16 reduce-scatter) is honoured.
+        fsdp_reduce = None if reduce in (None, "fp32") else reduce
+        return PrecisionPlan(mode.value, low, None, fsdp_reduce if strategy is Strategy.fsdp else None,
+                             name is Precision.fp16)
+    if strategy is not Strategy.fsdp:
+        raise ValueError(
+            "precision.mode=params with strategy=ddp: DDP cannot run low-precision parameters over fp32 master "
+            "weights (its mixed precision is private and CUDA-only). Fix: use precision.mode=autocast (the default) "
+            "to compare DDP with FSDP, or run mode=params with an FSDP strategy only.")
+    param = precision.param_dtype.value if precision.param_dtype is not None else low
+    return PrecisionPlan(mode.value, None, param, reduce, name is Precision.fp16)
+
+
 class LMHead(enum.Enum):
     """Which Hugging Face language-model head ``model=hf`` builds (``model.head``)."""
 

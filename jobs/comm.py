@@ -1,7 +1,9 @@
 """Communication time, from the profiler's collective events.
 
-Method: after the measured window, ``probe_steps`` more training steps run under
-``torch.profiler`` (they are not part of any throughput or step-time figure). From the trace:
+Method: after the measured window, ``comm_probe_steps`` more training steps run under
+``torch.profiler`` (jobs/anatomy.py runs that probe and cuts its steps into parts; they are not part
+of any throughput or step-time figure). This module classifies the trace's events and owns the
+interval arithmetic both use. From the trace:
 
 - collective intervals: the execution of each collective (``gloo:*`` events on gloo's worker
   threads on CPU; NCCL kernels on the GPU timeline);
@@ -105,26 +107,6 @@ def classify_events(events, main_thread: int, on_gpu: bool) -> dict[str, list[In
     return out
 
 
-def probe(run_steps, n_steps: int, on_gpu: bool) -> dict[str, float]:
-    """Run ``run_steps(n_steps)`` under the profiler; per-step communication figures."""
-    import threading
-    import time
-
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        run_steps(n_steps)
-        wall_s = time.perf_counter() - t0
-    events = prof.events()
-    # The training thread is the one that ran this function; the profiler names threads by
-    # their native id.
-    main_thread = _main_thread_id(events, threading.get_native_id())
-    kinds = classify_events(events, main_thread, on_gpu)
-    return figures(kinds, wall_s, n_steps)
-
-
 def figures(kinds: dict[str, list[Interval]], wall_s: float, n_steps: int) -> dict[str, float]:
     """Per-step figures (ms) from classified intervals (us) of ``n_steps`` steps that took ``wall_s``."""
     comm, compute = kinds["comm"], kinds["compute"]
@@ -140,7 +122,8 @@ def figures(kinds: dict[str, list[Interval]], wall_s: float, n_steps: int) -> di
     }
 
 
-def _main_thread_id(events, native_id: int) -> int:
+def main_thread_id(events, native_id: int) -> int:
+    """The profiler's id of the training thread (it names threads by their native id)."""
     threads = {e.thread for e in events}
     if native_id in threads:
         return native_id

@@ -71,6 +71,15 @@ class Trainer:
         self.grad_bytes: int | None = None
         # The last step's "GradScaler skipped it" flag (a device bool tensor), None without a scaler.
         self.last_skipped = None
+        # Set only by the profiled probe after the window (jobs/anatomy.py): each part of the step
+        # becomes a named profiler range. Off in the measured window, which pays nothing for it.
+        self.annotate = False
+
+    def _part(self, name: str) -> AbstractContextManager:
+        """A profiler range named ``step::<name>`` while annotating (jobs.anatomy.PHASES), else nothing."""
+        if not self.annotate:
+            return contextlib.nullcontext()
+        return torch.profiler.record_function(f"step::{name}")
 
     def _autocast(self) -> AbstractContextManager:
         if self.autocast_dtype is None:
@@ -82,20 +91,27 @@ class Trainer:
         total: torch.Tensor | None = None
         for micro in range(self.accum_steps):
             t0 = time.perf_counter()
-            x, y = next(batches)
+            with self._part("data"):
+                x, y = next(batches)
             data_time_s += time.perf_counter() - t0
             last = micro == self.accum_steps - 1
             # Accumulation steps skip the gradient all-reduce / reduce-scatter: only the last
             # micro-batch communicates (DDP no_sync, FSDP2 set_requires_gradient_sync).
             with contextlib.nullcontext() if last else self.no_sync():
-                with self._autocast():
+                with self._part("forward"), self._autocast():
                     loss = loss_fn(self.model(x), y) / self.accum_steps
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
+                with self._part("backward"):
+                    (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
         if total is None:  # RunSpec validation keeps grad_accum_steps >= 1
             raise ValueError(f"accum_steps={self.accum_steps}: a step needs at least one micro-batch.")
         if self.grad_bytes is None:
             self.grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
+        with self._part("optimizer"):
+            self._optimizer_step()
+        return total, data_time_s
+
+    def _optimizer_step(self) -> None:
         if self.scaler:
             # The scale drops (backoff) exactly when the step was skipped for inf/NaN gradients;
             # compared on the device, read after the window.
@@ -106,7 +122,6 @@ class Trainer:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total, data_time_s
 
 
 def run_steps(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Callable[[], None], trace: StepTrace) -> None:

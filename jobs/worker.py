@@ -285,19 +285,20 @@ def after_window(run: Run, outcome: Outcome) -> dict[str, Any]:
 
 
 def communication_probe(run: Run) -> dict[str, float]:
-    """The profiled steps after the window (jobs/comm.py), with the stall watchdog paused: parsing
-    the trace can take longer than the stall timeout, and it is not a stall."""
+    """The profiled steps after the window (jobs/anatomy.py: communication figures and the step's
+    anatomy), with the stall watchdog paused: parsing the trace can take longer than the stall
+    timeout, and it is not a stall."""
     n_steps, env = run.rank.spec.train.comm_probe_steps, run.rank.env
     if not n_steps or env.world_size <= 1:
         return {}
-    from jobs import comm
+    from jobs import anatomy
     from jobs.loop import StepTrace, run_steps
 
     run.rank.heartbeat.pause()
     probe_trace = StepTrace()
     trainer, batches = run.setup.trainer, run.setup.batches
-    return comm.probe(lambda n: run_steps(trainer, batches, n, run.sync, probe_trace), n_steps,
-                      on_gpu=run.rank.device.type == "cuda")
+    return anatomy.probe(lambda n: run_steps(trainer, batches, n, run.sync, probe_trace), trainer, n_steps,
+                         on_gpu=run.rank.device.type == "cuda", world_size=env.world_size)
 
 
 def local_probe(run: Run) -> list[float]:

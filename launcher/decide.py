@@ -16,6 +16,7 @@ ended. This module decides and plans the cells; the callers submit them.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from launcher.report.report import collect, looks_of
 from launcher.report.rows import grouped
 from launcher.report.stats import MIN_EFFECT, Diff, Looks, sequential_difference, stop_reason
 from launcher.state import Design, Round, SweepState
+from launcher.track.runs import ensure_runs
 
 
 @dataclass
@@ -207,3 +209,24 @@ def summary(state: SweepState) -> str:
     per = ", ".join(f"{name}: {n}" for name, n in runs.items())
     stopped = design.stopped or "a round is running"
     return (f"runs=auto: {len(design.rounds)} round(s), {len(state.cells)} runs ({per}); stopped: {stopped}")
+
+
+def advance(state: SweepState, stream=sys.stdout) -> list[Cell]:
+    """Once every cell has ended: submit the next round where comparisons are still open, so that a
+    Slurm sweep needs no process waiting for it (launcher.status and --wait call it). Returns its
+    cells. A local sweep runs its rounds in its launcher's foreground (its command, run again,
+    resumes it): status never starts benchmarks on this machine behind the user's back."""
+    backend = backend_for(state.cluster)
+    if backend.runs_cells_in_foreground:
+        return []
+    added = next_round(state)
+    if not added:
+        return []
+    if backend.worker_tracking_uri(state):
+        ensure_runs(state)  # the ranks log into their runs themselves: the runs exist first
+    last = state.design.rounds[-1] if state.design else None
+    print(f"runs=auto: round {last.number if last else '?'} submits {len(added)} run(s) for "
+          f"{len(last.open) if last else 0} open comparison(s)", file=stream, flush=True)
+    backend.submit(state, added)  # a background backend: its cells' runs are settled by status
+    state.save()
+    return added

@@ -13,12 +13,13 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from contract.codec import to_plain
 from contract.spec import ConfigError, ModelSpec
 from launcher.cluster.backends import backend_for
-from launcher.plan import fit, fitcache
+from launcher.plan import fit, fitcache, traffic
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
 from launcher.plan.schema import Config
@@ -27,15 +28,33 @@ from launcher.track.tracking import check_reachable, default_uri
 
 def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     """Raise SweepError listing every problem; return each cell's predicted per-rank state bytes."""
+    predicted = analyse(cells)
     errors: list[str] = []
-    predicted = _models(cells, errors)
-    _refuse(errors)
-    # What the cluster cannot give (GPUs, memory limits, partitions): also resolves cluster.gpu_mem_gib.
-    errors += backend_for(cells[0].cluster.name.value).check_resources(cells)
+    # What the cluster cannot give (GPUs, memory limits, partitions), and what it resolves for the cells
+    # (cluster.gpu_mem_gib, a GPU rank's cores and memory): applied here, the check changes nothing.
+    resources = backend_for(cells[0].cluster.name.value).check_resources(cells)
+    resources.apply(cells)
+    for warning in resources.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    errors += resources.errors
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _writable(cells[0].config)
     _tracking(cells[0].config)
+    return predicted
+
+
+def analyse(cells: list[Cell]) -> dict[int, fit.StateBytes]:
+    """Each cell's model analysed (built on the meta device, or read from the fit cache): its
+    per-rank state and the bytes its strategy moves; its FLOPs per sample counted into the cache for
+    the forecasts (launcher/report/forecasts.py). Raise SweepError for a model that cannot build.
+    Asks no cluster: launcher.forecast analyses cells larger than any cluster it knows."""
+    errors: list[str] = []
+    predicted = _models(cells, errors)
+    _refuse(errors)
+    for model in {json.dumps(to_plain(c.config.model), sort_keys=True, default=str): c.config.model
+                  for c in cells}.values():
+        fitcache.flops_per_sample(model)
     return predicted
 
 
@@ -52,7 +71,7 @@ _RUN_IN_NAME = re.compile(r"^\[(.*?) run=\d+\]")
 def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
     """Each distinct model and batch shape is analysed once (or read from launcher/plan/fitcache.py):
     built on the meta device, its parameter shapes, and one meta forward for the activations."""
-    analyses: dict[str, tuple[list, int | None] | None] = {}
+    analyses: dict[str, tuple[list, int | None, list[bool]] | None] = {}
     predicted = {}
     for cell in cells:
         cfg = cell.config
@@ -64,9 +83,13 @@ def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
             analyses[key] = _analyse(cfg.model, model, shape, cell.name, errors)
         found = analyses[key]
         if found is not None:
-            state = fit.predict(found[0], cfg.strategy, cell.layout, cfg.optimizer)
-            predicted[cell.index] = dataclasses.replace(state, activations=found[1],
-                                                        loss_grads=fit.loss_grad_bytes(cfg.model, cfg.batch_size))
+            shapes, activations, in_unit = found
+            state = fit.predict(shapes, cfg.strategy, cell.layout, cfg.optimizer)
+            params = [traffic.Param(shape, inside) for (shape, _), inside in zip(shapes, in_unit, strict=True)]
+            predicted[cell.index] = dataclasses.replace(
+                state, activations=activations, loss_grads=fit.loss_grad_bytes(cfg.model, cfg.batch_size),
+                comm_bytes_per_step=traffic.bytes_per_step(params, cfg.strategy, cfg.precision, cell.layout,
+                                                           cfg.grad_accum_steps))
     return predicted
 
 
@@ -74,12 +97,13 @@ LOW_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
-             errors: list[str]) -> tuple[list, int | None] | None:
-    """(parameter shapes, activation bytes or None), or None after recording why it cannot build."""
+             errors: list[str]) -> tuple[list, int | None, list[bool]] | None:
+    """(parameter shapes, activation bytes or None, each parameter inside an FSDP unit or not), or
+    None after recording why it cannot build."""
     cache_key = fitcache.key(plain, shape)
     hit = fitcache.read(cache_key)
     if hit is not None:
-        return [(tuple(dims), size) for dims, size in hit["shapes"]], hit["activations"]
+        return [(tuple(dims), size) for dims, size in hit["shapes"]], hit["activations"], hit["in_unit"]
     from jobs.models import check_buildable
 
     try:
@@ -87,9 +111,9 @@ def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
     except ConfigError as exc:
         errors.append(f"[{cell_name}] {exc}")
         return None
-    shapes, activations = fit.analyse(model, **shape)
-    fitcache.write(cache_key, {"shapes": shapes, "activations": activations})
-    return shapes, activations
+    shapes, activations, in_unit = fit.analyse(model, **shape)
+    fitcache.write(cache_key, {"shapes": shapes, "activations": activations, "in_unit": in_unit})
+    return shapes, activations, in_unit
 
 
 def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[str]) -> None:

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contract.metrics import COLLECTIVE_KINDS
 from launcher.cluster.backends import backend_for
-from launcher.plan import fit
+from launcher.plan import fit, traffic
 from launcher.plan.cell import Cell
 
 
 def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_size: int | None = None) -> str:
     """Cells with resources and predicted per-rank model state, then the sbatch calls with their scripts."""
-    return "\n".join([*_cells(cells, predicted), "", *_submissions(cells, max_array_size)])
+    from launcher.forecast import beside_plan
+
+    return "\n".join([*_cells(cells, predicted), "", *_traffic(cells, predicted), "", *beside_plan(cells, predicted),
+                      "", *_submissions(cells, max_array_size)])
 
 
 def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:
@@ -33,6 +37,27 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
     if unchecked:
         lines += ["", f"fit not checked for {len(unchecked)} GPU cell(s): their GPU memory is unknown. Set "
                       "cluster.gpu_mem_gib, or cluster.gpu_type to a known GPU model (e.g. h100)."]
+    return lines
+
+
+def _traffic(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:
+    """Bytes per optimizer step by collective kind that each cell's strategy implies (the theory the
+    report holds the measured bytes against)."""
+    kinds = [k for k in COLLECTIVE_KINDS if any(k in s.comm_bytes_per_step for s in predicted.values())]
+    if not kinds:
+        return ["Communication per step (theory): none (every cell runs on one rank)."]
+    lines = ["Communication per optimizer step (theory, launcher/plan/traffic.py; the report compares the "
+             "measured bytes with it):", "",
+             "| # | cell | " + " | ".join(k.replace("_", "-") for k in kinds) + " | total |",
+             "|---:|---|" + "---:|" * (len(kinds) + 1)]
+    for cell in cells:
+        state = predicted.get(cell.index)
+        if state is None:
+            continue
+        moved = state.comm_bytes_per_step
+        figures = [traffic.human_bytes(moved[k]) if k in moved else "-" for k in kinds]
+        lines.append(f"| {cell.index} | {cell.name} | " + " | ".join(figures)
+                     + f" | {traffic.human_bytes(sum(moved.values()))} |")
     return lines
 
 

@@ -8,10 +8,12 @@ sweep, and a document from another version is either read or refused with what t
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,11 @@ SPEC_FILE = "spec.json"
 # `launcher.sync` in the background for a large sweep): no two processes ever write one file, and
 # every load of the document adopts them.
 RUNS_FILE = "mlflow.json"
+# What the MLflow store has been told: {"runs": {run id: its cell's signature}, "closed": the outcome
+# the parent run was closed with, "reported": the outcome a report written in the background shows}.
+# Written only by whichever process settles the runs (launcher/finish.py, in the background for
+# launcher.status), each change under a lock of its own, never by status itself.
+SETTLED_FILE = "mlflow-settled.json"
 # 1: sweep.json + spec.pkl + cluster.pkl (one cluster config for the whole sweep).
 # 2: this document; each cell has its own cluster config and a spec.json.
 VERSION = 2
@@ -35,19 +42,6 @@ VERSION = 2
 class StateError(Exception):
     """A sweep directory that cannot be read; the message says what to do."""
 
-
-# The one Slurm -> cell status table (sacct/squeue State, first word, without "+").
-# COMPLETED means the job ended with exit code 0; the cell is done only if it left a result.
-SLURM_STATUS = {
-    "PENDING": CellStatus.pending, "REQUEUED": CellStatus.pending, "REQUEUE_HOLD": CellStatus.pending,
-    "REQUEUE_FED": CellStatus.pending, "CONFIGURING": CellStatus.pending, "RESIZING": CellStatus.pending,
-    "SUSPENDED": CellStatus.pending, "PREEMPTED": CellStatus.pending,  # preempted jobs are requeued (--requeue)
-    "RUNNING": CellStatus.running, "COMPLETING": CellStatus.running, "STAGE_OUT": CellStatus.running,
-    "SIGNALING": CellStatus.running,
-    "COMPLETED": CellStatus.done, "CANCELLED": CellStatus.cancelled, "FAILED": CellStatus.failed,
-    "TIMEOUT": CellStatus.failed, "NODE_FAIL": CellStatus.failed, "OUT_OF_MEMORY": CellStatus.failed,
-    "BOOT_FAIL": CellStatus.failed, "DEADLINE": CellStatus.failed,
-}
 
 # The one cell status -> MLflow run status table, and its inverse for reports read from MLflow.
 MLFLOW_STATUS = {
@@ -92,9 +86,11 @@ def this_process() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def slurm_status(state: str) -> CellStatus:
-    """``"CANCELLED by 0"`` -> cancelled; an unknown state counts as failed."""
-    return SLURM_STATUS.get(state.split()[0].rstrip("+") if state.strip() else "", CellStatus.failed)
+def signature(cell: Cell) -> str:
+    """What a cell's MLflow run shows of it: a run whose cell's signature is the one recorded in
+    SETTLED_FILE agrees with it, and is not asked again."""
+    return json.dumps([cell.status.value, cell.job_id, cell.error, cell.failure_class, cell.restarts, cell.history,
+                       cell.interference])
 
 
 @dataclass
@@ -158,6 +154,21 @@ class SweepState:
     def cell_dir(self, cell: Cell) -> Path:
         return self.path / "cells" / cell.dirname
 
+    def progress(self, width: int = 30) -> str:
+        """``name: [####......] 3/10 finished (3 done, 7 pending)``: the counts by status and a bar."""
+        counts: dict[CellStatus, int] = {}
+        for c in self.cells:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        finished = sum(n for s, n in counts.items() if s.terminal)
+        total = len(self.cells)
+        filled = int(width * finished / total) if total else width
+        summary = ", ".join(f"{n} {s.value}" for s, n in sorted(counts.items(), key=lambda kv: kv[0].value))
+        return f"{self.name}: [{'#' * filled}{'.' * (width - filled)}] {finished}/{total} finished ({summary})"
+
+    def ended(self) -> bool:
+        """Every cell has ended and no further round comes (runs=auto: launcher/decide.py)."""
+        return all(c.status.terminal for c in self.cells) and (self.design is None or bool(self.design.stopped))
+
     def outcome(self) -> str:
         """The cells' statuses as the report shows them (``reported`` and ``closed`` keep this value)."""
         return json.dumps([[c.status.value, c.job_id, c.interference] for c in self.cells])
@@ -216,6 +227,42 @@ class SweepState:
             self.experiment_id, self.parent_run_id = ids.get("experiment_id"), ids.get("parent_run_id")
         for cell in self.cells:
             cell.run_id = cell.run_id or cell_run.run_id(self.cell_dir(cell))
+        self.closed = self.settled().get("closed", self.closed)
+
+    def settled(self) -> dict[str, Any]:
+        """SETTLED_FILE's content ({} where nothing was settled yet, or the file is damaged: then
+        everything is settled again, which changes nothing in runs that agree)."""
+        try:
+            found = json.loads((self.path / SETTLED_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def unsettled(self) -> list[Cell]:
+        """The cells whose MLflow run does not show them yet: a run whose cell changed since it was last
+        settled, or that has no run although it has ended (its run must be created)."""
+        recorded = self.settled().get("runs") or {}
+        return [c for c in self.cells if c.status is not CellStatus.planned and (
+            recorded.get(c.run_id) != signature(c) if c.run_id else c.status.terminal)]
+
+    def record_settled(self, cells: Sequence[Cell] = (), closed: str | None = None,
+                       report_mtime_ns: int | None = None, reported: str | None = None) -> None:
+        """Record that ``cells``' runs agree with them (that the parent run was closed with the outcome
+        ``closed`` and the report of that mtime; that the report was written in the background for
+        the outcome ``reported``): a read-modify-write of SETTLED_FILE under its own lock, atomic for
+        readers."""
+        with open(self.path / (SETTLED_FILE + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            found = self.settled()
+            found.setdefault("runs", {}).update({c.run_id: signature(c) for c in cells if c.run_id})
+            if closed is not None:
+                found["closed"], found["report_mtime_ns"] = closed, report_mtime_ns
+                self.closed = closed
+            if reported is not None:
+                found["reported"] = reported
+            tmp = self.path / (SETTLED_FILE + ".tmp")
+            tmp.write_text(json.dumps(found))
+            os.replace(tmp, self.path / SETTLED_FILE)
 
     def save_runs(self) -> None:
         (self.path / RUNS_FILE).write_text(json.dumps({"experiment_id": self.experiment_id,

@@ -1,16 +1,16 @@
 """``python -m launcher.status <sweep_dir>``: progress, wait, cancel, resubmit.
 
 Works from any later shell and any working directory: everything it needs is in the sweep
-document (sweep.json), each cell's directory (spec.json, result.json, error files) and Slurm's
-accounting. One sacct and one squeue call per refresh (launcher/track/reconcile.py), so it answers in about
-a second for a thousand cells; a finished sweep is finished once (launcher/finish.py).
+document (sweep.json), each cell's directory (spec.json, result.json, error files) and what the
+cluster says of its jobs (on Slurm one sacct and one squeue call per refresh: launcher/track/reconcile.py).
+It answers within seconds for a thousand cells however many changed: it never imports MLflow, whose
+runs a detached process brings up to date (launcher/finish.py); a finished sweep is finished once.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from contract.cell_run import RUN_ID_FILE
@@ -19,11 +19,10 @@ from launcher.cli import guarded
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER
 from launcher.cluster.failures import describe
-from launcher.finish import finalize
-from launcher.plan.cell import Cell, CellStatus
+from launcher.finish import finalize, refresh, settle_cells, wait
+from launcher.plan.cell import RUN_AGAIN, Cell, CellStatus
 from launcher.state import StateError, SweepState
-from launcher.track.reconcile import refresh
-from launcher.track.runs import ensure_runs, finish_cell
+from launcher.track.runs import ensure_runs
 from launcher.track.tracking import reopen
 
 __all__ = ["cancel", "main", "refresh", "render", "resubmit", "resubmit_flagged", "wait"]
@@ -34,14 +33,7 @@ ATTENTION = (CellStatus.failed, CellStatus.lost, CellStatus.cancelled, CellStatu
 
 def render(state: SweepState, all_cells: bool = False, width: int = 30, limit: int = 20) -> str:
     """Counts by status and a bar; then the cells that need attention (or every cell with all_cells)."""
-    counts: dict[CellStatus, int] = {}
-    for c in state.cells:
-        counts[c.status] = counts.get(c.status, 0) + 1
-    finished = sum(n for s, n in counts.items() if s.terminal)
-    total = len(state.cells)
-    filled = int(width * finished / total) if total else width
-    summary = ", ".join(f"{n} {s.value}" for s, n in sorted(counts.items(), key=lambda kv: kv[0].value))
-    lines = [f"{state.name}: [{'#' * filled}{'.' * (width - filled)}] {finished}/{total} finished ({summary})"]
+    lines = [state.progress(width)]
     attention = [c for c in state.cells if c.status in ATTENTION or c.interference]
     shown = state.cells if all_cells else attention[:limit]
     for c in shown:
@@ -50,51 +42,12 @@ def render(state: SweepState, all_cells: bool = False, width: int = 30, limit: i
         flag = f"  co-located: {c.interference}" if c.interference else ""
         flag += f"  (restarts {c.restarts}: {'; '.join(c.history)})" if c.restarts else ""
         lines.append(f"  {c.job_id or '-':>14}  {c.status.value:<9} {c.name}{err}{flag}")
-    hidden = total - len(shown)
+    hidden = len(state.cells) - len(shown)
     if hidden and not all_cells:
         more = len(attention) - len(shown)
         lines.append(f"  ({f'{more} more cell(s) need attention and ' if more else ''}{hidden - more} cell(s) are "
                      f"pending or done: --all lists every cell)")
     return "\n".join(lines)
-
-
-def wait(state: SweepState, poll_s: float = 2.0, timeout_s: float | None = None, stream=sys.stdout) -> bool:
-    """Block until every cell is finished; returns False on timeout. Always ends: a job that leaves
-    both the queue and accounting makes its cell lost (refresh), not pending for good."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    last = None
-    while True:
-        refresh(state)
-        line = render(state).splitlines()[0]
-        if line != last:
-            print(line, file=stream, flush=True)
-            last = line
-        if all(c.status.terminal for c in state.cells) and not advance(state, stream):
-            return True
-        if deadline is not None and time.monotonic() > deadline:
-            return False
-        time.sleep(poll_s)
-
-
-def advance(state: SweepState, stream=sys.stdout) -> list[Cell]:
-    """runs=auto, once every cell has ended: submit the next round where comparisons are still open
-    (launcher/decide.py), so that a Slurm sweep needs no process waiting for it. Returns its cells.
-    A local sweep runs its rounds in its launcher's foreground (its command, run again, resumes it):
-    status never starts benchmarks on this machine behind the user's back."""
-    backend = backend_for(state.cluster)
-    if backend.runs_cells_in_foreground:
-        return []
-    added = decide.next_round(state)
-    if not added:
-        return []
-    if backend.worker_tracking_uri(state):
-        ensure_runs(state)  # the ranks log into their runs themselves: the runs exist first
-    last = state.design.rounds[-1] if state.design else None
-    print(f"runs=auto: round {last.number if last else '?'} submits {len(added)} run(s) for "
-          f"{len(last.open) if last else 0} open comparison(s)", file=stream, flush=True)
-    backend.submit(state, added, after_each_cell=lambda cell: finish_cell(state, cell))
-    state.save()
-    return added
 
 
 def cancel(state: SweepState) -> list[Cell]:
@@ -107,18 +60,15 @@ def cancel(state: SweepState) -> list[Cell]:
     backend_for(state.cluster).cancel([c.job_id for c in active if c.job_id])
     for cell in active:
         cell.status, cell.error, cell.failure_class = CellStatus.cancelled, CANCELLED_BY_LAUNCHER, None
-        finish_cell(state, cell)
     state.save()
+    settle_cells(state, active)
     return active
 
 
-RESUBMITTED = (CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
-
-
-def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RESUBMITTED) -> list[Cell]:
+def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RUN_AGAIN) -> list[Cell]:
     """Submit again the cells in ``which`` statuses, each with its own settings, into the same runs.
-    Slurm's view is read first: a cell that finished (a requeued job that completed included) or
-    that Slurm still runs or has requeued is never submitted again (:func:`skipped`)."""
+    The cluster's view is read first: a cell that finished (a requeued job that completed included) or
+    that the cluster still runs or has requeued is never submitted again (:func:`skipped`)."""
     refresh(state)
     again = [c for c in state.cells if c.status in which]
     for cell in again:
@@ -126,7 +76,7 @@ def resubmit(state: SweepState, which: tuple[CellStatus, ...] = RESUBMITTED) -> 
         if state.tracking_uri and cell.run_id:
             reopen(state.tracking_uri, cell.run_id)
     if again:
-        backend_for(state.cluster).submit(state, again, after_each_cell=lambda cell: finish_cell(state, cell))
+        backend_for(state.cluster).submit(state, again, after_each_cell=lambda cell: settle_cells(state, [cell]))
     return again
 
 
@@ -134,6 +84,7 @@ def skipped(state: SweepState, resubmitted: list[Cell]) -> list[str]:
     """Why each cell that --resubmit-failed left alone was left alone, one line each (done cells are
     counted, not listed)."""
     chosen = {c.index for c in resubmitted}
+    words = backend_for(state.cluster).words
     lines, done = [], 0
     for cell in state.cells:
         if cell.index in chosen:
@@ -141,11 +92,11 @@ def skipped(state: SweepState, resubmitted: list[Cell]) -> list[str]:
         if cell.status is CellStatus.done:
             done += 1
             if cell.restarts:
-                lines.append(f"  {cell.name}: done after {cell.restarts} requeue(s) by Slurm "
+                lines.append(f"  {cell.name}: done after {cell.restarts} requeue(s) by {words.scheduler} "
                              f"({'; '.join(cell.history)}): its result is kept")
         elif cell.status in (CellStatus.pending, CellStatus.running):
             requeued = f", requeued {cell.restarts} time(s) after {'; '.join(cell.history)}" if cell.restarts else ""
-            lines.append(f"  {cell.name}: job {cell.job_id} is still {cell.status.value} in Slurm{requeued}")
+            lines.append(f"  {cell.name}: job {cell.job_id} is still {cell.status.value} {words.where}{requeued}")
         elif cell.status is CellStatus.planned:
             lines.append(f"  {cell.name}: planned, its submission is under way")
     if done:
@@ -174,7 +125,7 @@ def resubmit_flagged(state: SweepState) -> list[Cell]:
 
 def _rerun_ended(state: SweepState, cell: Cell) -> None:
     ensure_runs(state)
-    finish_cell(state, cell)
+    settle_cells(state, [cell])
 
 
 def _archive(cell_dir: Path, attempt: int) -> None:
@@ -225,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cancel:
         refresh(state)
         if all(c.status.terminal for c in state.cells):
-            advance(state)
-    # The one finishing step (reconciliation, interference, MLflow, report once the sweep has ended).
-    finished = finalize(state, force=args.report or args.wait)
+            decide.advance(state)  # runs=auto: the next round, where comparisons are still open
+    # The one finishing step (reconciliation, interference, report once the sweep has ended); MLflow's
+    # runs in the background, unless this call waited anyway.
+    finished = finalize(state, force=args.report or args.wait, background=not args.wait)
     print(render(state, all_cells=args.all))
     if state.design is not None:
         print(decide.summary(state))

@@ -1,7 +1,9 @@
 """Run a planned sweep: its directory and document, submission, MLflow runs, waiting, the report.
 
     prepare (new sweep, or resume of an existing sweep_dir) -> Backend.submit (the one path)
-      -> create_runs -> [status.wait] -> finish.finalize
+      -> create_runs -> [finish.wait] -> finish.finalize
+
+What it says of the cluster, it says in the backend's words (Backend.words).
 """
 
 from __future__ import annotations
@@ -12,18 +14,16 @@ from datetime import datetime
 from pathlib import Path
 
 from contract.codec import to_plain
-from launcher import decide, status, sync
-from launcher.cluster import submit
+from launcher import decide, finish
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
-from launcher.cluster.interrupt import Interrupts, stop_waiting
-from launcher.finish import finalize
+from launcher.cluster.interrupt import NOT_STARTED, Interrupts, stop_waiting
 from launcher.masking import mask
 from launcher.plan import fit
-from launcher.plan.cell import Cell, CellStatus
+from launcher.plan.cell import RUN_AGAIN, Cell, CellStatus
 from launcher.plan.grid import SweepError, run_spec
 from launcher.state import STATE_FILE, StateError, SweepState, this_process
-from launcher.track import tracking
+from launcher.track import reconcile, runs, tracking
 
 
 def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None,
@@ -32,7 +32,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     if not allow_concurrent:
         check_not_running(cells, argv)
     state = prepare(cells, argv, predicted or {})
-    todo = [c for c in state.cells if c.status in (CellStatus.planned, *status.RESUBMITTED)]
+    todo = [c for c in state.cells if c.status in (CellStatus.planned, *RUN_AGAIN)]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
     backend = backend_for(state.cluster)
     if backend.runs_cells_in_foreground:
@@ -51,10 +51,10 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
         _create_runs(state)
         print_jobs(state)
         if any(c.failure_class == SUBMIT_REFUSED for c in todo):
-            print(f"error: sbatch refused some cells; they are failed with its reason (python -m launcher.status "
-                  f"{state.sweep_dir}).", file=sys.stderr, flush=True)
+            print(f"error: {backend.words.submitter} refused some cells; they are failed with its reason (python -m "
+                  f"launcher.status {state.sweep_dir}).", file=sys.stderr, flush=True)
             if not any(c.job_id for c in todo):
-                finalize(state)  # nothing runs: the sweep is finished as it stands
+                finish.finalize(state)  # nothing runs: the sweep is finished as it stands
                 return 1
         print(f"Follow with: python -m launcher.status {state.sweep_dir}", flush=True)
         if not cells[0].config.wait:
@@ -62,28 +62,15 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
             return 0
         try:
             with stop_waiting():
-                status.wait(state)
+                finish.wait(state)
         except KeyboardInterrupt:
             return _stopped_waiting(state)
-    print(finalize(state))
+    print(finish.finalize(state))
     if state.design is not None:
         print(decide.summary(state), flush=True)
     _print_mlflow(state)
     _print_missing_runs(state)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
-
-
-def _said_round(state: SweepState, added: list[Cell]) -> None:
-    """One line per round of a runs=auto sweep: what it adds and for which open comparisons."""
-    design = state.design
-    if design is None or not design.rounds:
-        return
-    if added:
-        last = design.rounds[-1]
-        print(f"runs=auto: round {last.number} adds {len(added)} run(s) (to {last.runs} per configuration) for "
-              f"{len(last.open)} open comparison(s): {'; '.join(last.open[:4])}", flush=True)
-    elif design.stopped:
-        print(f"runs=auto: no further round: {design.stopped}", flush=True)
 
 
 def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None) -> SweepState:
@@ -108,9 +95,11 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
         if state_bytes is not None:
             cell.predicted_state_bytes = state_bytes.total
             cell.predicted_activation_bytes = state_bytes.activations
+            cell.predicted_comm_bytes = dict(state_bytes.comm_bytes_per_step)
     # Cells run in the foreground log no MLflow from their ranks: the launcher waits for each cell
     # anyway and logs its metrics.jsonl into its run as it ends (one SQLite writer, no MLflow import
-    # on rank 0). Slurm ranks log themselves, to the run id create_runs writes into the cell's directory.
+    # on rank 0). Ranks of cells run in the background log themselves, to the run id create_runs
+    # writes into the cell's directory.
     worker_uri = backend_for(state.cluster).worker_tracking_uri(state)
     for cell in state.cells:
         state.save_spec(cell, run_spec(cell, sweep_dir, worker_uri, None))
@@ -131,17 +120,17 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
         raise SweepError(f"sweep_dir={str(sweep_dir)!r} holds another sweep ({len(state.cells)} cells: "
                          f"{', '.join(c.name for c in state.cells[:4])}...). Fix: repeat that sweep's grid to resume "
                          f"it, or give a new sweep_dir.")
-    status.refresh(state)  # Slurm's view first: a cell it still runs, or has requeued, is not run twice
+    reconcile.refresh(state)  # the cluster's view first: a cell it still runs, or has requeued, is not run twice
     if state.design is not None and (state.design.stopped or "").startswith("interrupted"):
         state.design.stopped = None  # runs=auto: resumed, its rounds go on
     state.submitter, state.code = this_process(), tracking.code_provenance()
-    again = [cs for cs in state.cells if cs.status in (CellStatus.planned, *status.RESUBMITTED)]
+    again = [cs for cs in state.cells if cs.status in (CellStatus.planned, *RUN_AGAIN)]
     by_name = {cell.name: cell for cell in cells}
     worker_uri = backend_for(state.cluster).worker_tracking_uri(state)
     for cs in again:
         planned = by_name[cs.name]
         cs.status, cs.job_id, cs.error, cs.failure_class = CellStatus.planned, None, None, None
-        # The command's settings now (a cluster.* setting fixed after sbatch refused it, say).
+        # The command's settings now (a cluster.* setting fixed after the cluster refused it, say).
         cs.cluster, cs.layout, cs.resolved = planned.cluster, planned.layout, planned.resolved
         state.save_spec(cs, run_spec(cs, sweep_dir, worker_uri, None))
         write_resolved_config(state.cell_dir(cs) / "config.yaml", cs)
@@ -150,7 +139,8 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
     state.save()
     queued = [cs for cs in state.cells if cs.status in (CellStatus.pending, CellStatus.running)]
     print(f"resuming {state.name}: {sum(cs.status is CellStatus.done for cs in state.cells)} cell(s) done, "
-          f"{len(queued)} still queued or running in Slurm (left alone), {len(again)} to run", flush=True)
+          f"{len(queued)} still queued or running {backend_for(state.cluster).words.where} (left alone), {len(again)} "
+          f"to run", flush=True)
     return state
 
 
@@ -169,7 +159,7 @@ def check_not_running(cells: list[Cell], argv: list[str]) -> None:
             continue
         if _command(other.argv) != command or all(c.status.terminal for c in other.cells):
             continue
-        status.refresh(other)
+        reconcile.refresh(other)
         active = [c for c in other.cells if not c.status.terminal]
         if active:
             raise SweepError(
@@ -188,20 +178,21 @@ def _command(argv: list[str]) -> list[str]:
 
 
 def _create_runs(state: SweepState) -> None:
-    """The sweep's parent run and its cells' run templates, inline (small sweeps, local sweeps) or in
-    the background (large Slurm sweeps); a cell's run is created once its job has started, by its
-    rank 0 at the job's end or by status and sync, whichever comes first (contract/cell_run.py)."""
+    """The sweep's parent run and its cells' run templates, inline or, for a large sweep whose backend
+    says so (Backend.creates_runs_in_background), in the background; a cell's run is created once its
+    job has started, by its rank 0 at the job's end or by status and sync, whichever comes first
+    (contract/cell_run.py)."""
     if not state.tracking_uri:
         return
     first = not state.parent_run_id
     if first and backend_for(state.cluster).creates_runs_in_background(len(state.cells)):
-        pid = sync.start_in_background(state)
+        pid = runs.start_in_background(state)
         print(f"MLflow: creating {len(state.cells)} cell run(s) in the background (pid {pid}, log "
-              f"{state.path / sync.BACKGROUND_LOG}); launcher.status and launcher.sync finish it if it stops.",
+              f"{state.path / runs.BACKGROUND_LOG}); launcher.status and launcher.sync finish it if it stops.",
               flush=True)
         return
     try:
-        sync.ensure_runs(state)
+        runs.ensure_runs(state)
         state.save()
         opened = sum(1 for c in state.cells if c.run_id)
         if first:
@@ -216,17 +207,17 @@ def _create_runs(state: SweepState) -> None:
 def _cell_ended(state: SweepState, cell: Cell) -> None:
     """After each cell run in the foreground: its one-line result, then its MLflow run created (at its
     job's start) and brought up to date, while nothing runs, so the work never lands in a measurement."""
-    if not (cell.error or "").startswith(submit.NOT_STARTED):  # cells an interrupt never started: no line
+    if not (cell.error or "").startswith(NOT_STARTED):  # cells an interrupt never started: no line
         print(f"    {progress_line(state, cell)}", file=sys.stderr if cell.status is CellStatus.failed else sys.stdout,
               flush=True)
     _create_runs(state)
-    sync.finish_cell(state, cell)
+    finish.settle_cells(state, [cell])
     state.save()
 
 
 def _interrupted(state: SweepState, interrupts: Interrupts) -> int:
-    """A local sweep stopped by a signal: its cells are cancelled (submit.run_local) and their runs
-    KILLED (finish_cell); the parent run ends KILLED too, each with the reason as a tag."""
+    """A sweep run in the foreground stopped by a signal: its cells are cancelled (by the backend) and
+    their runs KILLED (finish.settle_cells); the parent run ends KILLED too, each with the reason as a tag."""
     reason = f"interrupted by {interrupts.reason}"
     if state.design is not None and not state.design.stopped:
         state.design.stopped = reason  # runs=auto: no further round either
@@ -247,13 +238,26 @@ STOP_REASON_TAG = "stop_reason"
 
 
 def _stopped_waiting(state: SweepState) -> int:
-    """Ctrl-C while waiting for Slurm: the jobs are the cluster's now; say so, and how to act on them."""
+    """Ctrl-C while waiting for the cluster: the jobs are the cluster's now; say so, and how to act on them."""
     active = [c for c in state.cells if not c.status.terminal]
-    print(f"\nstopped waiting; the {len(active)} unfinished cell(s) go on in Slurm (jobs "
+    print(f"\nstopped waiting; the {len(active)} unfinished cell(s) go on {backend_for(state.cluster).words.where} (jobs "
           f"{' '.join(sorted({(c.job_id or '-').split('_')[0] for c in active})[:10]) or '-'}).\n"
           f"Follow them: python -m launcher.status {state.sweep_dir} --wait\n"
           f"Cancel them: python -m launcher.status {state.sweep_dir} --cancel", file=sys.stderr, flush=True)
     return 130
+
+
+def _said_round(state: SweepState, added: list[Cell]) -> None:
+    """One line per round of a runs=auto sweep: what it adds and for which open comparisons."""
+    design = state.design
+    if design is None or not design.rounds:
+        return
+    if added:
+        last = design.rounds[-1]
+        print(f"runs=auto: round {last.number} adds {len(added)} run(s) (to {last.runs} per configuration) for "
+              f"{len(last.open)} open comparison(s): {'; '.join(last.open[:4])}", flush=True)
+    elif design.stopped:
+        print(f"runs=auto: no further round: {design.stopped}", flush=True)
 
 
 def progress_line(state: SweepState, cell: Cell) -> str:
@@ -290,7 +294,7 @@ def _print_mlflow(state: SweepState) -> None:
 
 def _print_missing_runs(state: SweepState) -> None:
     """What the store missed (it failed while the sweep ran), and the command that completes it."""
-    missing = sync.missing_runs(state)
+    missing = runs.missing_runs(state)
     if missing:
         print(f"MLflow lacks part of this sweep ({'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}): its "
               f"store failed while it ran. The records are in the sweep directory; complete the runs, at their jobs' "

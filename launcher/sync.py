@@ -1,6 +1,6 @@
 """``python -m launcher.sync <sweep_dir> [--tracking-uri URI]``: create the MLflow runs a sweep lacks,
 and replay what did not reach MLflow from the JSONL records, then finish the sweep as
-``launcher.status`` does (launcher/finish.py: cells reconciled with Slurm, runs settled, the parent run
+``launcher.status`` does (launcher/finish.py: cells reconciled with their cluster, runs settled, the parent run
 closed with the report once every cell has ended).
 
 Workers write every metric to ``metrics.jsonl`` first and log to MLflow best-effort. If the
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     for cell, n in sync_sweep(state).items():
         if n:
             print(f"{cell}: {n} point(s) added")
-    # The one finishing step (Slurm's states, interference, run statuses; the report once all ended).
+    # The one finishing step (the cluster's states, interference, run statuses; the report once all ended).
     finished = finalize(state, force=False)
     if finished:
         print(finished)

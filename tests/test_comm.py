@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs import comm
+from jobs import anatomy, comm
 
 
 @dataclass
@@ -156,7 +156,9 @@ def test_real_gloo_collectives_are_counted(tmp_path):
                 tensor.mul_(1.0001)  # compute
                 dist.all_reduce(tensor)
 
-        figures = comm.probe(run_steps, 3, on_gpu=False)
+        trainer = SimpleNamespace(annotate=False)  # what jobs.anatomy.probe switches on: the trainer's ranges
+        figures = anatomy.probe(run_steps, trainer, 3, on_gpu=False, world_size=1)
     finally:
         dist.destroy_process_group()
     assert figures["comm_time_ms"] > 0 and 0 < figures["comm_share"] <= 1
+    assert figures["comm_all_reduce_bytes_per_step"] == 4 * (1 << 20) and trainer.annotate is False

@@ -4,7 +4,7 @@ import pytest
 
 from contract.spec import InputKind, Precision, Sharding, Strategy
 from launcher.__main__ import main
-from launcher.cluster import submit
+from launcher.cluster.slurm import submit
 from launcher.plan.grid import CONF_DIR, SweepError, compose, expand, plan, search_path
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
@@ -143,7 +143,10 @@ def test_plan_prints_cells_resources_and_predicted_state_and_creates_nothing(tmp
     assert main(["--plan", "-m", "+experiment=resnet50_ddp_vs_fsdp_cpu", f"output_root={out_root}"]) == 0
     out = capsys.readouterr().out
     assert "12 cell(s)" in out and "23,712,932" in out  # 4 points x 3 runs; ResNet-50 with 100 classes, meta build
-    rows = {line.split("|")[2].strip(): line for line in out.splitlines() if line.startswith("| ") and "strategy=" in line}
+    rows: dict[str, str] = {}
+    for line in out.splitlines():  # the cells' table comes first (the traffic table names the cells again)
+        if line.startswith("| ") and "strategy=" in line:
+            rows.setdefault(line.split("|")[2].strip(), line)
     assert "90.46 MiB" in rows["strategy=ddp precision=fp32 run=1"]  # every parameter on every rank
     assert "45.23 MiB" in rows["strategy=fsdp precision=fp32 run=3"]  # half of them on each of 2 ranks
     assert "one after another" in out

@@ -216,7 +216,7 @@ def test_real_host_oom_under_a_memory_limit_through_the_launcher(tmp_path, fast_
     """cluster.mem_gb on the local cluster is a real memory cgroup around the cell: rank 0 outgrows it,
     the kernel's OOM killer ends it, the job fails fast, and the cgroup's own count makes the class oom."""
     from launcher.__main__ import main
-    from launcher.cluster import memlimit
+    from launcher.cluster.local import memlimit
     from launcher.state import SweepState
 
     if memlimit.problem():

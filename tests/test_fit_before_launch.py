@@ -18,8 +18,8 @@ from contract.spec import InputKind, ModelSpec
 from jobs.loop import loss_fn
 from jobs.models import build_model
 from launcher.__main__ import main
-from launcher.cluster.local import parse_gpu_query
-from launcher.cluster.slurm_commands import parse_sinfo
+from launcher.cluster.local.resources import parse_gpu_query
+from launcher.cluster.slurm.resources import parse_sinfo
 from launcher.plan import fit
 
 
@@ -183,7 +183,7 @@ def test_predicted_peak_holds_what_the_gpu_measured(spec, batch_size, low_dtype,
     # Before the loss's gradients were counted, GPT-2 small's prediction was 10.3 GiB (0.62x).
     from contract.spec import Layout, Optimizer, StrategySpec
 
-    shapes, activations = fit.analyse(spec, batch_size, low_dtype, checkpointing=False)
+    shapes, activations, _ = fit.analyse(spec, batch_size, low_dtype, checkpointing=False)
     state = fit.predict(shapes, StrategySpec(), Layout(nodes=1, tasks_per_node=1, gpus_per_node=1), Optimizer.adamw)
     peak_gib = dataclasses.replace(state, activations=activations,
                                    loss_grads=fit.loss_grad_bytes(spec, batch_size)).peak / fit.GIB

@@ -75,7 +75,7 @@ FLOW = [
     ("launcher.decide",),  # runs=auto: the comparisons still open -> the next round's cells
     ("launcher.finish",),  # a sweep's finish, which every command below reaches
     ("launcher.preflight", "launcher.preview", "launcher.status", "launcher.sync", "launcher.sweep",
-     "launcher.__main__", "launcher.report.__main__"),  # the commands
+     "launcher.__main__", "launcher.report.__main__", "launcher.forecast"),  # the commands
 ]
 
 
@@ -98,6 +98,8 @@ def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
 # The commands reach the report through the finish (launcher/finish.py), never through the report's
 # module or its command line: no command imports another for its finishing step.
 COMMANDS = ("launcher.status", "launcher.sweep", "launcher.sync")
+# The modules with a command line of their own: no module of the launcher imports one.
+COMMAND_LINES = ("launcher.__main__", "launcher.status", "launcher.sync", "launcher.report.__main__")
 
 
 def test_status_sweep_and_sync_do_not_import_the_report_module():
@@ -105,6 +107,12 @@ def test_status_sweep_and_sync_do_not_import_the_report_module():
     found = {m: sorted(graph[m] & {"launcher.report.report", "launcher.report.__main__"}) for m in COMMANDS}
     assert not any(found.values()), found
     assert all("launcher.finish" in graph[m] for m in COMMANDS)
+
+
+def test_commands_do_not_import_commands():
+    graph = import_graph("launcher")
+    found = {m: sorted(imported & set(COMMAND_LINES)) for m, imported in graph.items() if imported & set(COMMAND_LINES)}
+    assert not found, f"{found}: move what they share below the commands (launcher/finish.py, launcher/track/)"
 
 
 def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
@@ -157,15 +165,52 @@ def test_the_launcher_imports_only_the_contract_from_jobs():
     assert set(LAUNCHER_USES_OF_JOBS) <= set(used), set(LAUNCHER_USES_OF_JOBS) - set(used)
 
 
-def test_submitit_is_used_by_one_module_of_the_launcher():
-    users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "launcher").rglob("*.py") if "submitit" in
-                   {n.split(".")[0] for node in ast.walk(ast.parse(p.read_text()))
-                    for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                              [node.module or ""] if isinstance(node, ast.ImportFrom) else [])})
-    assert users == ["launcher/cluster/submit.py"]
+def _backend_folders() -> list[str]:
+    """The backends: each folder of launcher/cluster/ with a backend module."""
+    return sorted(p.parent.name for p in (ROOT / "launcher" / "cluster").glob("*/backend.py"))
 
 
-BACKEND_NAMES = {"slurm", "local"}
+def _imported_roots(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.split(".")[0] for node in ast.walk(tree)
+            for n in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])}
+
+
+def test_submitit_is_used_by_the_backends_submission_modules_only():
+    """submitit is the backends' tool, each in its own folder's submit module: nothing else in the
+    launcher imports it."""
+    users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "launcher").rglob("*.py") if "submitit" in _imported_roots(p))
+    allowed = {f"launcher/cluster/{b}/submit.py" for b in _backend_folders()}
+    assert users and not set(users) - allowed, users
+    assert {"launcher/cluster/slurm/submit.py", "launcher/cluster/local/submit.py"} <= set(users)
+
+
+def test_one_submission_path():
+    """Every run, resume and resubmission of cells goes through ``Backend.submit``: a backend's
+    submission module is imported by its own folder only, and ``_start`` (which hands cells to it) is
+    called by ``Backend.submit`` alone."""
+    graph = import_graph("launcher")
+    for backend in _backend_folders():
+        submit = f"launcher.cluster.{backend}.submit"
+        outside = sorted(m for m, imported in graph.items()
+                         if submit in imported and not m.startswith(f"launcher.cluster.{backend}."))
+        assert not outside, f"{outside} import {submit}: submit through Backend.submit (launcher/cluster/base.py)"
+    callers = sorted(f"{p.relative_to(ROOT)}:{node.lineno}" for p in (ROOT / "launcher").rglob("*.py")
+                     for node in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_start")
+    assert len(callers) == 1 and callers[0].startswith("launcher/cluster/base.py:"), callers
+
+
+def test_a_backend_is_a_folder_and_one_registry_line():
+    """The registry (launcher/cluster/backends.py) names exactly the backend folders, each by its name."""
+    from launcher.cluster.backends import BACKENDS
+
+    assert sorted(BACKENDS) == _backend_folders()
+    assert all(cls.__module__ == f"launcher.cluster.{name}.backend" for name, cls in BACKENDS.items())
+
+
+BACKEND_NAMES = set(_backend_folders())
 
 
 def _backend_comparisons(path: Path) -> list[int]:
@@ -187,8 +232,9 @@ def test_only_the_backend_modules_compare_backend_names():
     ``SUBMITIT_EXECUTOR == "local"`` to find the rank environment, which is the worker's own concern.
     ``ClusterKind.local`` counts as a name too, except in the schema that declares the kinds and which
     keys each reads."""
-    backends = {ROOT / "launcher" / "cluster" / f"{name}.py" for name in (*BACKEND_NAMES, "backends")}
-    backends.add(ROOT / "launcher" / "plan" / "schema.py")
+    assert {"slurm", "local"} <= BACKEND_NAMES
+    backends = {p for name in BACKEND_NAMES for p in (ROOT / "launcher" / "cluster" / name).rglob("*.py")}
+    backends |= {ROOT / "launcher" / "cluster" / "backends.py", ROOT / "launcher" / "plan" / "schema.py"}
     found = {str(p.relative_to(ROOT)): _backend_comparisons(p) for p in (ROOT / "launcher").rglob("*.py")
              if p not in backends}
     assert not {path: lines for path, lines in found.items() if lines}
@@ -303,12 +349,13 @@ def _layout_section() -> str:
 def test_the_code_layout_names_every_module_and_only_what_exists():
     """The code layout (docs/architecture.md) cannot drift: every module of launcher/, contract/ and jobs/ (and
     every script) is named in its directory's entry, each package of launcher/ and jobs/ has an entry of its own
-    that names its modules, and every path the section names exists."""
+    that names its modules (packages inside packages too: launcher/cluster/slurm/), and every path the
+    section names exists."""
     import re
 
     section = _layout_section()
     entries = dict(re.findall(r"^    (\S+/)\s+(.*(?:\n {21}.*)*)", section, flags=re.M))
-    packages = [*(ROOT / "launcher").glob("*/__init__.py"), *(ROOT / "jobs").glob("*/__init__.py")]
+    packages = [*(ROOT / "launcher").rglob("*/__init__.py"), *(ROOT / "jobs").rglob("*/__init__.py")]
     folders = ["launcher", "contract", "jobs"] + [str(p.parent.relative_to(ROOT)) for p in packages]
     for folder in folders:
         assert f"{folder}/" in entries, f"the code layout has no entry for {folder}/"

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from launcher import finish
 from tests.conftest import FAST
 from tests.stores import existing_store
 
@@ -175,6 +176,7 @@ def test_resubmit_failed_resumes_an_interrupted_cell_from_its_checkpoint(tmp_pat
     again = subprocess.run([sys.executable, "-m", "launcher.status", str(sweep), "--resubmit-failed"], env=env,
                            capture_output=True, text=True, timeout=300)
     assert "Traceback" not in again.stdout + again.stderr, again.stderr
+    assert finish.wait_for_settled(sweep)  # status settles MLflow in a detached process
     (cell,) = cells(sweep)
     assert cell["status"] == "done", again.stdout + again.stderr
     tags = json.loads((sweep / "cells" / cell["dirname"] / "result.json").read_text())["tags"]
@@ -205,20 +207,21 @@ def test_a_second_ctrl_c_ends_at_once_and_leaves_no_process(tmp_path):
     status = subprocess.run([sys.executable, "-m", "launcher.status", str(sweep)], env=env, capture_output=True,
                             text=True, timeout=120)
     assert "Traceback" not in status.stdout + status.stderr, status.stderr
+    assert finish.wait_for_settled(sweep)  # status settles MLflow in a detached process
     runs = mlflow_runs(tmp_path)
     assert "RUNNING" not in {state for state, _ in runs.values()}, runs
     assert runs["steps=4000"][0] == "KILLED", runs
 
 
 def test_the_local_controller_gets_the_environment_submitit_gives_it():
-    # launcher/cluster/submit.py starts submitit's local controller itself (in a session of its own): with the
+    # launcher/cluster/local/submit.py starts submitit's local controller itself (in a session of its own): with the
     # same environment variables as submitit's own start_controller, checked against its source.
     import inspect
 
     from submitit.local import local
 
     source = inspect.getsource(local.start_controller)
-    ours = inspect.getsource(__import__("launcher.cluster.submit", fromlist=["_start_controller"])._start_controller)
+    ours = inspect.getsource(__import__("launcher.cluster.local.submit", fromlist=["_start_controller"])._start_controller)
     names = {word.split("=")[0] for word in source.replace("(", " ").replace(",", " ").split() if word.startswith("SUBMITIT_")}
     assert names and all(f"{name}=" in ours for name in names), names
 

@@ -87,7 +87,7 @@ def check_run_times(client, state):
 def test_emulated_nodes_get_node_ranks_and_the_cells_setup_and_memory_limit(tmp_path, fast_overrides):
     """Two emulated nodes; the cell's setup line runs before its ranks, and a memory limit that the
     cell fits in (where this machine allows memory cgroups) lets it finish and is removed after."""
-    from launcher.cluster import memlimit
+    from launcher.cluster.local import memlimit
 
     marker = tmp_path / "setup-ran"
     limit = [] if memlimit.problem() else ["cluster.mem_gb=4"]

@@ -11,7 +11,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from launcher import status
+from launcher import finish, status
 from launcher.plan.cell import CellStatus
 from launcher.state import SweepState
 from tests.stores import existing_store
@@ -60,6 +60,7 @@ def test_runs_left_running_by_a_killed_local_sweep_are_closed_with_the_reason(tm
 
     assert status.main([str(sweep_dir)]) == 1
     print(capsys.readouterr().out)
+    assert finish.wait_for_settled(sweep_dir)  # status settles MLflow in a detached process
     state = SweepState.load(sweep_dir)
     assert [c.status for c in state.cells] == [CellStatus.done, CellStatus.failed]
     assert "without reporting an error" in state.cells[1].error or "ended without a result" in state.cells[1].error

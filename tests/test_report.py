@@ -118,7 +118,7 @@ def test_parent_run_holds_the_report_and_is_finished(sweep):
     table, found = rest.split("\n\n## Findings\n\n", 1)
     assert all(c.name in table for c in sweep.cells) and "### Recommendation" in found
     plots = {a.path for a in client.list_artifacts(sweep.parent_run_id, "plots")}
-    assert plots == {"plots/throughput.png", "plots/memory.png", "plots/scaling.png"}
+    assert plots == {"plots/throughput.png", "plots/memory.png", "plots/scaling.png", "plots/anatomy.png"}
     # Artifacts live beside the SQLite store, not in whatever directory the tests started in.
     root = Path(sweep.tracking_uri[len("sqlite:///"):]).parent
     assert parent.info.artifact_uri.startswith((root / "mlartifacts").as_uri())
@@ -140,7 +140,7 @@ def test_experiment_report_reads_back_the_same_cells(sweep, tmp_path, capsys):
         for column in ("#", "ranks", "samples/s", "samples/s/dev", "tokens/s", "step p50 ms", "peak mem GiB",
                        "state MiB/rank", "rel perf", "scaling eff", "window CV", "±95% CI", "status"):
             assert from_mlflow[cell][column] == from_dir[cell][column], (cell, column)
-    assert {p.name for p in (out / "plots").iterdir()} == {"throughput.png", "memory.png", "scaling.png"}
+    assert {p.name for p in (out / "plots").iterdir()} == {"throughput.png", "memory.png", "scaling.png", "anatomy.png"}
 
 
 @pytest.mark.slow

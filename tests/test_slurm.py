@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from contract.nodelist import expand_nodelist
 from launcher import finish, status, sync
 from launcher.__main__ import main
-from launcher.cluster.slurm_commands import max_array_size
+from launcher.cluster.slurm.resources import max_array_size
 from launcher.plan.cell import CellStatus
 from launcher.report import report
 from launcher.state import SweepState

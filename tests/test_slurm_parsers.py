@@ -8,21 +8,22 @@ import time
 import pytest
 
 from contract.spec import Layout
-from launcher.cluster import slurm as slurm_backend
-from launcher.cluster import slurm_commands
-from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation
+from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, python_command
 from launcher.cluster.colocation import overlaps
-from launcher.cluster.slurm_commands import (
+from launcher.cluster.slurm import accounting
+from launcher.cluster.slurm import backend as slurm_backend
+from launcher.cluster.slurm.accounting import (
     expand_array_ids,
     merge_records,
-    parse_max_array_size,
     parse_sacct_times,
     parse_states,
+    slurm_status,
 )
-from launcher.cluster.submit import group_key, groups, python_command, slurm_parameters
+from launcher.cluster.slurm.resources import parse_max_array_size
+from launcher.cluster.slurm.submit import group_key, groups, slurm_parameters
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig, ContainerConfig, ContainerRuntime
-from launcher.state import SweepState, slurm_status
+from launcher.state import SweepState
 from launcher.track import reconcile
 
 SACCT_STATES = """\
@@ -195,7 +196,7 @@ def _slurm_sweep(tmp_path, n=1, job_ids=("46562236",)):
 
 
 def _follow(monkeypatch, state, sacct_text, squeue_text):
-    monkeypatch.setattr(slurm_commands, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
+    monkeypatch.setattr(accounting, "job_records", lambda ids: merge_records(sacct_text, squeue_text, ids))
     return reconcile.refresh(state)
 
 
@@ -241,7 +242,7 @@ def test_a_pending_array_task_cancelled_by_hand_is_cancelled_at_once(tmp_path, m
     assert [c.status for c in state.cells] == [CellStatus.pending] * 3 + [CellStatus.cancelled, CellStatus.pending]
     assert "left the queue before it started" in state.cells[3].error
     # A later --cancel keeps the reason of a cell that was already cancelled.
-    monkeypatch.setattr("launcher.cluster.slurm_commands.cancel", lambda ids: None)
+    monkeypatch.setattr("launcher.cluster.slurm.accounting.cancel", lambda ids: None)
     from launcher import status
 
     cancelled = status.cancel(state)
@@ -293,7 +294,7 @@ def _planned(*overrides):
 
 
 def test_requests_are_checked_against_the_nodes_before_sbatch():
-    from launcher.cluster.slurm_commands import check_capacity, parse_nodes
+    from launcher.cluster.slurm.resources import check_capacity, parse_nodes
 
     nodes = parse_nodes(SINFO_NODES)
     assert nodes["gpu1"].gpu_count("h100") == 8 and nodes["gpu1"].features == {"ib", "nvme"}
@@ -312,7 +313,7 @@ def test_requests_are_checked_against_the_nodes_before_sbatch():
 
 
 def test_accounts_and_qos_from_sacctmgr_and_the_enforcement_setting():
-    from launcher.cluster.slurm_commands import parse_associations, parse_enforce
+    from launcher.cluster.slurm.resources import parse_associations, parse_enforce
 
     assert parse_enforce("AccountingStorageEnforce = none\nClusterName = localcluster\n") == set()
     assert parse_enforce("AccountingStorageEnforce = limits,qos\n") == {"limits", "qos", "associations"}
@@ -339,3 +340,26 @@ def test_a_cancelled_cell_keeps_its_numbers_out_of_every_mean():
     assert throughput(rows[2]) is None
     [row] = grouped(rows)
     assert row["throughput_samples_per_s"] == 11.0 and row["runs"] == 2 and row["runs_planned"] == 3
+
+
+def test_resource_checks_resolve_without_changing_the_cell():
+    """A GPU cell that leaves its cores, memory and GPU memory open gets its partition's share of each,
+    as a Resolved value: the check changes nothing, the caller applies it (launcher/preflight.py)."""
+    from launcher.cluster.base import ResourceCheck
+    from launcher.cluster.slurm.resources import as_resolved, parse_sinfo, resolve
+
+    (part,) = parse_sinfo("gpu*|2|1:00:00|64|512000|gpu:h100:8(S:0-1)\n").values()
+    cell = Cell(index=3, name="c3", dirname="03", overrides=[], strategy="ddp", precision="bf16", model="gpt_tiny",
+                cluster=ClusterConfig(gpus_per_node=8, tasks_per_node=8), layout=Layout(tasks_per_node=8, gpus_per_node=8))
+    before = (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib)
+    resolved = resolve(cell, part)
+    assert (resolved.cpus_per_task, resolved.mem_gb, resolved.gpu_mem_gib) == (8, 500.0, 79.6)
+    assert as_resolved(cell, resolved).layout.cpus_per_task == 8
+    assert (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib) == before  # untouched
+    ResourceCheck(resolved={3: resolved}).apply([cell])
+    assert (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib) == (8, 500.0, 79.6)
+    # What the cell gave itself stays: only settings left open are resolved.
+    own = Cell(index=4, name="c4", dirname="04", overrides=[], strategy="ddp", precision="bf16", model="gpt_tiny",
+               cluster=ClusterConfig(gpus_per_node=8, tasks_per_node=8, cpus_per_task=2, mem_gb=64, gpu_mem_gib=40),
+               layout=Layout(tasks_per_node=8, gpus_per_node=8, cpus_per_task=2))
+    assert resolve(own, part) == type(resolved)()

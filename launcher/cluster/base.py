@@ -1,20 +1,25 @@
 """The interface every backend offers: what the rest of the launcher asks of a cluster.
 
 A backend is named in the sweep document (``SweepState.cluster``) and found with
-:func:`launcher.cluster.backends.backend_for`; adding one is adding a module that subclasses
-:class:`Backend`. No code outside the backend modules compares backend names (tests/test_house.py).
+:func:`launcher.cluster.backends.backend_for`; adding one is adding a folder beside slurm/ and
+local/ whose ``backend`` module subclasses :class:`Backend`, and one line in the registry
+(docs/backends.md). No code outside a backend's folder compares backend names (tests/test_house.py).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.plan import spread
 from launcher.plan.cell import Cell
+from launcher.plan.schema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState, this_process
 
 if TYPE_CHECKING:
@@ -36,8 +41,54 @@ class Allocation:
     end_s: float
 
 
+@dataclass
+class Resolved:
+    """Settings a cell left open that its cluster decides, found by a resource check (None: the cell
+    keeps its own). The check only returns them; the caller applies them (:meth:`apply`)."""
+
+    cpus_per_task: int | None = None  # a GPU rank's share of its node's cores
+    mem_gb: float | None = None  # ... and of its node's memory
+    gpu_mem_gib: float | None = None  # what its GPU type holds: the fit check measures against it
+    nodelist: str | None = None  # the nodes of this run of its grid point (launcher/plan/spread.py)
+
+    def apply(self, cell: Cell) -> None:
+        if self.nodelist is not None:
+            spread.place(cell, self.nodelist)
+        if self.cpus_per_task is not None:
+            cell.layout.cpus_per_task = self.cpus_per_task
+        if self.mem_gb is not None:
+            cell.cluster.mem_gb = self.mem_gb
+        if self.gpu_mem_gib is not None:
+            cell.cluster.gpu_mem_gib = self.gpu_mem_gib
+
+
+@dataclass
+class ResourceCheck:
+    """What a backend's resource check found, changing nothing: the settings it resolved per cell
+    index, what the cluster cannot give (each with its fix), and what looks wrong but may run."""
+
+    resolved: dict[int, Resolved] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def apply(self, cells: Sequence[Cell]) -> None:
+        for cell in cells:
+            if cell.index in self.resolved:
+                self.resolved[cell.index].apply(cell)
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How the sweep's messages (launcher/sweep.py, launcher/status.py) name a backend's things."""
+
+    where: str  # where submitted jobs wait and run: "still running in Slurm"
+    scheduler: str  # who queues, requeues and ends jobs: "requeued by Slurm"
+    submitter: str  # what accepts or refuses a submission: "sbatch refused some cells"
+
+
 class Backend(ABC):
     name: str
+    words: Wording
     # Whether the launcher runs each cell to its end before the next starts (and so waits anyway).
     runs_cells_in_foreground: bool
     # Whether the ranks log into their MLflow run themselves (so the runs exist before submission).
@@ -61,9 +112,10 @@ class Backend(ABC):
         """Hand ``cells`` to the cluster, each with its own settings."""
 
     @abstractmethod
-    def check_resources(self, cells: Sequence[Cell]) -> list[str]:
+    def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """What the cluster cannot give ``cells``, each with its fix, found before anything is created
-        or submitted; fills in ``cluster.gpu_mem_gib`` where the cluster tells it (the fit check reads it)."""
+        or submitted, and the settings it resolves for them (``cluster.gpu_mem_gib`` where the cluster
+        tells it: the fit check reads it). Pure: the cells are left as they were; the caller applies."""
 
     @abstractmethod
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
@@ -101,6 +153,18 @@ class Backend(ABC):
     def creates_runs_in_background(self, cell_count: int) -> bool:
         """Whether the sweep's MLflow runs are created by a background process, not inline."""
         return False
+
+
+def python_command(cluster: ClusterConfig) -> str:
+    """The interpreter command a cell's ranks run with: this one, cluster.python, or the container's."""
+    python = cluster.python or shlex.quote(sys.executable)
+    if cluster.container.runtime is ContainerRuntime.apptainer:
+        binds = " ".join(f"--bind {shlex.quote(m)}" for m in cluster.container.mounts)
+        gpu = " --nv" if cluster.gpus_per_node else ""
+        return f"apptainer exec{gpu} {binds} {shlex.quote(cluster.container.image or '')} {cluster.python or 'python'}"
+    if cluster.container.runtime in (ContainerRuntime.pyxis, ContainerRuntime.oci):
+        return cluster.python or "python"
+    return python
 
 
 def alive(pid: str | None) -> bool:

@@ -45,7 +45,7 @@ OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED = "oom", "collective_timeout", "hang", 
 PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR = "port_in_use", "node_failure", "config_error", "runtime_error"
 # Runs that finished their steps but trained on something else (jobs/health.py): never results.
 DIVERGED, LOSS_FROZEN, STEPS_SKIPPED = "diverged", "loss_frozen", "steps_skipped"
-# A job sbatch refused (launcher/cluster/submit.py): the request does not fit the cluster.
+# A job the cluster refused at submission (sbatch: launcher/cluster/slurm/submit.py): the request does not fit the cluster.
 SUBMIT_REFUSED = "submit_refused"
 CLASSES = (OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED, PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR,
            DIVERGED, LOSS_FROZEN, STEPS_SKIPPED, SUBMIT_REFUSED)

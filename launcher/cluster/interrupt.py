@@ -1,7 +1,7 @@
 """Ctrl-C, SIGTERM and SIGHUP while local cells run: stop them the way a preemption stops a job.
 
 A local cell's submitit controller and its ranks run in a session of their own
-(:func:`launcher.cluster.submit.local_executor`), so a Ctrl-C at the terminal, a wrapper's SIGTERM or a
+(:func:`launcher.cluster.local.submit.local_executor`), so a Ctrl-C at the terminal, a wrapper's SIGTERM or a
 closed terminal's SIGHUP reaches the launcher alone, and the launcher decides:
 
 - the first signal: the running cell's controller gets one SIGTERM and passes it to each rank; the
@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+# The error of a cell an interrupted sweep never started (launcher/sweep.py prints no line for it).
+NOT_STARTED = "not started: the sweep was interrupted by "
 
 
 def _say(text: str) -> None:

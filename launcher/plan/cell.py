@@ -35,6 +35,10 @@ class CellStatus(str, enum.Enum):
         return self in (CellStatus.done, CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
 
 
+# The statuses of cells that run again: with --resubmit-failed, or when the same sweep is run again.
+RUN_AGAIN = (CellStatus.failed, CellStatus.cancelled, CellStatus.lost)
+
+
 class NotPlannedHere(RuntimeError):
     """A cell read back from sweep.json was asked for its whole resolved configuration."""
 
@@ -57,6 +61,8 @@ class Cell:
     placed: str | None = None
     predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
     predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)
+    # Bytes per optimizer step by collective kind, the strategy's theory (launcher/plan/traffic.py).
+    predicted_comm_bytes: dict[str, int] = field(default_factory=dict)
     # What became of it (submission and the commands that follow it).
     job_id: str | None = None
     run_id: str | None = None

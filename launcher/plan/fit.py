@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contract.spec import InputKind, Layout, ModelSpec, Optimizer, Sharding, Strategy, StrategySpec
 
@@ -48,6 +48,9 @@ class StateBytes:
     # The first moment of backward (loss_grad_bytes): the loss's gradients over the model's output,
     # made while everything saved is still alive.
     loss_grads: int = 0
+    # Not state: the bytes the strategy moves per optimizer step, by collective kind
+    # (launcher/plan/traffic.py), from the same meta build.
+    comm_bytes_per_step: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -71,10 +74,20 @@ def loss_grad_bytes(model: ModelSpec, batch_size: int) -> int:
 
 
 def analyse(model: ModelSpec, batch_size: int, low_dtype: str | None,
-            checkpointing: bool) -> tuple[list[tuple[tuple[int, ...], int]], int | None]:
-    """(parameter shapes, activation bytes or None) from one meta-device build of the model."""
+            checkpointing: bool) -> tuple[list[tuple[tuple[int, ...], int]], int | None, list[bool]]:
+    """(parameter shapes, activation bytes or None, whether each parameter sits in an FSDP unit)
+    from one meta-device build of the model."""
     module = _meta_build(model)
-    return _shapes(module), _activations(module, model, batch_size, low_dtype, checkpointing)
+    in_unit = _in_units(module)
+    return _shapes(module), _activations(module, model, batch_size, low_dtype, checkpointing), in_unit
+
+
+def count_flops(model: ModelSpec) -> float | None:
+    """Training FLOPs of one sample (jobs.models.flops_per_sample: forward and backward) from a
+    meta-device build; None for a model that cannot be counted."""
+    from jobs.models import flops_per_sample
+
+    return flops_per_sample(_meta_build(model), model)
 
 
 def _meta_build(model: ModelSpec):
@@ -84,6 +97,15 @@ def _meta_build(model: ModelSpec):
 
     with torch.device("meta"):
         return build_model(model)
+
+
+def _in_units(module) -> list[bool]:
+    """Per parameter (in ``module.parameters()`` order): inside one of the FSDP units of
+    jobs.models.shard_units, or the root's own (launcher/plan/traffic.py counts them apart)."""
+    from jobs.models import shard_units
+
+    inside = {id(p) for unit in shard_units(module) for p in unit.parameters()}
+    return [id(p) in inside for p in module.parameters()]
 
 
 def _shapes(module) -> list[tuple[tuple[int, ...], int]]:

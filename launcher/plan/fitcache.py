@@ -65,6 +65,21 @@ def write(cache_key: str | None, value: dict) -> None:
         pass
 
 
+def flops_per_sample(model: spec.ModelSpec) -> float | None:
+    """Training FLOPs of one sample of ``model`` (launcher/plan/fit.py, count_flops), kept here like the
+    analysis: a forecast or a report reads them without importing torch once a launch counted them."""
+    from contract.codec import to_plain
+    from launcher.plan import fit
+
+    cache_key = key(to_plain(model), {"count": "flops_per_sample"})
+    hit = read(cache_key)
+    if hit is not None:
+        return hit.get("flops_per_sample")
+    value = fit.count_flops(model)
+    write(cache_key, {"flops_per_sample": value})
+    return value
+
+
 def _has_target(value: Any) -> bool:
     if isinstance(value, dict):
         return any((k in ("_target_", "target") and v) or _has_target(v) for k, v in value.items())

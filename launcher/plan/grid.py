@@ -74,7 +74,6 @@ def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list
 
 def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) -> tuple[list[list[str]], list[str]]:
     """The override list of every grid point, and the keys being swept (an experiment's grid included)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -92,7 +91,24 @@ def expand(overrides: Sequence[str], multirun: bool, extra: Sequence[str] = ()) 
         )
     if not multirun:
         return [list(overrides)], []
-    return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch], swept
+    return grid_points(parsed), swept
+
+
+def grid_points(parsed: Sequence) -> list[list[str]]:
+    """Every combination of the swept values, in the order Hydra's basic sweeper runs them (its
+    ``split_arguments``, written with the overrides' public methods): the last key varies fastest,
+    and a key given twice keeps its last place and value."""
+    import itertools
+
+    choices: dict[str, list[str]] = {}
+    for override in parsed:
+        key = override.get_key_element()
+        if override.is_sweep_override() and not override.is_discrete_sweep():
+            raise SweepError(f"{key}: an interval sweep ({override.input_line}) has no values to list; the basic "
+                             f"sweeper runs choices and ranges. Fix: list the values, or use range(start,stop,step).")
+        choices[key] = ([f"{key}={v}" for v in override.sweep_string_iterator()] if override.is_sweep_override()
+                        else [f"{key}={override.get_value_element_as_str()}"])
+    return [list(point) for point in itertools.product(*choices.values())]
 
 
 def quoted(override: str) -> str:
@@ -200,6 +216,10 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
                 fast = _fast_apply(base, parsed)
                 if fast is None:  # anything but plain scalar values: Hydra's own way, ~10x slower
                     cfg = copy.deepcopy(template)
+                    # Hydra's private step (hydra-core 1.3) that its compose applies value overrides
+                    # with: composing each point publicly gives the same config ~3x slower (figure 4's
+                    # 16 points: 7.6 s against 2.6 s). tests/test_private_apis.py fails, naming it,
+                    # where a Hydra release moves or changes it.
                     ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
                     config = cast(Config, OmegaConf.to_object(cfg))
                 else:

@@ -41,15 +41,15 @@ def repeated(cells: Sequence[Cell]) -> bool:
     return len(set(names)) < len(names)
 
 
-def rotate(cells: Sequence[Cell], partition_nodes: dict[str | None, list[str]]) -> list[Cell]:
-    """Give each run of a configuration with several runs its own window of its partition's nodes
-    (``partition_nodes``: partition -> its nodes in order; None: the default partition). Returns
-    the cells it placed."""
+def rotation(cells: Sequence[Cell], partition_nodes: dict[str | None, list[str]]) -> dict[int, str]:
+    """{cell index: its nodelist} that gives each run of a grid point with several runs its own window
+    of its partition's nodes (``partition_nodes``: partition -> its nodes in order; None: the
+    default partition). Changes nothing: :func:`place` applies one."""
     order: dict[str, int] = {}
-    placed = []
     runs: dict[str, int] = {}
     for cell in cells:
         runs[configuration(cell.name)] = runs.get(configuration(cell.name), 0) + 1
+    out = {}
     for cell in cells:
         name = configuration(cell.name)
         j = order.setdefault(name, len(order))
@@ -57,13 +57,16 @@ def rotate(cells: Sequence[Cell], partition_nodes: dict[str | None, list[str]]) 
         if runs[name] < 2 or c.nodelist or c.exclude or cell.placed:
             continue
         found = windows(partition_nodes.get(c.partition) or [], cell.layout.nodes)
-        if len(found) < 2:
-            continue  # the partition has room for one placement only
-        # Its own settings object: the runs of a grid point share one until they are placed apart.
-        cell.cluster = c = dataclasses.replace(c, nodelist=",".join(found[(j + cell.run - 1) % len(found)]))
-        cell.placed = f"nodelist={c.nodelist}"
-        placed.append(cell)
-    return placed
+        if len(found) >= 2:  # else the partition has room for one placement only
+            out[cell.index] = ",".join(found[(j + cell.run - 1) % len(found)])
+    return out
+
+
+def place(cell: Cell, nodelist: str) -> None:
+    """Run ``cell`` on ``nodelist``, on a settings object of its own (the runs of a grid point share one
+    until they are placed apart)."""
+    cell.cluster = dataclasses.replace(cell.cluster, nodelist=nodelist)
+    cell.placed = f"nodelist={nodelist}"
 
 
 def exclude_used(cell: Cell, used: set[str], seen: set[str]) -> bool:

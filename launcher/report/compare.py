@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import metrics
-from launcher.report.findings import STATE_TOLERANCE, sequence_text
+from launcher.report.explain import Explanation, explain
+from launcher.report.findings import STATE_TOLERANCE, sequence_text, why_lines
 from launcher.report.rows import grouped, md_cell, num, settings
 from launcher.report.stats import (
     HIGHER,
@@ -79,6 +80,13 @@ class Match:
     b: dict[str, Any]
     by: str  # "settings" | "name"
     deltas: list[Delta] = field(default_factory=list)
+    why: Explanation | None = None  # B's step against A's, part by part (launcher/report/explain.py)
+
+    @property
+    def changed(self) -> bool:
+        """A claimed change of speed (throughput or step time)."""
+        speed = {str(_THROUGHPUT.label), str(metrics.claimed()["step_time"].label)}
+        return any(d.metric in speed and d.verdict in (IMPROVEMENT, REGRESSION) for d in self.deltas)
 
 
 @dataclass
@@ -153,6 +161,7 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshol
             only_a.append(a)
     for m in matches:
         m.deltas = deltas(m.a, m.b, threshold, floor, looks)
+        m.why = explain(m.b, m.a, "B", "A", floor)
     return Comparison(matches, only_a, list(left_b.values()), threshold)
 
 
@@ -255,6 +264,11 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
         lines += ["", "Only in A: " + ", ".join(md_cell(_name(r)) for r in result.only_a)]
     if result.only_b:
         lines += ["", "Only in B: " + ", ".join(md_cell(_name(r)) for r in result.only_b)]
+    explained = [m for m in sorted(result.matches, key=lambda m: m.name) if m.changed]
+    if explained:
+        lines += ["", "Why (B against A, the step's parts from each run's profiled probe):"]
+        for m in explained:
+            lines += [f"- {md_cell(m.name)}:", *why_lines(m.why)]
     bad = result.regressions()
     lines += ["", f"{len(bad)} regression(s) beyond the noise and the threshold of {result.threshold:.0%}"
               + (": " + "; ".join(f"{m.name} {d.metric}" + (f" {d.change:+.1%}" if d.change is not None else

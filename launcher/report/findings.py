@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import metrics
+from launcher.plan import traffic
 from launcher.report import nodes
+from launcher.report.explain import Explanation, explain, traffic_findings
 from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
 from launcher.report.stats import (
     HIGHER,
@@ -50,6 +52,7 @@ from launcher.report.stats import (
 )
 
 MARGIN = 0.05  # the recommendation's "within 5% of the fastest"
+TRAFFIC_TOLERANCE = traffic.TOLERANCE
 # Model state is counted exactly: within the registry's band it is the same layout.
 STATE_TOLERANCE: float = metrics.get("model_state_bytes").min_effect or 0.0
 # Known choices in the order that makes the first one the baseline of a comparison.
@@ -78,6 +81,7 @@ class Comparison:
     state_ratio: float | None
     caveat: str | None  # why nothing is claimed beyond the numbers (failed, interference)
     noise: str = ""  # what the interval rests on, e.g. "3 + 3 runs" or "noise floor (...)"
+    why: Explanation | None = None  # the difference cut into the step's parts (launcher/report/explain.py)
     looks: Looks = Looks.fixed()  # the sweep's planned looks (runs=auto: several)
 
     @property
@@ -165,7 +169,8 @@ def _compare(axis: str, a: dict[str, Any], b: dict[str, Any], floor: Floor | Non
         if ea and eb else None,
         peak=sequential_difference(a, b, "peak_memory", MIN_EFFECT["peak_memory"], looks, floor) if pa and pb else None,
         state_ratio=_ratio(num(a.get("model_state_bytes")), num(b.get("model_state_bytes"))),
-        caveat=caveat, noise=noise_used(ea, eb, floor), looks=looks)
+        caveat=caveat, noise=noise_used(ea, eb, floor), why=explain(a, b, _label(a, axis), _label(b, axis), floor),
+        looks=looks)
 
 
 # ---- wording --------------------------------------------------------------------------------------
@@ -253,7 +258,32 @@ def _bullets(comps: list[Comparison]) -> list[str]:
                    f"({d.ratio:.2f}×, {1 - d.alpha:.0%} CI {d.low:.2f}–{d.high:.2f}; {c.noise}"
                    f"{', ' + str(stop_reason(d, c.looks)) if c.looks.sequential else ''})"
                    + (f", with {' and '.join(mem)}" if mem else "") + ".")
+        out += why_lines(c.why)
     return out
+
+
+def _unclaimed_parts(comps: list[Comparison]) -> list[str]:
+    """The parts of each difference that is shown but not claimed (interference, noise): the step
+    times still differ by something, and its parts say where, with the same noise rules."""
+    out = []
+    for c in comps:
+        if c.claimed or c.why is None:
+            continue
+        where = f"{c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
+        reason = verdict_text(c).removeprefix("not claimed: ")
+        out += [f"- {where}: {c.a_label} against {c.b_label}, not claimed ({md_cell(reason)}):",
+                *why_lines(c.why)]
+    return ([""] + out) if out else []
+
+
+def why_lines(why: Explanation | None) -> list[str]:
+    """The explanation of a claimed difference and what to try next, as indented bullet lines."""
+    if why is None:
+        return ["  - Why: not measured (no anatomy: comm_probe_steps=0, or one rank)."]
+    lines = [f"  - Why: {why.text()}"]
+    if why.next_step:
+        lines.append(f"  - Next: {why.next_step}")
+    return lines
 
 
 def scaling(units: list[dict[str, Any]], floor: Floor | None = None) -> list[str]:
@@ -414,9 +444,13 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
             continue
         bullets = _bullets(comps)
         lines += bullets or ["No throughput difference is claimed."]
+        lines += _unclaimed_parts(comps)
         lines += [""] + _table(comps) + [""]
     lines += ["### Scaling efficiency", ""]
     lines += scaling(units, floor) or ["No series was measured at more than one world size."]
+    lines += ["", "### Bytes against the theory", ""]
+    lines += traffic_findings(rows) or [f"Every measured collective moved within {TRAFFIC_TOLERANCE:.0%} of the bytes its "
+                                        "strategy implies (launcher/plan/traffic.py), or nothing was measured."]
     lines += ["", "### Stragglers", ""]
     lines += stragglers(rows) or ["No rank lagged more than 10% behind the median rank."]
     on_nodes = nodes.section(rows)

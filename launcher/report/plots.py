@@ -1,4 +1,5 @@
-"""The report's PNG plots: throughput by cell, memory by cell, scaling over node counts.
+"""The report's PNG plots: throughput by cell, memory by cell, scaling over node counts, and each
+cell's step by part (its anatomy, jobs/anatomy.py).
 
 matplotlib is imported inside the functions, never at module level: the launcher starts without
 it and only a report pays for it. Figures are built with ``matplotlib.figure.Figure`` and saved
@@ -11,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from contract import metrics
+from launcher.report.explain import part_label
 from launcher.report.rows import GIB, MIB, cell_label, grouped, peak_memory_gib, ranked, series_labels
 
 DPI = 110
@@ -163,6 +166,43 @@ def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
+def anatomy(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """Each cell's probe step cut into its parts (stacked, in contract.metrics.STEP_PARTS order, the
+    unattributed remainder last and hatched), with the measured window's median step time marked:
+    the gap between the bar's end and the mark is the profiler's own cost."""
+    measured, note = _capped([r for r in _measured(rows) if r.get(metrics.ANATOMY_STEP)])
+    if not measured:
+        return None
+    shown = [p for p in metrics.STEP_PARTS if any(r.get(p) for r in measured)]
+    multi = len({r.get("sweep") for r in rows}) > 1
+    labels = [_short(cell_label(r, multi)) for r in measured]
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab20"]
+    fig = _figure(11, 1.8 + 0.42 * len(measured))
+    ax = fig.subplots()
+    ys = list(range(len(measured)))
+    left = [0.0] * len(measured)
+    for i, part in enumerate(shown):
+        widths = [float(r.get(part) or 0.0) for r in measured]
+        last = part == "anatomy_unattributed_ms"
+        ax.barh(ys, widths, left=left, label=part_label(part), color="lightgrey" if last else cmap(i % 20),
+                hatch="//" if last else None, edgecolor="white", linewidth=0.5)
+        left = [lo + w for lo, w in zip(left, widths, strict=True)]
+    window = [r.get("step_time_ms_p50") for r in measured]
+    ax.scatter([w for w in window if w], [y for y, w in zip(ys, window, strict=True) if w], marker="|", s=300,
+               color="black", label="window step p50", zorder=3)
+    ax.set_yticks(ys, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (the profiled probe's; its parts add up to its step)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"Step anatomy by cell{note}")
+    fig.savefig(path)
+    return path
+
+
 def _mean(values) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
@@ -178,6 +218,9 @@ def make_all(rows: Sequence[dict[str, Any]], plot_dir: Path) -> list[tuple[Path,
         ("memory.png", memory, "Memory by cell: peak memory and model-state bytes per rank (max over ranks)."),
         ("scaling.png", scaling, "Scaling: per-device throughput and scaling efficiency over node counts, "
                                  "one line per series (same settings except the node count)."),
+        ("anatomy.png", anatomy, "Step anatomy: each cell's profiled step cut into parts that add up to it "
+                                 "(compute by phase, exposed communication by collective, data wait, copies, "
+                                 "the unattributed remainder hatched); the mark is the window's median step."),
     ):
         out = fn(rows, plot_dir / name)
         if out is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
-from launcher.report import findings, noisefloor, plots, sequential, stats
+from launcher.report import findings, forecasts, noisefloor, plots, sequential, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -91,6 +91,7 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
             row["predicted_model_state_bytes"] = cell.predicted_state_bytes
         if cell.predicted_activation_bytes is not None:
             row["predicted_activation_bytes"] = cell.predicted_activation_bytes
+        row.update({metrics.predicted_comm_bytes(k): v for k, v in cell.predicted_comm_bytes.items()})
         if cell.interference:  # launcher/cluster/colocation.py: the cell measured something else too
             row["interference"] = cell.interference
         rows.append(row)
@@ -302,6 +303,10 @@ class Report:
     tables: str = ""
     findings: str = ""
     cells_csv: Path | None = None
+    # MLflow figures of the forecasts checked (launcher/report/forecasts.py): the parent run's, and
+    # per cell run id.
+    figures: dict[str, float] = field(default_factory=dict)
+    cell_figures: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _distinct(rows: Sequence[dict[str, Any]], key: str, split: bool = False) -> list[str]:
@@ -396,9 +401,10 @@ def _tables(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str
 
 
 def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[str, str],
-          floor: stats.Floor | None = None, looks: stats.Looks | None = None) -> Report:
+          floor: stats.Floor | None = None, checked: Sequence[str] = (), looks: stats.Looks | None = None) -> Report:
     """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``; ``floor``: the cluster's
-    noise floor, the noise of configurations that ran once; ``looks``: a runs=auto sweep's looks."""
+    noise floor, the noise of configurations that ran once; ``checked``: the forecasts checked
+    section (launcher/report/forecasts.py), after the plots; ``looks``: a runs=auto sweep's looks."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor),
@@ -407,7 +413,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
              *_results_section(rows, done, report.tables), *_plots_section(rows, bool(done), out_dir, report),
-             "## How measured", "", _how_measured(rows), "",
+             *checked, "## How measured", "", _how_measured(rows), "",
              "## Environment", "", _environment(rows, source), "",
              "## Cells without results", "", _failures(rows), ""]
     report.path.write_text("\n".join(parts))
@@ -507,7 +513,22 @@ def write_sweep_report(state: SweepState) -> Report:
     floor = noisefloor.load(state.path.parent, key)
     source["noise floor"] = (f"{floor.where} ({noisefloor.FLOOR_FILE} beside the sweep directory)" if floor
                              else "none measured on this cluster yet")
-    return write(rows, state.path, f"Benchmark report: {state.name}", source, floor, looks_of(state))
+    checked = _forecasts_checked(state, rows, key)
+    written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor, checked.section,
+                    looks_of(state))
+    written.figures, written.cell_figures = checked.figures, checked.cell_figures
+    return written
+
+
+def _forecasts_checked(state: SweepState, rows: list[dict[str, Any]], key: str) -> forecasts.SweepCheck:
+    """The forecasts checked (kept in the cluster's record once every cell has ended); a problem is
+    said in the section, never raised: it must not cost the measured report."""
+    try:
+        return forecasts.check(state, rows, key, keep=all(c.status.terminal for c in state.cells))
+    except Exception as exc:
+        print(f"report: forecasts not checked: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return forecasts.SweepCheck(["## Forecasts checked", "", f"Not checked: {md_cell(type(exc).__name__)}: "
+                                     f"{md_cell(exc)}", ""], {}, {})
 
 
 def floor_key(state: SweepState) -> str:

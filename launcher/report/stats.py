@@ -132,16 +132,31 @@ def run_values(row: dict[str, Any], metric: str, upto_round: int | None = None) 
 def estimate(row: dict[str, Any], metric: str = "throughput", floor: Floor | None = None,
              upto_round: int | None = None) -> Estimate | None:
     """The estimate of ``metric`` for a row from its independent runs, or from the floor."""
-    values = run_values(row, metric, upto_round)
+    cv = floor.cv.get(metric) if floor is not None else None
+    return estimate_of(run_values(row, metric, upto_round), cv, floor.df if floor is not None else 0)
+
+
+def estimate_of(values: list[float], floor_cv: float | None = None, floor_df: int = 0) -> Estimate | None:
+    """The estimate from independent runs' values; one run borrows a noise floor's coefficient of
+    variation (``floor_cv`` with ``floor_df`` degrees of freedom) where there is one."""
     if not values:
         return None
     mean = statistics.fmean(values)
     if len(values) >= 2:
         return Estimate(mean, statistics.stdev(values) / math.sqrt(len(values)), len(values) - 1, len(values), "runs",
                         values)
-    if floor is not None and metric in floor.cv and floor.df >= 1:
-        return Estimate(mean, floor.cv[metric] * mean, floor.df, 1, "floor", values)
+    if floor_cv is not None and floor_df >= 1:
+        return Estimate(mean, floor_cv * abs(mean), floor_df, 1, "floor", values)
     return Estimate(mean, None, None, 1, "none", values)
+
+
+def welch_interval(a: Estimate, b: Estimate, alpha: float = ALPHA) -> tuple[float, float] | None:
+    """Welch's ``1 - alpha`` interval of mean(A) - mean(B), in their unit; None without a noise estimate."""
+    if a.se is None or b.se is None or a.df is None or b.df is None:
+        return None
+    hw = t_two_sided(alpha, _welch_df(a, b)) * math.sqrt(a.se**2 + b.se**2)
+    d = a.mean - b.mean
+    return d - hw, d + hw
 
 
 @dataclass
@@ -191,18 +206,11 @@ def difference(a: Estimate, b: Estimate, min_effect: float, alpha: float = ALPHA
     """Welch's interval for mean(A) - mean(B), as a ratio to B: 1 + interval / mean(B); a
     difference at level ``alpha`` (two-sided), equivalence within ±min_effect by TOST at ``alpha``."""
     ratio = a.mean / b.mean
-    if a.se is None or b.se is None or a.df is None or b.df is None:
+    found_at, tost = welch_interval(a, b, alpha), welch_interval(a, b, 2 * alpha)
+    if found_at is None or tost is None:
         return Diff(ratio, None, None, INCONCLUSIVE, None, min_effect, n_a=a.n, n_b=b.n, alpha=alpha)
-    se = math.sqrt(a.se**2 + b.se**2)
-    df = _welch_df(a, b)
-    d = a.mean - b.mean
-
-    def interval(level: float) -> tuple[float, float]:
-        hw = t_two_sided(level, df) * se
-        # A throughput or a memory peak is never negative: a very noisy interval is cut at zero.
-        return max(0.0, 1 + (d - hw) / b.mean), 1 + (d + hw) / b.mean
-
-    (low, high), (eq_low, eq_high) = interval(alpha), interval(2 * alpha)
+    # A throughput or a memory peak is never negative: a very noisy interval is cut at zero.
+    (low, high), (eq_low, eq_high) = ((max(0.0, 1 + lo / b.mean), 1 + hi / b.mean) for lo, hi in (found_at, tost))
     change = abs(ratio - 1)
     found = Diff(ratio, low, high, INCONCLUSIVE, None, min_effect, eq_low, eq_high, a.n, b.n, alpha=alpha)
     if (low > 1 or high < 1) and change >= min_effect:

@@ -1,8 +1,9 @@
 """Each cell's status, from what its cluster (launcher/cluster/) last said about its job.
 
 The backend moves every submitted cell to the state its job is in (the rules of each cluster are
-in its module); here a cell that changed gets its MLflow run brought up to date, and the document
-is saved. A planned cell whose submitting process has ended will never be submitted: it is
+in its folder); here the cells that changed are listed, and the document is saved. Their MLflow runs
+are brought up to date by the finish (launcher/finish.py), inline or in the background: nothing
+here calls MLflow. A planned cell whose submitting process has ended will never be submitted: it is
 ``cancelled`` with that reason, so no cell stays planned for good.
 """
 
@@ -15,7 +16,6 @@ from launcher.cluster.backends import backend_for
 from launcher.cluster.base import JobTimes, alive
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
-from launcher.track.runs import finish_cell
 
 
 @dataclass
@@ -25,8 +25,9 @@ class Refreshed:
     times: JobTimes = field(default_factory=dict)
 
 
-def refresh(state: SweepState) -> Refreshed:
-    """Bring every cell's status up to date; save and update its MLflow run when it changed."""
+def refresh(state: SweepState, save: bool = True) -> Refreshed:
+    """Bring every cell's status up to date; save the document when one changed (``save``: or leave
+    that to the caller, who saves once)."""
     state.adopt_runs()  # runs a background process has created since
     before = {cell.index: (cell.status, cell.error, cell.restarts) for cell in state.cells}
     for cell in state.cells:
@@ -36,8 +37,7 @@ def refresh(state: SweepState) -> Refreshed:
     for cell in state.cells:
         if (cell.status, cell.error, cell.restarts) != before[cell.index]:
             out.changed.append(cell)
-            finish_cell(state, cell)
-    if out.changed:
+    if out.changed and save:
         state.save()
     return out
 

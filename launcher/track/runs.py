@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import yaml
 
 from contract import cell_run, mlflow_client
+from contract.metrics import predicted_comm_bytes
 from contract.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
 from contract.records import read_records
 from launcher.cluster.backends import backend_for
 from launcher.plan.cell import Cell, CellStatus
-from launcher.state import MLFLOW_STATUS, RUNS_FILE, SweepState
+from launcher.state import MLFLOW_STATUS, RUNS_FILE, SETTLED_FILE, SweepState
 from launcher.track import tracking
 
 STEP_KEYS_SKIP = ("kind", "step", "time")
@@ -67,7 +68,7 @@ def replay(records: list[dict]) -> Replay:
 
 def sync_run(client, run_id: str, records: list[dict], known: dict[str, float] | None = None) -> int:
     """Log every JSONL point missing from the run, then the figures ``known`` before launch (the
-    headline metrics first: jobs/cell_run.view_order); returns how many points were added."""
+    headline metrics first: contract/cell_run.view_order); returns how many points were added."""
     from mlflow.entities import Metric, RunTag
 
     want = replay(records)
@@ -92,18 +93,6 @@ def sync_run(client, run_id: str, records: list[dict], known: dict[str, float] |
     return len(missing)
 
 
-def sync_cell(state: SweepState, cell) -> int:
-    """Replay one cell's records into its run (best-effort: a tracking outage is reported, not raised)."""
-    if not (state.tracking_uri and cell.run_id):
-        return 0
-    try:
-        return sync_run(mlflow_client.client(state.tracking_uri), cell.run_id,
-                        read_records(state.cell_dir(cell) / "metrics.jsonl"), cell_run.known_metrics(state.cell_dir(cell)))
-    except Exception as exc:  # the records stay on disk; the next sync picks them up
-        print(f"[mlflow] sync of {cell.name} failed, will retry on the next status/sync: {exc}", file=sys.stderr)
-        return 0
-
-
 def sync_sweep(state: SweepState) -> dict[str, int]:
     """{cell: points added} for every cell that has records and a run."""
     if not state.tracking_uri:
@@ -117,30 +106,30 @@ def sync_sweep(state: SweepState) -> dict[str, int]:
     return added
 
 
-def finish_cell(state: SweepState, cell: Cell) -> None:
+def finish_cell(state: SweepState, cell: Cell) -> bool:
     """A cell whose status changed: once it has ended, replay what its ranks could not log and attach
-    its files; then make its run's status and tags agree with the cell's (best-effort: the next
-    status or sync retries)."""
+    its files; then make its run's status and tags agree with the cell's. Best-effort: returns whether
+    the run now agrees (False: a tracking outage, said on stderr; the next status or sync retries)."""
     if not state.tracking_uri:
-        return
+        return True
     cell.run_id = cell.run_id or cell_run.run_id(state.cell_dir(cell))  # its rank 0 may have created it
-    if not cell.run_id and cell.status.terminal:
-        try:
-            ensure_runs(state)  # a job that ended without creating its run (killed, or never started)
-        except Exception as exc:  # a tracking outage must not break status; the next refresh retries
-            print(f"[mlflow] could not create the run of {cell.name}: {exc}", file=sys.stderr)
-    if not cell.run_id:
-        return
-    if cell.status.terminal:
-        sync_cell(state, cell)
     try:
+        if not cell.run_id and cell.status.terminal:
+            ensure_runs(state)  # a job that ended without creating its run (killed, or never started)
+        if not cell.run_id:
+            return not cell.status.terminal
         client = mlflow_client.client(state.tracking_uri)
         if cell.status.terminal:
+            sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"),
+                     cell_run.known_metrics(state.cell_dir(cell)))
             tracking.attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell),
                                            state.path / "submitit", cell.job_id)
         settle_run(client, client.get_run(cell.run_id), cell, lambda: job_end_s(state, cell))
-    except Exception as exc:  # a tracking outage must not break status; the next refresh retries
-        print(f"[mlflow] could not update run {cell.run_id}: {exc}", file=sys.stderr)
+        return True
+    except Exception as exc:  # a tracking outage must not break status; the records stay on disk
+        print(f"[mlflow] could not bring the run of {cell.name} up to date, the next status/sync retries: {exc}",
+              file=sys.stderr)
+        return False
 
 
 # Tags that describe a failure: only a failed (or lost) cell's run carries them. When a cell that
@@ -320,6 +309,7 @@ def move_to_store(state: SweepState, uri: str) -> bool:
     # A document from before code was recorded: the syncing checkout's commit would be a guess.
     state.code = state.code or {"git_commit": "unknown"}
     (state.path / RUNS_FILE).unlink(missing_ok=True)
+    (state.path / SETTLED_FILE).unlink(missing_ok=True)  # nothing is settled in the new store
     for cell in state.cells:
         cell.run_id = None
         cell_run.forget_run(state.cell_dir(cell))
@@ -361,6 +351,7 @@ def write_template(state: SweepState, cell: Cell, code: dict[str, str]) -> None:
     metrics = {name: float(value) for name, value in (
         ("predicted_model_state_bytes", cell.predicted_state_bytes),
         ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}
+    metrics.update({predicted_comm_bytes(k): float(v) for k, v in cell.predicted_comm_bytes.items()})
     cell_run.write_template(state.cell_dir(cell), str(state.experiment_id), cell.name, tags,
                             tracking.flatten(_resolved(state, cell)), metrics)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from contract import mlflow_client
+from contract import metrics, mlflow_client
 from contract.mlflow_client import TAG_MAX_CHARS
 from launcher.masking import mask
 
@@ -295,6 +295,22 @@ def attach_cell_artifacts(uri: str, run_id: str, cell_dir: Path, submitit_dir: P
         for path in sorted(set(submitit_dir.glob(f"{job_id}_*")) | set(submitit_dir.glob(f"{array_id}_submission.sh"))):
             if path.suffix in (".out", ".err", ".sh"):
                 client.log_artifact(run_id, str(path), "logs")
+
+
+def log_figures(uri: str, figures_by_run: dict[str, dict[str, float]]) -> None:
+    """Summary figures (registered metrics computed over cells, such as the forecasts checked) on
+    runs that exist, each at step 0 like the cells' own summaries."""
+    client = mlflow_client.client(uri)
+    for run_id, figures in figures_by_run.items():
+        for name, value in figures.items():
+            client.log_metric(run_id, metrics.get(name).name, float(value), step=0)
+
+
+def attach(uri: str, run_id: str, files: Iterable[Path], folder: str | None = None) -> None:
+    """Attach ``files`` to a run (under ``folder``)."""
+    client = mlflow_client.client(uri)
+    for path in files:
+        client.log_artifact(run_id, str(path), folder)
 
 
 def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()) -> None:

@@ -21,13 +21,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.cluster import slurm_commands, submit
-from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, Backend, JobTimes
+from launcher.cluster.base import (
+    CANCELLED_BY_LAUNCHER,
+    Allocation,
+    Backend,
+    JobTimes,
+    Resolved,
+    ResourceCheck,
+    Wording,
+)
 from launcher.cluster.failures import classify, first_failure
-from launcher.cluster.slurm_commands import JobRecord, first_word
+from launcher.cluster.slurm import accounting, resources, submit
+from launcher.cluster.slurm.accounting import JobRecord, first_word, slurm_status
 from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
-from launcher.state import SweepState, slurm_status
+from launcher.state import SweepState
 
 if TYPE_CHECKING:
     from launcher.cluster.interrupt import Interrupts
@@ -42,24 +50,28 @@ BACKGROUND_RUNS_ABOVE = 50
 
 class SlurmBackend(Backend):
     name = "slurm"
+    words = Wording(where="in Slurm", scheduler="Slurm", submitter="sbatch")
     runs_cells_in_foreground = False
     ranks_log_to_tracking = True
 
     def _start(self, state: SweepState, cells: Sequence[Cell],
                after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
-        submit.submit_slurm(state, cells, self.max_array_size(cells))
+        submit.submit(state, cells, self.max_array_size(cells))
 
-    def check_resources(self, cells: Sequence[Cell]) -> list[str]:
+    def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """The partitions hold the cells (sinfo): nodes, GPUs, cores, memory, node lists, account and QoS;
-        a cell's GPU memory is read from its partition's GPU type. Then the runs of each grid point
-        are spread over the partition's nodes (launcher/plan/spread.py)."""
-        errors = slurm_commands.check_partitions(cells)
-        if not errors and spread.repeated(cells):
-            spread.rotate(cells, slurm_commands.partition_nodes())
-        return errors
+        a GPU cell's cores, memory and GPU memory are resolved from its partition, and the runs of each
+        grid point are spread over the partition's nodes (launcher/plan/spread.py)."""
+        found = resources.check(cells)
+        if not found.errors and spread.repeated(cells):
+            for index, nodelist in spread.rotation(cells, resources.partition_nodes()).items():
+                found.resolved.setdefault(index, Resolved()).nodelist = nodelist
+        return found
 
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
-        return submit.max_array_size_for(cells)
+        """The cells' own cluster.max_array_size where set, else the cluster's MaxArraySize."""
+        configured = [c.cluster.max_array_size for c in cells if c.cluster.max_array_size]
+        return min(configured) if configured else resources.max_array_size()
 
     def describe_submission(self, cells: Sequence[Cell], folder: Path, max_array_size: int | None) -> list[str]:
         """Each sbatch call with the script submitit would write for it."""
@@ -74,19 +86,19 @@ class SlurmBackend(Backend):
     def update_cells(self, state: SweepState, cells: Sequence[Cell]) -> JobTimes:
         """One sacct call (every accounting record of every job: requeues included) and one squeue
         call, whatever the number of cells."""
-        records = slurm_commands.job_records([c.job_id for c in cells if c.job_id])
+        records = accounting.job_records([c.job_id for c in cells if c.job_id])
         for cell in cells:
             if cell.job_id:
                 _follow(state, cell, records.get(cell.job_id))
         return {job: (r.started[0], r.started[1], list(r.started[2])) for job, r in records.items() if r.started}
 
     def cancel(self, job_ids: Sequence[str]) -> None:
-        slurm_commands.cancel(list(job_ids))
+        accounting.cancel(list(job_ids))
 
     def allocations(self, state: SweepState, cells: Sequence[Cell], times: JobTimes | None) -> list[Allocation]:
         """sacct's Start, End and NodeList of every cell's job."""
         if times is None:
-            times = slurm_commands.job_times([c.job_id for c in cells if c.job_id])
+            times = accounting.job_times([c.job_id for c in cells if c.job_id])
         return [Allocation(c.index, frozenset(times[c.job_id][2]), times[c.job_id][0], times[c.job_id][1])
                 for c in cells if c.job_id in times]
 
@@ -121,6 +133,8 @@ def _follow(state: SweepState, cell: Cell, record: JobRecord | None) -> None:
     if job is cell.status and job.terminal:
         return  # already settled: keep its reason and class
     _set(state, cell, job, record)
+
+
 def _set(state: SweepState, cell: Cell, status: CellStatus, record: JobRecord | None) -> None:
     cell.status = status
     cell.error, cell.failure_class = None, None

@@ -1,36 +1,25 @@
-"""Direct Slurm queries: partitions (sinfo), job states (sacct), cancellation (scancel).
+"""What a Slurm cluster can give, asked before anything is created: partitions (sinfo, scontrol),
+the nodes each request could run on, accounts and QOS (sacctmgr), MaxArraySize.
 
-Submission itself goes through submitit only (launcher/cluster/submit.py).
+:func:`check` is pure: it returns what it resolved for each cell and what is wrong, and changes no
+cell; the caller (launcher/preflight.py) applies what was resolved.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 
 from contract.nodelist import expand_nodelist
+from launcher.cluster.base import Resolved, ResourceCheck
+from launcher.cluster.slurm.commands import CONF_PATHS, call, configured, run
 from launcher.plan import fit
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
-
-__all__ = ["JobRecord", "cancel", "check_partitions", "job_records", "job_states", "max_array_size", "partitions"]
-
-
-# Where Slurm's own commands look for their configuration (besides $SLURM_CONF), including the
-# configless cache that slurmd keeps on a node.
-CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/usr/local/etc/slurm.conf",
-              "/run/slurm/conf/slurm.conf")
-
-
-def configured() -> bool:
-    return bool(os.environ.get("SLURM_CONF")) or any(Path(p).exists() for p in CONF_PATHS)
 
 
 def partitions() -> dict[str, dict]:
@@ -83,39 +72,78 @@ def parse_sinfo(text: str) -> dict[str, dict]:
     return out
 
 
-def check_partitions(cells: Sequence[Cell]) -> list[str]:
+def check(cells: Sequence[Cell]) -> ResourceCheck:
     """Errors for cells the partitions cannot run (partition, node counts, what the nodes hold,
-    accounts); also resolves each GPU cell's CPUs, memory and GPU memory from its partition."""
+    accounts), and each GPU cell's CPUs, memory and GPU memory as its partition resolves them."""
     parts = partitions()
-    errors = []
+    out = ResourceCheck()
     for cell in cells:
-        c = cell.cluster
-        name = c.partition or next((p for p, v in parts.items() if v["default"]), None)
+        name = cell.cluster.partition or _default(parts)
         if name not in parts:
-            errors.append(f"[{cell.name}] cluster.partition={c.partition!r}: no such partition on this cluster. "
-                          f"Fix: use one of {', '.join(sorted(parts))}.")
+            out.errors.append(f"[{cell.name}] cluster.partition={cell.cluster.partition!r}: no such partition on this "
+                              f"cluster. Fix: use one of {', '.join(sorted(parts))}.")
             continue
-        limit = min(x for x in (parts[name]["nodes"], parts[name].get("max_nodes")) if x is not None)
-        if cell.layout.nodes > limit:
-            errors.append(f"[{cell.name}] nodes={cell.layout.nodes}: partition {name} allows at most {limit} "
-                          f"node(s) per job. Fix: use nodes<={limit} or another partition.")
-        if c.cpus_per_task is None and cell.layout.gpus_per_node and parts[name]["cpus"]:
-            # A GPU rank needs cores for its DataLoader workers, NCCL's proxy threads and (offload) the
-            # CPU optimizer: by default it gets its share of the node, not Slurm's single core.
-            cell.layout.cpus_per_task = max(1, parts[name]["cpus"] // cell.layout.tasks_per_node)
-        if c.mem_gb is None and cell.layout.gpus_per_node and parts[name]["mem_mb"]:
-            # ... and its share of the node's memory (pinned host buffers, offloaded optimizer state).
-            share = cell.layout.tasks_per_node / cell.layout.gpus_per_node
-            c.mem_gb = int(parts[name]["mem_mb"] * share) / 1024  # whole MiB: never above the node
+        out.errors += _node_count(cell, name, parts[name])
+        out.resolved[cell.index] = resolve(cell, parts[name])
         if cell.layout.gpus_per_node:
-            _gpu_memory(cell, name, parts[name]["gpu_types"], errors)
-    if not errors:
+            out.errors += _gpu_type(cell, name, parts[name]["gpu_types"])
+    if not out.errors:
         all_nodes = cluster_nodes()
         for cell in cells:
-            name = cell.cluster.partition or next((p for p, v in parts.items() if v["default"]), "")
-            errors += check_capacity(cell, name, all_nodes)
-        _accounting(cells, errors)
-    return errors
+            resolved = as_resolved(cell, out.resolved.get(cell.index))
+            out.errors += check_capacity(resolved, cell.cluster.partition or _default(parts) or "", all_nodes)
+        _accounting(cells, out)
+    return out
+
+
+def _default(parts: dict[str, dict]) -> str | None:
+    return next((p for p, v in parts.items() if v["default"]), None)
+
+
+def _node_count(cell: Cell, name: str, part: dict) -> list[str]:
+    limit = min(x for x in (part["nodes"], part.get("max_nodes")) if x is not None)
+    if cell.layout.nodes <= limit:
+        return []
+    return [f"[{cell.name}] nodes={cell.layout.nodes}: partition {name} allows at most {limit} node(s) per job. "
+            f"Fix: use nodes<={limit} or another partition."]
+
+
+def resolve(cell: Cell, part: dict) -> Resolved:
+    """What the partition decides for a GPU cell that left it open: its cores, memory, GPU memory."""
+    c, lay, out = cell.cluster, cell.layout, Resolved()
+    if not lay.gpus_per_node:
+        return out
+    if c.cpus_per_task is None and part["cpus"]:
+        # A GPU rank needs cores for its DataLoader workers, NCCL's proxy threads and (offload) the
+        # CPU optimizer: by default it gets its share of the node, not Slurm's single core.
+        out.cpus_per_task = max(1, part["cpus"] // lay.tasks_per_node)
+    if c.mem_gb is None and part["mem_mb"]:
+        # ... and its share of the node's memory (pinned host buffers, offloaded optimizer state).
+        out.mem_gb = int(part["mem_mb"] * lay.tasks_per_node / lay.gpus_per_node) / 1024  # whole MiB
+    # The memory of its GPU type (or of the partition's only GPU type): fit is checked against it.
+    known = {fit.gpu_mem_gib_of(t) for t in ({c.gpu_type} if c.gpu_type else part["gpu_types"])}
+    if c.gpu_mem_gib is None and len(known) == 1 and None not in known:
+        out.gpu_mem_gib = known.pop()
+    return out
+
+
+def as_resolved(cell: Cell, resolved: Resolved | None) -> Cell:
+    """A copy of ``cell`` with ``resolved`` applied, to check what it will ask for; ``cell`` is unchanged."""
+    if resolved is None:
+        return cell
+    copy = dataclasses.replace(cell, layout=dataclasses.replace(cell.layout),
+                               cluster=dataclasses.replace(cell.cluster))
+    resolved.apply(copy)
+    return copy
+
+
+def _gpu_type(cell: Cell, partition: str, gpu_types: set[str]) -> list[str]:
+    """The cell's GPU type must be one the partition has."""
+    c = cell.cluster
+    if not (c.gpu_type and gpu_types and c.gpu_type not in gpu_types):
+        return []
+    return [f"[{cell.name}] cluster.gpu_type={c.gpu_type}: partition {partition} has GPU type(s) "
+            f"{', '.join(sorted(gpu_types))} (sinfo's gres). Fix: use one of them, or another partition."]
 
 
 # ---- what the nodes hold: each request checked before sbatch sees it ----------------------------
@@ -156,7 +184,7 @@ def _number(text: str) -> int:
 
 
 def cluster_nodes() -> dict[str, Node]:
-    return parse_nodes(_run(["sinfo", "-N", "-h", "-o", "%N|%P|%c|%m|%G|%f|%T"]))
+    return parse_nodes(run(["sinfo", "-N", "-h", "-o", "%N|%P|%c|%m|%G|%f|%T"]))
 
 
 _TAKES_JOBS = ("idle", "mixed", "allocated", "alloc", "completing", "planned")
@@ -303,7 +331,7 @@ def parse_associations(text: str) -> tuple[set[str], set[str]]:
     return accounts, qos
 
 
-def _accounting(cells: Sequence[Cell], errors: list[str]) -> None:
+def _accounting(cells: Sequence[Cell], out: ResourceCheck) -> None:
     """cluster.account and cluster.qos against the user's associations: an error where the cluster
     enforces them, a warning where it does not (Slurm then accepts any name silently)."""
     asked = {(c.cluster.account, c.cluster.qos) for c in cells}
@@ -312,11 +340,11 @@ def _accounting(cells: Sequence[Cell], errors: list[str]) -> None:
     import getpass
 
     user = getpass.getuser()
-    assoc = _call(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=account,qos"])
+    assoc = call(["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=account,qos"])
     if assoc is None:
         return  # no accounting database to ask
     accounts, qos = parse_associations(assoc)
-    enforce = parse_enforce(_run(["scontrol", "show", "config"]))
+    enforce = parse_enforce(run(["scontrol", "show", "config"]))
     problems = []
     for account in sorted({a for a, _ in asked if a}):
         if account not in accounts:
@@ -328,216 +356,15 @@ def _accounting(cells: Sequence[Cell], errors: list[str]) -> None:
                                     f"({', '.join(sorted(qos)) or 'none'})"))
     for kind, text in problems:
         if kind in enforce:
-            errors.append(f"{text}. Fix: use one of those (sacctmgr show assoc user={user}).")
+            out.errors.append(f"{text}. Fix: use one of those (sacctmgr show assoc user={user}).")
         else:
-            print(f"warning: {text}. This cluster does not enforce {kind} (AccountingStorageEnforce="
-                  f"{','.join(sorted(enforce)) or 'none'}), so sbatch accepts it, but it is probably a typo.",
-                  file=sys.stderr, flush=True)
-
-
-def _gpu_memory(cell: Cell, partition: str, gpu_types: set[str], errors: list[str]) -> None:
-    """The cell's GPU type must be one the partition has; its memory (or that of the partition's only
-    GPU type) becomes cluster.gpu_mem_gib when none was given, so fit is checked against it."""
-    c = cell.cluster
-    if c.gpu_type and gpu_types and c.gpu_type not in gpu_types:
-        errors.append(f"[{cell.name}] cluster.gpu_type={c.gpu_type}: partition {partition} has GPU type(s) "
-                      f"{', '.join(sorted(gpu_types))} (sinfo's gres). Fix: use one of them, or another partition.")
-        return
-    types = {c.gpu_type} if c.gpu_type else gpu_types
-    known = {fit.gpu_mem_gib_of(t) for t in types}
-    if c.gpu_mem_gib is None and len(known) == 1 and None not in known:
-        c.gpu_mem_gib = known.pop()
-
-
-def _run(args: list[str]) -> str:
-    return _call(args) or ""
-
-
-def _call(args: list[str]) -> str | None:
-    """The command's output, or None when it failed (a Slurm command that did not answer)."""
-    try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
-def expand_array_ids(job: str) -> list[str]:
-    """``123_[0-2,5%4]`` -> 123_0, 123_1, 123_2, 123_5 (sacct and squeue fold pending array tasks)."""
-    base, sep, rest = job.partition("_[")
-    if not sep:
-        return [job]
-    ids: list[str] = []
-    for part in rest.rstrip("]").split("%")[0].split(","):
-        lo, _, hi = part.partition("-")
-        ids.extend(f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1))
-    return ids
-
-
-def parse_states(text: str) -> dict[str, str]:
-    """``JobID|State`` lines (sacct -X -n -P, squeue -h -o '%i|%T') -> {job id: raw state}.
-
-    A requeued job shows several records: the last one wins.
-    """
-    states: dict[str, str] = {}
-    for line in text.splitlines():
-        if "|" not in line:
-            continue
-        job, state = line.split("|", 1)
-        for one in expand_array_ids(job.strip()):
-            states[one] = state.strip()
-    return states
-
-
-def job_states(job_ids: list[str]) -> dict[str, str]:
-    """{job id: Slurm state, e.g. RUNNING or "CANCELLED by 0"} from one sacct call, plus one squeue call
-    for the ids sacct does not know yet (array tasks that have not started); ids neither knows are absent.
-    launcher.state.slurm_status turns a state into a cell status."""
-    if not job_ids:
-        return {}
-    arrays = sorted({j.split("_")[0] for j in job_ids})
-    raw = parse_states(_run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(arrays)]))
-    unknown = [j for j in job_ids if j not in raw]
-    if unknown:
-        queued = parse_states(_run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(arrays)]))
-        raw.update({j: queued[j] for j in unknown if j in queued})
-    return {j: raw[j] for j in job_ids if j in raw}
-
-
-# States in which a job is still in Slurm's queue (squeue lists it): accounting may lag them.
-QUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING", "SUSPENDED",
-          "RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "PREEMPTED")
-
-
-# How a start ends when Slurm requeues the job (a cancelled job still COMPLETING is not requeued).
-REQUEUE_CAUSES = ("NODE_FAIL", "PREEMPTED", "REQUEUED", "BOOT_FAIL", "TIMEOUT", "FAILED")
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """What Slurm last said about one job (or array task), from accounting and the queue together.
-
-    ``state`` is the live queue's state while the job is queued (squeue), else the state of its
-    latest accounting record (sacct). A requeued job has one accounting record per start: the
-    earlier ones are its ``history`` (``NODE_FAIL on node[1-2]``) and their number its ``restarts``.
-    """
-
-    state: str  # Slurm's own words, e.g. RUNNING, COMPLETED, "CANCELLED by 0", NODE_FAIL
-    restarts: int = 0
-    history: tuple[str, ...] = ()
-    in_queue: bool = False
-    # Accounting still says PENDING, but the queue (which answered) no longer holds the job: it
-    # left the queue without starting, which only a cancellation does (scancel of a pending task).
-    left_queue: bool = False
-    started: tuple[float, float, tuple[str, ...]] | None = None  # (start s, end s or now, hosts) of the latest start
-
-
-@dataclass(frozen=True)
-class _Row:
-    state: str
-    nodes: str
-    start: str
-    end: str
-
-
-def first_word(state: str) -> str:
-    """``"CANCELLED by 0"`` -> CANCELLED; ``"COMPLETED+"`` -> COMPLETED."""
-    return state.split()[0].rstrip("+").upper() if state.strip() else ""
-
-
-def parse_sacct_records(text: str) -> tuple[dict[str, list[_Row]], dict[str, _Row]]:
-    """``JobID|State|NodeList|Start|End`` lines (sacct -X -D -n -P) -> (every record of each job, in
-    order; the folded record of not-yet-started array tasks, ``123_[2-4]``, for each task it covers)."""
-    records: dict[str, list[_Row]] = {}
-    folded: dict[str, _Row] = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) != 5:
-            continue
-        job, *fields = (p.strip() for p in parts)
-        row = _Row(*fields)
-        if "_[" in job:
-            folded.update({one: row for one in expand_array_ids(job)})
-        else:
-            records.setdefault(job, []).append(row)
-    return records, folded
-
-
-def merge_records(sacct_text: str, squeue_text: str | None, job_ids: list[str]) -> dict[str, JobRecord]:
-    """{job id: JobRecord} from one sacct output (all records, -D) and one squeue output (None when
-    squeue failed: then nothing is concluded from a job's absence). Ids neither knows are absent."""
-    records, folded = parse_sacct_records(sacct_text)
-    queue = parse_states(squeue_text) if squeue_text is not None else None
-    out: dict[str, JobRecord] = {}
-    # Arrays that Slurm still knows: a task of one that neither accounting nor the queue lists was
-    # cancelled before it started (scancel of a pending task before accounting folded the array).
-    known = {j.split("_")[0] for j in (*records, *folded, *(queue or {}))}
-    for job in job_ids:
-        rows = records.get(job) or ([folded[job]] if job in folded else [])
-        live = queue.get(job) if queue is not None else None
-        if live is None and not rows:
-            if queue is not None and "_" in job and job.split("_")[0] in known:
-                out[job] = JobRecord(state="PENDING", left_queue=True)
-            continue
-        last = rows[-1] if rows else None
-        earlier = list(rows[:-1])
-        if live is not None and last is not None and first_word(last.state) in REQUEUE_CAUSES \
-                and first_word(live) != "COMPLETING":
-            earlier = list(rows)  # requeued: the queue holds its next start, accounting has not recorded it yet
-        history = tuple(f"{r.state} on {r.nodes}" if r.nodes and r.nodes != "None assigned" else r.state
-                        for r in earlier)
-        state = live or (last.state if last else "")
-        left = live is None and queue is not None and first_word(state) in ("PENDING", "REQUEUED")
-        started = next(((_epoch(r.start), datetime.now().timestamp() if r.end in ("Unknown", "None", "")
-                         else _epoch(r.end), tuple(expand_nodelist(r.nodes)))
-                        for r in reversed(rows) if r.start not in ("Unknown", "None", "")
-                        and r.nodes and r.nodes != "None assigned"), None)
-        out[job] = JobRecord(state=state, restarts=len(history), history=history, in_queue=live is not None,
-                             left_queue=left, started=started)
-    return out
-
-
-def job_records(job_ids: list[str]) -> dict[str, JobRecord]:
-    """One sacct call (every record of every job: requeues included) and one squeue call, whatever
-    the number of jobs; see :func:`merge_records`."""
-    if not job_ids:
-        return {}
-    arrays = ",".join(sorted({j.split("_")[0] for j in job_ids}))
-    acct = _run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,State,NodeList,Start,End", "-j", arrays])
-    queue = _call(["squeue", "-h", "-o", "%i|%T", "-j", arrays])
-    return merge_records(acct, queue, job_ids)
-
-
-def job_times(job_ids: list[str]) -> dict[str, tuple[float, float, list[str]]]:
-    """{job id: (start epoch s, end epoch s, hosts)} of the jobs that have started, from one sacct call."""
-    if not job_ids:
-        return {}
-    arrays = sorted({j.split("_")[0] for j in job_ids})
-    return parse_sacct_times(_run(["sacct", "-X", "-n", "-P", "-o", "JobID,Start,End,NodeList", "-j", ",".join(arrays)]))
-
-
-def parse_sacct_times(text: str) -> dict[str, tuple[float, float, list[str]]]:
-    """``JobID|Start|End|NodeList`` lines (sacct -X -n -P) -> {job id: (start_s, end_s, hosts)}; jobs that
-    have not started are left out, and a running job ends now."""
-    out = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) != 4 or parts[1] in ("Unknown", "None", ""):
-            continue
-        job, start, end, nodes = parts
-        end_s = datetime.now().timestamp() if end in ("Unknown", "None", "") else _epoch(end)
-        if nodes and nodes != "None assigned":
-            out[job] = (_epoch(start), end_s, expand_nodelist(nodes))
-    return out
-
-
-def _epoch(stamp: str) -> float:
-    return datetime.fromisoformat(stamp).timestamp()
+            out.warnings.append(f"{text}. This cluster does not enforce {kind} (AccountingStorageEnforce="
+                                f"{','.join(sorted(enforce)) or 'none'}), so sbatch accepts it, but it is probably a typo.")
 
 
 def max_array_size() -> int | None:
     """The cluster's MaxArraySize (``scontrol show config``): an array may hold that many tasks."""
-    return parse_max_array_size(_run(["scontrol", "show", "config"]))
+    return parse_max_array_size(run(["scontrol", "show", "config"]))
 
 
 def parse_max_array_size(text: str) -> int | None:
@@ -548,6 +375,3 @@ def parse_max_array_size(text: str) -> int | None:
     return None
 
 
-def cancel(job_ids: list[str]) -> None:
-    if job_ids:
-        subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60)

@@ -8,17 +8,15 @@ it logs each cell's records into MLflow itself as the cell ends (the ranks impor
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
-import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.cluster import memlimit, submit
-from launcher.cluster.base import Allocation, Backend, JobTimes, alive
+from launcher.cluster.base import Allocation, Backend, JobTimes, ResourceCheck, Wording, alive
 from launcher.cluster.failures import classify, first_failure
+from launcher.cluster.local import resources, submit
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
 
@@ -28,20 +26,18 @@ if TYPE_CHECKING:
 
 class LocalBackend(Backend):
     name = "local"
+    words = Wording(where="on this machine", scheduler="the local executor", submitter="submitit's local executor")
     runs_cells_in_foreground = True
     ranks_log_to_tracking = False
 
     def _start(self, state: SweepState, cells: Sequence[Cell],
                after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None) -> None:
-        submit.run_local(state, cells, after_each_cell, interrupts)
+        submit.run(state, cells, after_each_cell, interrupts)
 
-    def check_resources(self, cells: Sequence[Cell]) -> list[str]:
+    def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """This machine has the GPUs the cells ask for (nvidia-smi), and a memory cgroup can be made
         for cluster.mem_gb."""
-        errors: list[str] = []
-        _local_gpus(cells, errors)
-        _local_memory(cells, errors)
-        return errors
+        return resources.check(cells)
 
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         return None
@@ -99,51 +95,3 @@ def _follow(state: SweepState, cell: Cell) -> None:
         cell.error = first_failure(state.cell_dir(cell)) or (
             f"its process (pid {cell.job_id}) ended without a result: the launcher was stopped or killed")
         cell.failure_class = classify(state.cell_dir(cell), None, cell.error)
-
-
-# ---- what this machine has: checked before anything is created ----------------------------------
-
-def visible_gpus() -> list[tuple[str, float]]:
-    """(name, memory GiB) of each GPU on this machine, from nvidia-smi (no CUDA initialisation here)."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    proc = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=30)
-    return parse_gpu_query(proc.stdout) if proc.returncode == 0 else []
-
-
-def parse_gpu_query(text: str) -> list[tuple[str, float]]:
-    """``NVIDIA H100 80GB HBM3, 81559`` lines (memory in MiB) -> [(name, GiB)]."""
-    gpus = []
-    for line in text.splitlines():
-        name, _, mib = line.rpartition(",")
-        if name.strip() and mib.strip().isdigit():
-            gpus.append((name.strip(), int(mib) / 1024))
-    return gpus
-
-
-def _local_gpus(cells: Sequence[Cell], errors: list[str]) -> None:
-    wanted = max((c.layout.gpus_per_node * c.layout.nodes for c in cells), default=0)
-    if not wanted:
-        return
-    found = visible_gpus()
-    if len(found) < wanted:
-        errors.append(f"cluster.gpus_per_node: the local cluster runs one rank per GPU and a cell needs {wanted} "
-                      f"GPU(s) on this machine; nvidia-smi finds {len(found)}. Fix: lower cluster.gpus_per_node "
-                      f"(and cluster.tasks_per_node) or nodes, use cluster=slurm, or cluster.gpus_per_node=0 for CPU "
-                      f"ranks.")
-        return
-    for cell in cells:  # fit is checked against the smallest GPU the cell may get
-        if cell.layout.gpus_per_node and cell.cluster.gpu_mem_gib is None:
-            cell.cluster.gpu_mem_gib = round(min(gib for _, gib in found), 1)
-
-
-def _local_memory(cells: Sequence[Cell], errors: list[str]) -> None:
-    """cluster.mem_gb on the local cluster is a memory cgroup per cell: refused where none can be made."""
-    if not any(c.cluster.mem_gb for c in cells):
-        return
-    problem = memlimit.problem()
-    if problem:
-        errors.append(f"cluster.mem_gb: on cluster=local it is a memory cgroup around each cell, and {problem}. "
-                      f"Fix: drop cluster.mem_gb (no host memory limit), run where memory cgroups can be created "
-                      f"(root, or a delegated cgroup), or use cluster=slurm.")

@@ -1,0 +1,384 @@
+"""``python -m launcher.forecast SWEEP_DIR key=value,... [--verify]``: cells that were not run,
+forecast from a sweep that was.
+
+The sweep's measured configurations fit the performance model (launcher/plan/perfmodel.py, read
+from the sweep by launcher/report/forecasts.py). The cells to forecast are the sweep's own command
+with the given settings replacing its own (``nodes=4,8,16``, ``batch_size=16,32``,
+``model=gpt2-small``, ``model.params.n_layer=24``), composed and analysed as a launch would be
+(the fit on the meta device, the bytes of launcher/plan/traffic.py) but asking no cluster: a grid
+larger than any cluster known here can be forecast. Each forecast carries the interval of the
+forecast errors checked on this cluster (launcher/report/forecastrecord.py) and says how far they
+have been off. ``--verify`` runs the largest forecast cell once and sets its forecast against the
+measurement (the error joins the record).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from launcher.cli import guarded
+from launcher.plan import fit, fitcache, perfmodel
+from launcher.plan.cell import Cell
+from launcher.plan.grid import SweepError, run_spec
+from launcher.report import forecastrecord, forecasts, report
+from launcher.report.rows import md_cell
+from launcher.state import StateError, SweepState
+
+HELP = """\
+usage: python -m launcher.forecast SWEEP_DIR [key=value,... ...] [--verify]
+
+Forecast throughput, step time, scaling efficiency, comm share and memory fit of cells that were not
+run, from a sweep that was, with the interval of the forecast errors checked on this cluster.
+
+  key=value,...   settings replacing the sweep's own (a grid), e.g. nodes=4,8,16 batch_size=16,32
+                  model=gpt2-small model.params.n_layer=8,16
+  --verify        run the largest forecast cell once and report forecast against measurement
+  -h, --help      this help
+
+example:
+  python -m launcher.forecast outputs/2026-11-24_22-31-46 nodes=4,8,16
+"""
+
+
+class ForecastError(Exception):
+    """A forecast that cannot be made, with the fix in its message."""
+
+
+@dataclass
+class Forecast:
+    cell: Cell
+    work: perfmodel.Work | None
+    prediction: perfmodel.Prediction | None
+    state: fit.StateBytes | None
+    why_not: str = ""
+    measured: float | None = None  # samples/s, where the sweep ran this configuration
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What the intervals rest on, in words, and their spread."""
+
+    spread: perfmodel.Spread | None
+    said: str
+
+
+@guarded
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or any(a in ("-h", "--help") for a in args):
+        print(HELP)
+        return 0 if args else 2
+    unknown = [a for a in args if a.startswith("-") and a != "--verify"]
+    dirs = [a for a in args if not a.startswith("-") and "=" not in a]
+    if unknown or len(dirs) != 1:
+        print(f"error: {'unknown option ' + unknown[0] if unknown else 'give one sweep directory'}. "
+              "Fix: see python -m launcher.forecast --help.", file=sys.stderr)
+        return 2
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        state = SweepState.load(Path(dirs[0]))
+        made = forecast(state, overrides)
+    except (StateError, SweepError, ForecastError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(*made))
+    if "--verify" in args:
+        return verify(state, made[0], made[2])
+    return 0
+
+
+def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], perfmodel.Model, Basis, list[str],
+                                                              list[forecasts.Point]]:
+    """(each target cell's forecast, the model, what its intervals rest on, notes, the measured points)."""
+    rows = report.collect(state)
+    points = forecasts.points_of(state, rows)
+    if not points:
+        raise ForecastError(f"{state.sweep_dir} has no measured configuration the model can read (cells done, with "
+                            "their spec.json). Fix: forecast from a sweep whose cells finished.")
+    model = perfmodel.fit([p.observed for p in points])
+    cells = target_cells(state, overrides)
+    from launcher import preflight
+
+    predicted = preflight.analyse(cells)
+    cpus = forecasts.host_cpus()
+    made = [_one(cell, predicted.get(cell.index), model, points, cpus) for cell in cells]
+    return made, model, basis(state, points, model), _notes(made, cpus), points
+
+
+def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
+    """The sweep's command with ``overrides`` replacing its settings of the same keys, one run each."""
+    from launcher.plan import grid
+
+    config_dirs, own = _command(state.argv)
+    keys = {_key(o) for o in overrides}
+    kept = [o for o in own if _key(o) not in keys | {"runs", "sweep_dir", "wait"}]
+    extra = grid.search_path(config_dirs)
+    points, swept = grid.expand([*kept, *overrides, "runs=1"], True, extra)
+    cells = grid.plan(grid.compose(points, swept, extra=extra))
+    shown = {*swept, *keys}  # named by what the sweep swept and what the forecast sets
+    for cell in cells:
+        cell.name = " ".join(o for o in cell.overrides if _key(o) in shown) or cell.name
+    return cells
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(config directories, overrides) of a sweep's recorded command line."""
+    dirs, overrides = [], []
+    it = iter(argv[1:])
+    for arg in it:
+        if arg in ("--config-dir", "-cd"):
+            dirs.append(next(it, ""))
+        elif arg.startswith("--config-dir="):
+            dirs.append(arg.split("=", 1)[1])
+        elif "=" in arg and not arg.startswith("-"):
+            overrides.append(arg)
+    return dirs, overrides
+
+
+def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, points: list[forecasts.Point],
+         cpus: float) -> Forecast:
+    spec = run_spec(cell, Path("."), None, None)
+    settings = forecasts.point_settings(_row_of(cell))
+    measured = next((p for p in points if p.settings == settings), None)
+    flops = fitcache.flops_per_sample(spec.model)
+    if not flops:
+        return Forecast(cell, None, None, state, f"no FLOP count for model {cell.model}")
+    moved = state.comm_bytes_per_step if state else {}
+    work = forecasts.work_of(spec, cell.strategy, flops, dict(moved), _calls(settings, cell.strategy, points), cpus)
+    try:
+        prediction = model.predict(work)
+    except perfmodel.CannotPredict as exc:
+        return Forecast(cell, work, None, state, str(exc))
+    return Forecast(cell, work, prediction, state, measured=_throughput(measured.observed) if measured else None)
+
+
+def _row_of(cell: Cell) -> dict:
+    return {"settings": dict(o.split("=", 1) for o in cell.overrides if "=" in o), "strategy": cell.strategy,
+            "precision": cell.precision, "model": cell.model, "nodes": cell.nodes}
+
+
+def _throughput(o: perfmodel.Observed) -> float:
+    return 1000.0 * o.work.world_size * o.work.samples / o.step_ms
+
+
+def _calls(settings: dict[str, str], strategy: str, points: list[forecasts.Point]) -> dict[str, float]:
+    """Collectives per step of the measured cell most like this one (same strategy, most settings in
+    common): the calls do not change with the node count, and little with the batch."""
+    same = [p for p in points if p.observed.work.strategy == strategy and p.observed.work.collectives]
+    if not same:
+        return {}
+    nearest = max(same, key=lambda p: sum(p.settings.get(k) == v for k, v in settings.items()))
+    return {c.kind: c.calls_per_step for c in nearest.observed.work.collectives}
+
+
+def basis(state: SweepState, points: list[forecasts.Point], model: perfmodel.Model) -> Basis:
+    """The intervals: from this cluster's record of checked forecasts, else this sweep's own
+    leave-one-out, else none."""
+    root, key = state.path.parent, report.floor_key(state)
+    record = forecastrecord.errors(root, key)
+    if record:
+        return Basis(perfmodel.spread([e["log_error"] for e in record], forecasts.LEVEL),
+                     forecastrecord.said(record, key))
+    checked = forecasts.leave_one_out(points) if len(points) >= 2 else []
+    errors = [c.error for c in checked if c.error is not None]
+    spread = perfmodel.spread(errors, forecasts.LEVEL)
+    if spread is None:
+        return Basis(None, f"{forecastrecord.said([], key)} This sweep has too few configurations to check the model "
+                           "on: the forecasts carry no interval.")
+    off = sorted(abs(math.expm1(e)) for e in errors)
+    return Basis(spread, f"{forecastrecord.said([], key)} Leave-one-out on this sweep's {len(errors)} configurations: "
+                         f"off by {off[len(off) // 2]:.1%} (median).")
+
+
+def _notes(made: list[Forecast], cpus: float) -> list[str]:
+    notes = []
+    shared = [f for f in made if f.work and f.work.device == "cpu" and f.work.cores < f.work.threads]
+    if shared:
+        worst = min(shared, key=lambda f: f.work.cores if f.work else 1.0)
+        assert worst.work is not None
+        notes.append(f"Emulated nodes share this host's {cpus:g} CPUs: at {worst.cell.world_size} rank(s) each rank "
+                     f"gets {worst.work.cores:.2g} of a core. The compute forecast takes ranks on a shared core as "
+                     "time-sliced (a measured rate divided among them); this tells what this machine would do, not "
+                     "what as many real nodes would.")
+    return notes
+
+
+# ---- what the terminal shows ----------------------------------------------------------------------
+
+def render(made: list[Forecast], model: perfmodel.Model, basis: Basis, notes: list[str],
+           points: list[forecasts.Point]) -> str:
+    lines = ["| cell | ranks | samples/s (interval) | samples/s/dev | step ms | scaling eff | comm share | "
+             "state+act/rank | fits | measured |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for f in made:
+        lines.append(_line(f, made, basis.spread, points))
+    return "\n".join([*lines, "", "Recommendation at each scale (from the forecasts):", *recommend(made, basis.spread),
+                      "", basis.said, forecasts.describe(model), *notes])
+
+
+def _line(f: Forecast, made: list[Forecast], spread: perfmodel.Spread | None, points: list[forecasts.Point]) -> str:
+    memory = fit.human(f.state.peak) if f.state else "-"
+    fits = _fits(f)
+    measured = f"{f.measured:.1f}" if f.measured else "-"
+    name = md_cell(f.cell.name)
+    if f.prediction is None:
+        return f"| {name} | {f.cell.world_size} | - | - | - | - | - | {memory} | {fits} | {measured} |  ({md_cell(f.why_not)})"
+    p = f.prediction
+    interval = "" if spread is None else " ({:.1f}–{:.1f})".format(*spread.interval(p.throughput_samples_per_s))
+    eff = _scaling(f, made, points)
+    return (f"| {name} | {f.cell.world_size} | {p.throughput_samples_per_s:.1f}{interval} | "
+            f"{p.throughput_samples_per_s / f.cell.world_size:.1f} | {p.step_ms:.1f} | "
+            f"{'-' if eff is None else f'{eff:.0%}'} | {p.comm_share:.0%} | {memory} | {fits} | {measured} |")
+
+
+def _fits(f: Forecast) -> str:
+    """Whether the state and activations fit a GPU's memory (where known); CPU cells: not checked."""
+    limit = f.cell.cluster.gpu_mem_gib
+    if f.state is None or not f.cell.layout.gpus_per_node or not limit:
+        return "-"
+    return "yes" if f.state.peak <= limit * fit.GIB else f"**no** (> {limit:g} GiB)"
+
+
+def _scaling(f: Forecast, made: list[Forecast], points: list[forecasts.Point]) -> float | None:
+    """Per-device throughput over that of the same settings at the fewest ranks: measured in the
+    sweep where it ran, else forecast."""
+    if f.prediction is None:
+        return None
+    mine = _but_nodes(forecasts.point_settings(_row_of(f.cell)))
+    peers = [(p.observed.work.world_size, _throughput(p.observed)) for p in points if _but_nodes(p.settings) == mine]
+    peers += [(g.cell.world_size, g.prediction.throughput_samples_per_s) for g in made
+              if g.prediction and _but_nodes(forecasts.point_settings(_row_of(g.cell))) == mine]
+    ranks, base = min(peers)
+    if ranks == f.cell.world_size:
+        return None
+    return (f.prediction.throughput_samples_per_s / f.cell.world_size) / (base / ranks)
+
+
+def _but_nodes(settings: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in settings.items() if k != "nodes"}
+
+
+def recommend(made: list[Forecast], spread: perfmodel.Spread | None) -> list[str]:
+    """Per model and world size: the fastest forecast, and whether the next one is apart beyond the
+    forecasts' error (its interval and the best's do not overlap) or cannot be told from it."""
+    out = []
+    groups: dict[tuple[str, int], list[Forecast]] = {}
+    for f in made:
+        if f.prediction is not None:
+            groups.setdefault((f.cell.model, f.cell.world_size), []).append(f)
+    for (model, ranks), group in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        ranked = sorted(group, key=lambda f: -(f.prediction.throughput_samples_per_s if f.prediction else 0.0))
+        best = ranked[0]
+        assert best.prediction is not None
+        said = (f"- **{ranks} rank(s)** ({model}): {'fastest ' if len(ranked) > 1 else ''}"
+                f"**{md_cell(best.cell.name)}** at {best.prediction.throughput_samples_per_s:.1f} samples/s")
+        if len(ranked) > 1 and ranked[1].prediction is not None:
+            ratio = ranked[1].prediction.throughput_samples_per_s / best.prediction.throughput_samples_per_s
+            apart = spread is not None and ratio < math.exp(-2 * spread.half_width)
+            said += (f"; next {md_cell(ranked[1].cell.name)} at {ratio:.2f}×, "
+                     + ("apart beyond the forecasts' error." if apart else
+                        "within the forecasts' error: run both to decide."))
+        out.append(said + ("" if len(ranked) > 1 else "."))
+    return out or ["- nothing could be forecast."]
+
+
+# ---- beside --plan ------------------------------------------------------------------------------
+
+def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:
+    """The forecast of each planned cell from the newest sweep of the same cluster under its
+    output_root (nothing where there is none): read from files, no torch import."""
+    from launcher.cluster.backends import backend_for
+
+    first = cells[0].cluster
+    key = backend_for(first.name.value).noise_floor_key(first.partition, first.gpu_type)
+    found = latest_sweep(Path(cells[0].config.output_root), key)
+    if found is None:
+        return [f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]
+    state, points = found
+    model = perfmodel.fit([p.observed for p in points])
+    cpus = forecasts.host_cpus()
+    made = [_one(cell, predicted.get(cell.index), model, points, cpus) for cell in cells]
+    spread = basis(state, points, model)
+    lines = [f"Forecast from sweep {state.name} ({len(points)} measured configuration(s); python -m launcher.forecast "
+             f"{state.sweep_dir} for the model and --verify):", "",
+             "| # | cell | samples/s (interval) | step ms | comm share |", "|---:|---|---:|---:|---:|"]
+    for f in made:
+        p = f.prediction
+        if p is None:
+            lines.append(f"| {f.cell.index} | {md_cell(f.cell.name)} | - | - | - |")
+            continue
+        interval = "" if spread.spread is None else " ({:.1f}–{:.1f})".format(
+            *spread.spread.interval(p.throughput_samples_per_s))
+        lines.append(f"| {f.cell.index} | {md_cell(f.cell.name)} | {p.throughput_samples_per_s:.1f}{interval} | "
+                     f"{p.step_ms:.1f} | {p.comm_share:.0%} |")
+    return [*lines, "", spread.said]
+
+
+def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[forecasts.Point]] | None:
+    """The newest sweep under ``root`` of the cluster ``key`` with MIN_SERIES configurations the model can
+    read, else the newest with any."""
+    documents = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    fallback = None
+    for document in documents:
+        try:
+            state = SweepState.load(document.parent)
+        except StateError:
+            continue
+        if not state.cells or report.floor_key(state) != key:
+            continue
+        points = forecasts.points_of(state, report.collect(state))
+        if len(points) >= forecasts.MIN_SERIES:
+            return state, points
+        fallback = fallback or ((state, points) if points else None)  # a --verify sweep: one point
+    return fallback
+
+
+# ---- --verify -----------------------------------------------------------------------------------
+
+def verify(state: SweepState, made: list[Forecast], spread_basis: Basis) -> int:
+    """Run the largest forecast cell once (a sweep of its own beside this one), then set its forecast
+    against the measurement and add the error to this cluster's record."""
+    from launcher import preflight, sweep
+    from launcher.plan import grid
+
+    candidates = [f for f in made if f.prediction and f.work and f.measured is None]
+    if not candidates:
+        print("--verify: every forecast cell was measured already, or none could be forecast; nothing to run.")
+        return 0
+    target = max(candidates, key=lambda f: (f.cell.world_size, f.work.flops if f.work else 0.0))
+    assert target.prediction is not None
+    out = state.path.parent / f"verify-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+    command = [*target.cell.overrides, f"sweep_dir={out}"]
+    print(f"\n--verify: running {target.cell.name} once -> {out}", flush=True)
+    points, swept = grid.expand(command, False)
+    cells = grid.plan(grid.compose(points, swept))
+    code = sweep.run(cells, ["python -m launcher", *command], preflight.check(cells))
+    ran = SweepState.load(out)
+    measured = [r for r in report.collect(ran) if r.get("throughput_samples_per_s")]
+    if not measured:
+        print(f"--verify: the cell left no measurement (exit {code}); see {out}.", file=sys.stderr)
+        return 1
+    value = float(measured[0]["throughput_samples_per_s"])
+    predicted = target.prediction.throughput_samples_per_s
+    key = report.floor_key(state)
+    forecastrecord.add(state.path.parent, key, ran.name, [{"cell": target.cell.name, "kind": "verify",
+                                                           "predicted": predicted, "measured": value}])
+    inside = ""
+    if spread_basis.spread is not None:
+        low, high = spread_basis.spread.interval(predicted)
+        inside = f"; interval {low:.1f}–{high:.1f}: {'inside' if low <= value <= high else 'OUTSIDE'}"
+    print(f"--verify: {target.cell.name}: forecast {predicted:.1f} samples/s, measured {value:.1f} "
+          f"({predicted / value - 1:+.1%}{inside}). Kept in {forecastrecord.RECORD_FILE}.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
