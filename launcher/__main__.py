@@ -26,7 +26,8 @@ Run benchmark grid points of distributed training (DDP / FSDP) and compare them.
 
 config groups (launcher/conf/):
 {groups}
-top-level settings: nodes, batch_size (per device), steps, warmup_steps, runs, repeats, grad_accum_steps,
+top-level settings: nodes, batch_size (per device), steps, warmup_steps, runs (N or auto: runs_min,
+  runs_max, runs_budget_min, baseline; docs/deciding.md), repeats, grad_accum_steps,
   seed, optimizer (adamw|sgd), lr, lr_scaling (none|linear|sqrt), activation_checkpointing,
   compile, sync_batchnorm, output_root, sweep_dir, wait, collective_timeout_s, allow_oom
 named experiments: +experiment=NAME (the grid comes with it), e.g.

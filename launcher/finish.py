@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from launcher import decide
 from launcher.cluster import colocation
 from launcher.plan.cell import Cell, CellStatus
 from launcher.report import fabric, plots, report
@@ -86,7 +87,7 @@ def wait(state: SweepState, poll_s: float = 2.0, timeout_s: float | None = None,
         if line != last:
             print(line, file=stream, flush=True)
             last = line
-        if all(c.status.terminal for c in state.cells):
+        if all(c.status.terminal for c in state.cells) and not decide.advance(state, stream):
             return True
         if deadline is not None and time.monotonic() > deadline:
             return False
@@ -106,7 +107,7 @@ def _kept(state: SweepState) -> str:
 
 def report_due(state: SweepState) -> bool:
     """Every cell has ended and report.md does not show them yet (written here or in the background)."""
-    return (all(c.status.terminal for c in state.cells)
+    return (state.ended()
             and state.outcome() not in (state.reported, state.settled().get("reported")))
 
 
@@ -115,7 +116,7 @@ def _report(state: SweepState, force: bool) -> report.Report | None:
     if not (force or report_due(state)):
         return None
     written = report.write_sweep_report(state)
-    if all(c.status.terminal for c in state.cells):
+    if state.ended():
         state.reported = state.outcome()
     return written
 
@@ -171,7 +172,7 @@ def _settle_runs(state: SweepState) -> None:
 
 
 def _closable(state: SweepState) -> bool:
-    return bool(state.parent_run_id) and all(c.status.terminal for c in state.cells)
+    return bool(state.parent_run_id) and state.ended()
 
 
 def _close_due(state: SweepState) -> bool:
@@ -261,7 +262,7 @@ def settle_from_background(sweep_dir: Path) -> None:
         # A report status left to this process, or one written before runs were created here (its
         # cells.csv names every cell's run).
         written = report.write_sweep_report(state) if report_due(state) or (created and _closable(state)) else None
-        if written is not None and all(c.status.terminal for c in state.cells):
+        if written is not None and state.ended():
             state.record_settled(reported=state.outcome())
         _close_if_due(state, written)
 

@@ -94,6 +94,31 @@ def signature(cell: Cell) -> str:
 
 
 @dataclass
+class Round:
+    """One round of a ``runs=auto`` sweep: the runs it added and why."""
+
+    number: int  # 1: the first runs_min runs of every configuration
+    runs: int  # runs per configuration it brings the open ones to
+    cells: list[int]  # the indices of the cells it added
+    started_s: float  # epoch seconds
+    open: list[str] = field(default_factory=list)  # the comparisons still open when it was added
+
+
+@dataclass
+class Design:
+    """How a ``runs=auto`` sweep adds runs (launcher/decide.py): the planned looks follow from
+    runs_min and runs_max (launcher/report/sequential.py); rounds are what happened."""
+
+    runs_min: int
+    runs_max: int
+    budget_min: float | None  # wall time of the whole sweep, rounds included (None: no limit)
+    baseline: str | None  # a sweep directory whose cells this sweep's are compared with
+    started_s: float
+    rounds: list[Round] = field(default_factory=list)
+    stopped: str | None = None  # why no further round comes (None: decided after the running one)
+
+
+@dataclass
 class SweepState:
     name: str
     sweep_dir: str
@@ -118,6 +143,8 @@ class SweepState:
     # The code that ran the sweep (git commit, dirty flag), recorded where it ran: a sweep synced
     # from another machine is tagged with its own code, not the syncing checkout's.
     code: dict[str, str] | None = None
+    # runs=auto: the sequential design and its rounds (None: fixed runs, one look at the end).
+    design: Design | None = None
     version: int = VERSION
 
     @property
@@ -137,6 +164,10 @@ class SweepState:
         filled = int(width * finished / total) if total else width
         summary = ", ".join(f"{n} {s.value}" for s, n in sorted(counts.items(), key=lambda kv: kv[0].value))
         return f"{self.name}: [{'#' * filled}{'.' * (width - filled)}] {finished}/{total} finished ({summary})"
+
+    def ended(self) -> bool:
+        """Every cell has ended and no further round comes (runs=auto: launcher/decide.py)."""
+        return all(c.status.terminal for c in self.cells) and (self.design is None or bool(self.design.stopped))
 
     def outcome(self) -> str:
         """The cells' statuses as the report shows them (``reported`` and ``closed`` keep this value)."""

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from contract.cell_run import RUN_ID_FILE
+from launcher import decide
 from launcher.cli import guarded
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import CANCELLED_BY_LAUNCHER
@@ -54,6 +55,8 @@ def cancel(state: SweepState) -> list[Cell]:
     cell waits for an accounting record that a never-started array task does not get."""
     refresh(state)
     active = [c for c in state.cells if not c.status.terminal]
+    if state.design is not None and not state.design.stopped:
+        state.design.stopped = CANCELLED_BY_LAUNCHER  # runs=auto: no further round either
     backend_for(state.cluster).cancel([c.job_id for c in active if c.job_id])
     for cell in active:
         cell.status, cell.error, cell.failure_class = CellStatus.cancelled, CANCELLED_BY_LAUNCHER, None
@@ -170,10 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.wait and not wait(state, timeout_s=args.timeout_s):
         print("timed out waiting", file=sys.stderr)
         return 3
+    if not args.cancel:
+        refresh(state)
+        if all(c.status.terminal for c in state.cells):
+            decide.advance(state)  # runs=auto: the next round, where comparisons are still open
     # The one finishing step (reconciliation, interference, report once the sweep has ended); MLflow's
     # runs in the background, unless this call waited anyway.
     finished = finalize(state, force=args.report or args.wait, background=not args.wait)
     print(render(state, all_cells=args.all))
+    if state.design is not None:
+        print(decide.summary(state))
     if finished:
         print(finished)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1

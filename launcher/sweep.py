@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from contract.codec import to_plain
-from launcher import finish, probe
+from launcher import decide, finish, probe
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.cluster.interrupt import NOT_STARTED, Interrupts, stop_waiting
@@ -41,9 +41,13 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
         # Handlers for the whole life in the foreground, MLflow's closing included: a second Ctrl-C
         # always ends at once.
         with Interrupts() as interrupts:
-            backend.submit(state, todo, after_each_cell=lambda cell: _cell_ended(state, cell), interrupts=interrupts)
-            if interrupts.requested:
-                return _interrupted(state, interrupts)
+            while todo:  # runs=auto: each round's cells, then the next round where comparisons are open
+                backend.submit(state, todo, after_each_cell=lambda cell: _cell_ended(state, cell),
+                               interrupts=interrupts)
+                if interrupts.requested:
+                    return _interrupted(state, interrupts)
+                todo = decide.next_round(state)
+                _said_round(state, todo)
     else:
         backend.submit(state, todo, after=probes)
         _create_runs(state)
@@ -64,6 +68,8 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
         except KeyboardInterrupt:
             return _stopped_waiting(state)
     print(finish.finalize(state))
+    if state.design is not None:
+        print(decide.summary(state), flush=True)
     _print_mlflow(state)
     _print_missing_runs(state)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
@@ -93,6 +99,8 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
     if cfg.tracking.enabled:
         state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
     state.cells = list(cells)
+    state.design = decide.design_for(cfg)
+    decide.first_round(state)
     for cell in state.cells:
         state_bytes = (predicted or {}).get(cell.index)
         if state_bytes is not None:
@@ -118,11 +126,14 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
         state = SweepState.load(sweep_dir)
     except StateError as exc:
         raise SweepError(str(exc)) from exc
-    if [c.name for c in state.cells] != [c.name for c in cells]:
+    # A runs=auto sweep has added rounds after the cells the command plans: those are compared.
+    if [c.name for c in state.cells[:len(cells)]] != [c.name for c in cells]:
         raise SweepError(f"sweep_dir={str(sweep_dir)!r} holds another sweep ({len(state.cells)} cells: "
                          f"{', '.join(c.name for c in state.cells[:4])}...). Fix: repeat that sweep's grid to resume "
                          f"it, or give a new sweep_dir.")
     reconcile.refresh(state)  # the cluster's view first: a cell it still runs, or has requeued, is not run twice
+    if state.design is not None and (state.design.stopped or "").startswith("interrupted"):
+        state.design.stopped = None  # runs=auto: resumed, its rounds go on
     state.submitter, state.code = this_process(), tracking.code_provenance()
     again = [cs for cs in state.cells if cs.status in (CellStatus.planned, *RUN_AGAIN)]
     by_name = {cell.name: cell for cell in cells}
@@ -219,6 +230,9 @@ def _interrupted(state: SweepState, interrupts: Interrupts) -> int:
     """A sweep run in the foreground stopped by a signal: its cells are cancelled (by the backend) and
     their runs KILLED (finish.settle_cells); the parent run ends KILLED too, each with the reason as a tag."""
     reason = f"interrupted by {interrupts.reason}"
+    if state.design is not None and not state.design.stopped:
+        state.design.stopped = reason  # runs=auto: no further round either
+        state.save()
     if state.tracking_uri and state.parent_run_id:
         try:
             tracking.tag_runs(state.tracking_uri, {c.run_id: {STOP_REASON_TAG: reason} for c in state.cells
@@ -242,6 +256,19 @@ def _stopped_waiting(state: SweepState) -> int:
           f"Follow them: python -m launcher.status {state.sweep_dir} --wait\n"
           f"Cancel them: python -m launcher.status {state.sweep_dir} --cancel", file=sys.stderr, flush=True)
     return 130
+
+
+def _said_round(state: SweepState, added: list[Cell]) -> None:
+    """One line per round of a runs=auto sweep: what it adds and for which open comparisons."""
+    design = state.design
+    if design is None or not design.rounds:
+        return
+    if added:
+        last = design.rounds[-1]
+        print(f"runs=auto: round {last.number} adds {len(added)} run(s) (to {last.runs} per configuration) for "
+              f"{len(last.open)} open comparison(s): {'; '.join(last.open[:4])}", flush=True)
+    elif design.stopped:
+        print(f"runs=auto: no further round: {design.stopped}", flush=True)
 
 
 def progress_line(state: SweepState, cell: Cell) -> str:

@@ -72,6 +72,7 @@ FLOW = [
     ("launcher.cluster",),  # cells -> jobs: backends, submission, failures, co-location
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
     ("launcher.report",),  # runs -> rows, findings, the report
+    ("launcher.decide",),  # runs=auto: the comparisons still open -> the next round's cells
     ("launcher.finish",),  # a sweep's finish, which every command below reaches
     ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.status", "launcher.sync", "launcher.sweep",
      "launcher.__main__", "launcher.report.__main__", "launcher.forecast"),  # the commands

@@ -11,6 +11,7 @@ import time
 from datetime import datetime
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from contract.nodelist import expand_nodelist
@@ -438,3 +439,51 @@ def test_the_same_sweep_twice_is_refused_while_the_first_runs(tmp_path, capsys):
     finally:
         for path in tmp_path.glob("*/sweep.json"):
             status.cancel(SweepState.load(path.parent))
+
+
+class SlowOnNode(torch.nn.Module):
+    """A small token model that sleeps ``delay_ms`` in every forward on node ``slow_node`` only: a node
+    made slow on purpose (the ranks know their node as Slurm names it, SLURMD_NODENAME)."""
+
+    def __init__(self, vocab_size: int = 256, width: int = 64, slow_node: str = "", delay_ms: float = 0.0):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, width)
+        self.head = torch.nn.Linear(width, vocab_size)
+        self.delay_s = delay_ms / 1e3 if os.environ.get("SLURMD_NODENAME") == slow_node else 0.0
+
+    def forward(self, x):
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.head(self.embed(x))
+
+
+def test_runs_spread_over_nodes_and_a_slow_node_is_named(tmp_path):
+    """runs=auto on Slurm: the first round's runs of each grid point land on different nodes (sacct),
+    status --wait submits the next round where a comparison is open (its runs excluding the nodes used),
+    and node2, slowed on purpose, is named with the cells it touched."""
+    from launcher.report import findings, nodes
+
+    state = submit(tmp_path, *[o for o in FAST if not o.startswith(("model", "runs="))], "strategy=ddp,fsdp",
+                   "runs=auto", "runs_min=3", "runs_max=5", "model=custom", f"model._target_={__name__}.SlowOnNode",
+                   "model.input=tokens", "model.seq_len=32", "model.vocab_size=256", "+model.params.vocab_size=256",
+                   "+model.params.slow_node=node2", "+model.params.delay_ms=500", "steps=8", "warmup_steps=2",
+                   "tracking=off")
+    first = list(state.cells)
+    assert [c.placed for c in first] == [f"nodelist=node{n}" for n in (1, 2, 2, 3, 3, 4)]
+    assert status.wait(state, timeout_s=480), status.render(state)
+    assert all(c.status is CellStatus.done for c in state.cells), status.render(state)
+    ran_on = {c.job_id: r[1] for c in state.cells for r in sacct([c.job_id], "JobID,NodeList") if r[0] == c.job_id}
+    for name in ("strategy=ddp", "strategy=fsdp"):
+        runs = [c for c in first if c.name.startswith(name + " ")]
+        assert len({ran_on[c.job_id] for c in runs}) == 3, ran_on  # three runs, three nodes
+    design = state.design
+    assert design.stopped, design  # decided, stopped early, or runs_max: said, never silent
+    for cell in state.cells[len(first):]:  # a second round's runs avoid the nodes of the first
+        used = {ran_on[c.job_id] for c in first if c.name.split(" run=")[0] == cell.name.split(" run=")[0]}
+        assert cell.placed == f"exclude={','.join(sorted(used))}" and ran_on[cell.job_id] not in used
+    rows = report.collect(state)
+    slow = nodes.slow_nodes(rows)
+    print(findings.findings(rows, looks=report.looks_of(state)))
+    assert list(slow) == ["node2"], slow
+    assert {c.split(" (")[0] for c in slow["node2"]} == {"strategy=ddp run=2", "strategy=fsdp run=1"} | {
+        c.name for c in state.cells[len(first):] if "node2" in ran_on[c.job_id]}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.plan import spread
 from launcher.plan.cell import Cell
 from launcher.plan.schema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState, this_process
@@ -49,8 +50,11 @@ class Resolved:
     cpus_per_task: int | None = None  # a GPU rank's share of its node's cores
     mem_gb: float | None = None  # ... and of its node's memory
     gpu_mem_gib: float | None = None  # what its GPU type holds: the fit check measures against it
+    nodelist: str | None = None  # the nodes of this run of its grid point (launcher/plan/spread.py)
 
     def apply(self, cell: Cell) -> None:
+        if self.nodelist is not None:
+            spread.place(cell, self.nodelist)
         if self.cpus_per_task is not None:
             cell.layout.cpus_per_task = self.cpus_per_task
         if self.mem_gb is not None:

@@ -56,6 +56,9 @@ class Cell:
     cluster: ClusterConfig  # this cell's own resolved cluster settings (the same object as config.cluster)
     layout: Layout  # nodes, tasks and cores it runs on
     run: int = 1  # which independent launch of its grid point (1..runs)
+    # The nodes the launcher chose to spread its grid point's runs ("nodelist=node2" or
+    # "exclude=node1,node3", launcher/plan/spread.py); None: Slurm chooses, or the user's settings.
+    placed: str | None = None
     predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
     predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)
     # Bytes per optimizer step by collective kind, the strategy's theory (launcher/plan/traffic.py).

@@ -296,6 +296,8 @@ def _coerce(tp, value):
 
     if tp is None:
         return _NO
+    if tp is typing.Any:  # runs: an int or "auto", checked by Config.validate
+        return value
     args = typing.get_args(tp)
     if type(None) in args:
         if value is None:
@@ -393,33 +395,44 @@ def plan(points: list[Point]) -> list[Cell]:
         seen[key] = name
         names.append(name)
     cells: list[Cell] = []
-    for run in range(1, max((p.config.runs for p in points), default=1) + 1):
+    for run in range(1, max((p.config.first_runs for p in points), default=1) + 1):
         for p, name in zip(points, names, strict=True):
-            if run > p.config.runs:
+            if run > p.config.first_runs:
                 continue
             i = len(cells)
-            full = f"{name} run={run}" if p.config.runs > 1 else name
+            # runs=auto: every cell is one run of several, later rounds add "run=4" and on.
+            full = f"{name} run={run}" if p.config.auto or p.config.first_runs > 1 else name
             cfg = p.config
-            cells.append(Cell(index=i, name=full, dirname=f"{i:02d}-{_slug(full.replace('=', '_').replace(' ', '-'))}",
-                              overrides=p.overrides, strategy=cfg.strategy.label, precision=cfg.precision.name.value,
+            cells.append(Cell(index=i, name=full, dirname=cell_dirname(i, full), overrides=p.overrides,
+                              strategy=cfg.strategy.label, precision=cfg.precision.name.value,
                               model=model_label(cfg), cluster=cfg.cluster, layout=layout_for(cfg), run=run,
                               resolved=cfg))
     _check_uniform(cells)
+    if cells and cells[0].config.auto and len(points) == 1 and not cells[0].config.baseline:
+        raise SweepError(f"[{names[0]}] runs=auto adds runs where a comparison is still open, and this sweep has one "
+                         f"configuration and no baseline: nothing to compare. Fix: set runs=N, sweep a setting "
+                         f"(strategy=ddp,fsdp), or give baseline=<a previous sweep directory>.")
     return cells
+
+
+def cell_dirname(index: int, name: str) -> str:
+    """A cell's directory under cells/: its index, then its name in safe characters."""
+    return f"{index:02d}-{_slug(name.replace('=', '_').replace(' ', '-'))}"
 
 
 def _check_uniform(cells: list[Cell]) -> None:
     """Sweep-level settings must not vary across cells (one cluster, one tracking store, one directory)."""
     first = cells[0].config if cells else None
     for c in cells[1:]:
-        for key in ("cluster.name", "cluster.declared", "tracking", "fabric", "output_root", "sweep_dir", "wait"):
+        for key in ("cluster.name", "cluster.declared", "tracking", "fabric", "output_root", "sweep_dir", "wait", "runs",
+                    "runs_min", "runs_max", "runs_budget_min", "baseline"):
             mine, theirs = c.config, first
             for part in key.split("."):
                 mine, theirs = getattr(mine, part), getattr(theirs, part)
             if mine != theirs:
                 raise SweepError(f"[{c.name}] {key.split('.')[0]} differs between grid points: a sweep runs on one "
-                                 f"cluster, logs to one store and writes one directory. Fix: sweep "
-                                 f"{key.split('.')[0]} in separate commands.")
+                                 f"cluster, logs to one store, writes one directory and follows one plan of runs. "
+                                 f"Fix: sweep {key.split('.')[0]} in separate commands.")
 
 
 def model_label(cfg: Config) -> str:

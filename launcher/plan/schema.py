@@ -169,8 +169,26 @@ class Config(TrainSpec):
     allow_oom: bool = False
     # Independent launches of every grid point (separate processes; on Slurm separate array tasks):
     # the noise every claim is judged against is the spread between them (launcher/report/findings.py).
-    runs: int = 3
+    # An int, or "auto": runs_min first, then rounds that add runs only where a comparison is still
+    # open, until decided, runs_max or the budget (launcher/decide.py). Typed Any: OmegaConf 2.3 has
+    # no int-or-str union; validate() accepts exactly these two forms.
+    runs: Any = 3
+    runs_min: int = 3  # runs=auto: the first round's runs per grid point
+    runs_max: int = 12  # runs=auto: no grid point runs more often
+    runs_budget_min: float | None = None  # runs=auto: no round starts that would end after this (wall time)
+    # runs=auto: a previous sweep directory; its configurations are compared with this sweep's (as
+    # launcher.report --compare does), and those comparisons decide where runs are added too.
+    baseline: str | None = None
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+
+    @property
+    def auto(self) -> bool:
+        return self.runs == AUTO
+
+    @property
+    def first_runs(self) -> int:
+        """The runs of every grid point in the first (for fixed runs: the only) round."""
+        return self.runs_min if self.auto else int(self.runs)
 
     def validate(self) -> None:
         TrainSpec.validate(self)
@@ -183,8 +201,7 @@ class Config(TrainSpec):
         _non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
         _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
         _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
-        _positive("runs", self.runs, "use runs=3 (the default: claims need the spread between independent runs) "
-                  "or runs=1 for a quick look that claims nothing.")
+        self._validate_runs()
         self.checkpoint.validate()
         if c.cpus_per_task is not None:
             _positive("cluster.cpus_per_task", c.cpus_per_task, "use 1 or more, or drop it to derive it.")
@@ -198,6 +215,38 @@ class Config(TrainSpec):
         self._validate_devices()
         self._validate_data()
         self._validate_cluster_settings()
+
+    def _validate_runs(self) -> None:
+        """runs: a positive int or auto; the auto settings only with auto, and a plan they can keep."""
+        if not self.auto:
+            if isinstance(self.runs, bool) or not isinstance(self.runs, int):
+                raise ConfigError("runs", self.runs, "is neither a number of runs nor auto.",
+                                  "use runs=auto (runs added where a comparison is still open), runs=3, or runs=1 "
+                                  "for a quick look that claims nothing.")
+            _positive("runs", self.runs, "use runs=3 (claims need the spread between independent runs), runs=auto, "
+                      "or runs=1 for a quick look that claims nothing.")
+            for key in ("runs_min", "runs_max", "runs_budget_min", "baseline"):
+                if getattr(self, key) != getattr(Config, key):
+                    raise ConfigError(key, getattr(self, key), f"is read only with runs=auto, and runs={self.runs}.",
+                                      f"add runs=auto, or drop {key}"
+                                      + (" (compare afterwards: python -m launcher.report --compare A B)."
+                                         if key == "baseline" else "."))
+            return
+        if self.runs_min < 2:
+            raise ConfigError("runs_min", self.runs_min, "gives the first round no spread between runs to decide with.",
+                              "use runs_min=3 (the default) or at least 2.")
+        if self.runs_max < self.runs_min:
+            raise ConfigError("runs_max", self.runs_max, f"is below runs_min={self.runs_min}.",
+                              f"set runs_max to at least {self.runs_min} (default 12), or lower runs_min.")
+        if self.runs_budget_min is not None:
+            _positive("runs_budget_min", self.runs_budget_min, "give the sweep's wall-time budget in minutes, or "
+                      "drop it (runs_max alone limits the sweep).")
+        if self.baseline is not None:
+            import os
+
+            if not os.path.isfile(os.path.join(self.baseline, "sweep.json")):
+                raise ConfigError("baseline", self.baseline, "holds no sweep.json: it is not a sweep directory.",
+                                  "give the directory a previous sweep printed (it holds sweep.json).")
 
     def _validate_devices(self) -> None:
         """Settings that need nodes of a kind: several nodes, or GPUs (the device follows gpus_per_node)."""
@@ -300,6 +349,7 @@ class Config(TrainSpec):
                 )
 
 
+AUTO = "auto"  # runs=auto
 SLURM_ONLY = ("partition", "account", "qos", "constraint", "exclude", "nodelist", "additional_parameters", "srun_args",
               "container", "array_parallelism", "max_array_size", "gpu_type")
 

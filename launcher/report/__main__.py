@@ -2,7 +2,7 @@
 
     python -m launcher.report <sweep_dir>
     python -m launcher.report --experiment ddp-vs-fsdp [--tracking-uri URI] [--out DIR]
-    python -m launcher.report --compare A B [--threshold 0.05] [--tracking-uri URI]
+    python -m launcher.report --compare A B [--threshold 0.05] [--gate] [--tracking-uri URI]
 
 A sweep directory is finished as status and sync finish it (launcher/finish.py), which writes its
 report; an experiment's report and a comparison only read and write (launcher/report/report.py,
@@ -20,7 +20,14 @@ from typing import Any
 from launcher.cli import guarded
 from launcher.finish import finalize
 from launcher.report import compare, noisefloor, stats
-from launcher.report.report import ReportError, collect, floor_key, rows_from_parent_run, write_experiment_report
+from launcher.report.report import (
+    ReportError,
+    collect,
+    floor_key,
+    looks_of,
+    rows_from_parent_run,
+    write_experiment_report,
+)
 from launcher.state import StateError, SweepState
 
 
@@ -38,7 +45,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="compare sweep B with sweep A, cell by cell: two sweep directories or MLflow parent run ids "
                         "(with --tracking-uri); exit 1 when a regression exceeds --threshold")
     p.add_argument("--threshold", type=float, default=0.05,
-                   help="--compare: the relative regression that fails the command (default 0.05 = 5%%)")
+                   help="--compare: the relative regression that fails the command, and the margin of \"no change\" "
+                        "(default 0.05 = 5%%)")
+    p.add_argument("--gate", action="store_true",
+                   help="--compare: a regression gate that passes only on a positive result: exit 0 when every "
+                        "configuration's throughput is shown to be no change (within --threshold) or an improvement, "
+                        "1 on a regression, 3 when some are undecided")
     return p
 
 
@@ -57,14 +69,30 @@ def rows_of(source: str, tracking_uri: str | None) -> tuple[list[dict[str, Any]]
     return rows_from_parent_run(_tracking_uri(tracking_uri), source), None
 
 
-def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None) -> int:
+def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None, gate: bool = False) -> int:
     (rows_a, floor_a), (rows_b, floor_b) = rows_of(a, tracking_uri), rows_of(b, tracking_uri)
     floor = floor_b or floor_a  # the newer sweep's cluster first; both ran on one cluster to be comparable
-    result = compare.compare(rows_a, rows_b, threshold, floor)
+    result = compare.compare(rows_a, rows_b, threshold, floor, baseline_looks(a, b))
     print(compare.render(result, a, b))
     if floor:
         print(f"noise floor for single runs: {floor.where}")
+    if gate:
+        passed, why = result.gate()
+        print(why)
+        return 0 if passed else 1 if result.regressions() else 3
     return 1 if result.regressions() else 0
+
+
+def baseline_looks(a: str, b: str) -> stats.Looks | None:
+    """B's planned looks when B ran with runs=auto against A as its baseline: its rounds were looks at
+    these very comparisons. Otherwise None: one look at the final runs."""
+    if not Path(b, "sweep.json").exists() or not Path(a, "sweep.json").exists():
+        return None
+    state = SweepState.load(Path(b))
+    design = state.design
+    if design is None or not design.baseline or Path(design.baseline).resolve() != Path(a).resolve():
+        return None
+    return looks_of(state)
 
 
 def _compare_command(args: argparse.Namespace) -> int:
@@ -74,7 +102,7 @@ def _compare_command(args: argparse.Namespace) -> int:
         return 2
     try:
         first, second = args.compare
-        return main_compare(first, second, args.threshold, args.tracking_uri)
+        return main_compare(first, second, args.threshold, args.tracking_uri, args.gate)
     except (ReportError, StateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,14 +16,19 @@ Verdicts, B against A (B is the newer run), each from the spread between indepen
 (``runs``) on both sides, or the cluster's noise floor where a side ran once (launcher/report/stats.py):
 * ``improvement`` or ``regression`` only when the 95% interval of the change excludes zero AND the
   change is at least the threshold (5% by default; 3% for peak memory);
-* ``no change`` when the whole interval lies within the threshold;
+* ``no change`` when equivalence within ±threshold is shown (two one-sided tests: the 90% interval
+  lies wholly inside the margin): the positive result a regression gate passes on (``--gate``);
 * ``inconclusive`` otherwise, with the runs per side that would decide it (benchstat's "~");
   without any noise estimate (one run, no floor) every metric is inconclusive;
 * throughput (higher is better), step time p50 and peak memory (lower is better) each get their own
   interval from their own spread; model state is counted exactly: differences below 1% are
   ``no change``;
 * a configuration with a result in A and none in B (failed, diverged, cancelled) is a ``regression``.
-A regression makes the command exit with 1; an inconclusive row does not.
+A regression makes the command exit with 1; an inconclusive row does not, except with ``--gate``,
+which passes only where every throughput row is shown to be "no change" or an improvement.
+When B ran with ``runs=auto`` against A as its baseline, its rounds were looks at these
+comparisons: each verdict is then its first decided look at that look's alpha
+(launcher/report/sequential.py), and A's runs count at every look.
 """
 
 from __future__ import annotations
@@ -33,9 +38,20 @@ from typing import Any
 
 from contract import metrics
 from launcher.report.explain import Explanation, explain
-from launcher.report.findings import STATE_TOLERANCE, why_lines
+from launcher.report.findings import STATE_TOLERANCE, sequence_text, why_lines
 from launcher.report.rows import grouped, md_cell, num, settings
-from launcher.report.stats import HIGHER, INCONCLUSIVE, LOWER, MIN_EFFECT, SAME, Diff, Floor, difference, estimate
+from launcher.report.stats import (
+    HIGHER,
+    INCONCLUSIVE,
+    LOWER,
+    MIN_EFFECT,
+    SAME,
+    Diff,
+    Floor,
+    Looks,
+    estimate,
+    sequential_difference,
+)
 
 IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
 UNDECIDED = "inconclusive"
@@ -54,6 +70,7 @@ class Delta:
     verdict: str
     note: str = ""
     runs_needed: int | None = None  # inconclusive: runs per side that would decide it
+    margin: float | None = None  # the band of "no change" (the threshold, or memory's narrower one)
 
 
 @dataclass
@@ -86,6 +103,25 @@ class Comparison:
     def inconclusive(self) -> list[tuple[Match, Delta]]:
         return [(m, d) for m in self.matches for d in m.deltas if d.verdict == UNDECIDED]
 
+    def gate(self) -> tuple[bool, str]:
+        """Whether a regression gate passes positively: every matched configuration's throughput is
+        shown to be "no change" (within ±threshold) or an improvement, and none is missing."""
+        label = str(_THROUGHPUT.label)
+        rows = [(m, d) for m in self.matches for d in m.deltas if d.metric == label]
+        shown = [(m, d) for m, d in rows if d.verdict in (NO_CHANGE, IMPROVEMENT)]
+        if self.regressions():
+            return False, f"gate failed: {len(self.regressions())} regression(s)"
+        if not rows or len(shown) < len(rows) or self.only_a:
+            open_ = [m.name for m, d in rows if d.verdict not in (NO_CHANGE, IMPROVEMENT)]
+            missing = [_name(r) for r in self.only_a]
+            return False, ("gate not passed: " + "; ".join(
+                part for part in (f"{len(open_)} throughput row(s) not shown within ±{self.threshold:.0%} "
+                                  f"({', '.join(open_[:4])})" if open_ else "",
+                                  f"{len(missing)} configuration(s) only in A" if missing else "",
+                                  "nothing matched" if not rows else "") if part))
+        return True, (f"gate passed: all {len(rows)} configuration(s) shown no slower than A "
+                      f"(no change within ±{self.threshold:.0%} or an improvement)")
+
 
 def _key(row: dict[str, Any]) -> str:
     return repr(sorted((k, v) for k, v in settings(row).items() if k != "seed"))
@@ -96,7 +132,12 @@ def _name(row: dict[str, Any]) -> str:
 
 
 def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshold: float = 0.05,
-            floor: Floor | None = None) -> Comparison:
+            floor: Floor | None = None, looks: Looks | None = None) -> Comparison:
+    """B against A; ``looks``: B's planned looks when it ran with runs=auto against A as its baseline
+    (A's runs, all there before B started, count at every look)."""
+    looks = looks or Looks.fixed()
+    if looks.sequential:
+        rows_a = [{**r, "round": 0} for r in rows_a]
     units_a, units_b = grouped(rows_a), grouped(rows_b)
     left_b = {id(u): u for u in units_b}
     by_key: dict[str, list[dict[str, Any]]] = {}
@@ -119,7 +160,7 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshol
         else:
             only_a.append(a)
     for m in matches:
-        m.deltas = deltas(m.a, m.b, threshold, floor)
+        m.deltas = deltas(m.a, m.b, threshold, floor, looks)
         m.why = explain(m.b, m.a, "B", "A", floor)
     return Comparison(matches, only_a, list(left_b.values()), threshold)
 
@@ -128,8 +169,10 @@ def _change(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or not a else (b - a) / a
 
 
-def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor | None = None) -> list[Delta]:
+def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor | None = None,
+           looks: Looks | None = None) -> list[Delta]:
     """B against A for every metric both measured, each judged by its own between-run noise."""
+    looks = looks or Looks.fixed()
     ea, eb = estimate(a, "throughput", floor), estimate(b, "throughput", floor)
     if ea is None or eb is None:
         if ea is not None:
@@ -139,15 +182,15 @@ def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor 
         verdict = IMPROVEMENT if eb is not None else NO_CHANGE
         return [Delta(str(_THROUGHPUT.label), None, eb.mean if eb else None, None, verdict,
                       f"no result in A ({why})")]
-    out = [_delta(_THROUGHPUT, difference(eb, ea, threshold), ea.mean, eb.mean,
-                  noise=_noise(ea.source, eb.source, ea.n, eb.n))]
+    out = [_delta(_THROUGHPUT, _judged(b, a, "throughput", threshold, looks, floor), ea.mean, eb.mean,
+                  noise=_noise(ea.source, eb.source, ea.n, eb.n), looks=looks)]
     for claim, metric in metrics.claimed().items():
         if claim == "throughput":
             continue
         sa, sb = estimate(a, claim, floor), estimate(b, claim, floor)
         if sa is not None and sb is not None:
-            out.append(_delta(metric, difference(sb, sa, _effect(claim, threshold)), sa.mean, sb.mean,
-                              noise=_noise(sa.source, sb.source, sa.n, sb.n)))
+            out.append(_delta(metric, _judged(b, a, claim, _effect(claim, threshold), looks, floor), sa.mean,
+                              sb.mean, noise=_noise(sa.source, sb.source, sa.n, sb.n), looks=looks))
     ma, mb = _mib(a), _mib(b)
     state_change = _change(ma, mb)
     if state_change is not None:
@@ -157,6 +200,13 @@ def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor 
         out.append(Delta("model state MiB", ma, mb, state_change, verdict,
                          f"counted exactly; band ±{STATE_TOLERANCE:.0%}"))
     return out
+
+
+def _judged(b: dict[str, Any], a: dict[str, Any], claim: str, effect: float, looks: Looks,
+            floor: Floor | None) -> Diff:
+    found = sequential_difference(b, a, claim, effect, looks, floor)
+    assert found is not None  # both sides have an estimate (checked by the caller)
+    return found
 
 
 def _noise(source_a: str, source_b: str, n_a: int, n_b: int) -> str:
@@ -173,15 +223,18 @@ def _effect(claim: str, threshold: float) -> float:
     return MIN_EFFECT[claim] if claim == "peak_memory" else threshold
 
 
-def _delta(metric: metrics.Metric, d: Diff, a: float, b: float, *, noise: str) -> Delta:
+def _delta(metric: metrics.Metric, d: Diff, a: float, b: float, *, noise: str, looks: Looks) -> Delta:
     """One metric's delta: the Diff's verdict in the words of a comparison over time."""
     better, worse = (HIGHER, LOWER) if metric.direction is metrics.Direction.HIGHER else (LOWER, HIGHER)
     verdict = {better: IMPROVEMENT, worse: REGRESSION, SAME: NO_CHANGE, INCONCLUSIVE: UNDECIDED}[d.verdict]
-    interval = f"95% CI {d.low - 1:+.1%}..{d.high - 1:+.1%}, " if d.low is not None and d.high is not None else ""
-    note = f"{interval}{noise}"
-    if verdict == UNDECIDED:
+    interval = (f"{1 - d.alpha:.0%} CI {d.low - 1:+.1%}..{d.high - 1:+.1%}, "
+                if d.low is not None and d.high is not None else "")
+    if verdict == NO_CHANGE and d.eq_low is not None and d.eq_high is not None:
+        interval = f"within ±{d.min_effect:.0%}: {1 - 2 * d.alpha:.0%} CI {d.eq_low - 1:+.1%}..{d.eq_high - 1:+.1%}, "
+    note = f"{interval}{noise}{sequence_text(d, looks, flip=True)}"
+    if verdict == UNDECIDED and not looks.sequential:  # a sequential note says it already
         note = d.why_inconclusive() if d.low is None else f"{note}; {d.why_inconclusive()}"
-    return Delta(str(metric.label), a, b, d.ratio - 1, verdict, note, d.runs_needed)
+    return Delta(str(metric.label), a, b, d.ratio - 1, verdict, note, d.runs_needed, d.min_effect)
 
 
 def _mib(row: dict[str, Any]) -> float | None:
@@ -204,6 +257,7 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
         for d in m.deltas:
             change = "-" if d.change is None else f"{d.change:+.1%}"
             verdict = f"**{d.verdict}**" if d.verdict == REGRESSION else d.verdict
+            verdict += f" (within ±{d.margin:.0%})" if d.verdict == NO_CHANGE and d.margin else ""
             lines.append(f"| {md_cell(name)} | {d.metric} | {_fmt(d.a)} | {_fmt(d.b)} | {change} | {verdict} | "
                          f"{md_cell(d.note)} |")
     if result.only_a:

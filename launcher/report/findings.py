@@ -7,9 +7,11 @@ Pure functions over report rows (launcher/report/rows.py); no I/O. The statistic
   cluster's noise floor where it ran once (launcher/report/noisefloor.py); windows inside one run never
   serve as the noise of a claim. Which noise each comparison used is in its row.
 * **Verdicts.** A difference is claimed only when its interval excludes zero and the change is at
-  least the minimum effect (5% for throughput, 3% for peak memory); a difference whose whole
-  interval lies within that effect is "no measurable difference"; anything else is
-  "inconclusive", with the runs per side that would decide it.
+  least the minimum effect (5% for throughput, 3% for peak memory); "no change (within ±5%)" is
+  claimed when equivalence is shown (TOST: the 90% interval lies wholly inside the margin);
+  anything else is "inconclusive", with the runs per side that would decide it. In a ``runs=auto``
+  sweep every throughput verdict is its first decided look (launcher/report/sequential.py) and says
+  how many runs it used and why no more came.
 * **Same world size.** Only cells of the same model and world size are compared; a cell on more
   devices is not better for having more of them (scaling efficiency answers that question).
 * **Other settings equal.** Strategies are compared where everything but the strategy (and its
@@ -29,6 +31,7 @@ from typing import Any
 
 from contract import metrics
 from launcher.plan import traffic
+from launcher.report import nodes
 from launcher.report.explain import Explanation, explain, traffic_findings
 from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels, settings
 from launcher.report.stats import (
@@ -40,8 +43,11 @@ from launcher.report.stats import (
     Diff,
     Estimate,
     Floor,
+    Looks,
     difference,
     estimate,
+    sequential_difference,
+    stop_reason,
     t95,
 )
 
@@ -76,6 +82,7 @@ class Comparison:
     caveat: str | None  # why nothing is claimed beyond the numbers (failed, interference)
     noise: str = ""  # what the interval rests on, e.g. "3 + 3 runs" or "noise floor (...)"
     why: Explanation | None = None  # the difference cut into the step's parts (launcher/report/explain.py)
+    looks: Looks = Looks.fixed()  # the sweep's planned looks (runs=auto: several)
 
     @property
     def claimed(self) -> bool:
@@ -94,7 +101,8 @@ def _axis_of(key: str, axis: str) -> bool:
     return key == axis or key.startswith(axis + ".")
 
 
-def _interference(row: dict[str, Any]) -> str | None:
+def interference(row: dict[str, Any]) -> str | None:
+    """What else a configuration's runs measured (the first flagged run's reason), or None."""
     for m in row.get("_members", [row]):
         if m.get("interference"):
             return str(m["interference"])
@@ -113,7 +121,8 @@ def _order(axis: str, row: dict[str, Any]) -> tuple[int, str]:
     return (known.index(value) if value in known else len(known), _label(row, axis))
 
 
-def comparisons(units: list[dict[str, Any]], axis: str, floor: Floor | None = None) -> list[Comparison]:
+def comparisons(units: list[dict[str, Any]], axis: str, floor: Floor | None = None,
+                looks: Looks | None = None) -> list[Comparison]:
     """Every pair of configurations that differ only in ``axis``, at the same model and world size."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for u in units:
@@ -126,7 +135,7 @@ def comparisons(units: list[dict[str, Any]], axis: str, floor: Floor | None = No
         members.sort(key=lambda u: _order(axis, u))
         for i, b in enumerate(members):
             for a in members[i + 1:]:
-                out.append(_compare(axis, a, b, floor))
+                out.append(_compare(axis, a, b, floor, looks or Looks.fixed()))
     out.sort(key=lambda c: (str(c.model), c.world_size or 0, c.context, c.b_label, c.a_label))
     return out
 
@@ -142,24 +151,26 @@ def noise_used(ea: Estimate | None, eb: Estimate | None, floor: Floor | None) ->
     return f"{ea.n} + {eb.n} runs, noise floor ({floor.where})" if floor else f"{ea.n} + {eb.n} runs"
 
 
-def _compare(axis: str, a: dict[str, Any], b: dict[str, Any], floor: Floor | None = None) -> Comparison:
+def _compare(axis: str, a: dict[str, Any], b: dict[str, Any], floor: Floor | None, looks: Looks) -> Comparison:
     ea, eb = estimate(a, "throughput", floor), estimate(b, "throughput", floor)
     caveat = None
     for side, e in ((a, ea), (b, eb)):
         if e is None:
             caveat = f"{_label(side, axis)} has no result ({side.get('status')})"
-        elif _interference(side):
-            caveat = f"{_label(side, axis)} flagged interference: {_interference(side)}"
+        elif interference(side):
+            caveat = f"{_label(side, axis)} flagged interference: {interference(side)}"
     context = " ".join(w for w in _words(a) if not _axis_of(w.split("=", 1)[0].lstrip("+~"), axis)
                        and not w.startswith(("nodes=", "seed=", "run=")))
     pa, pb = estimate(a, "peak_memory", floor), estimate(b, "peak_memory", floor)
     return Comparison(
         axis=axis, model=str(a.get("model")), world_size=int(a.get("world_size") or 0), context=context,
         a=a, b=b, a_label=_label(a, axis), b_label=_label(b, axis),
-        throughput=difference(ea, eb, MIN_EFFECT["throughput"]) if ea and eb else None,
-        peak=difference(pa, pb, MIN_EFFECT["peak_memory"]) if pa and pb else None,
+        throughput=sequential_difference(a, b, "throughput", MIN_EFFECT["throughput"], looks, floor)
+        if ea and eb else None,
+        peak=sequential_difference(a, b, "peak_memory", MIN_EFFECT["peak_memory"], looks, floor) if pa and pb else None,
         state_ratio=_ratio(num(a.get("model_state_bytes")), num(b.get("model_state_bytes"))),
-        caveat=caveat, noise=noise_used(ea, eb, floor), why=explain(a, b, _label(a, axis), _label(b, axis), floor))
+        caveat=caveat, noise=noise_used(ea, eb, floor), why=explain(a, b, _label(a, axis), _label(b, axis), floor),
+        looks=looks)
 
 
 # ---- wording --------------------------------------------------------------------------------------
@@ -175,13 +186,25 @@ def throughput_text(d: Diff | None) -> str:
 def verdict_text(c: Comparison) -> str:
     d = c.throughput
     if d is None or c.caveat:
-        return f"not claimed: {c.caveat}"
+        return f"not claimed: {c.caveat}" + (sequence_text(d, c.looks) if d is not None else "")
+    return _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
+
+
+def _verdict_words(a_label: str, d: Diff) -> str:
     if d.verdict == SAME:
-        return f"no measurable difference (within ±{d.min_effect:.0%})"
+        return f"no change (within ±{d.min_effect:.0%})"
     if d.verdict == INCONCLUSIVE:
         return f"inconclusive: {d.why_inconclusive()}"
     pct = abs(d.ratio - 1)
-    return f"**{c.a_label} {pct:.1%} {'faster' if d.verdict == HIGHER else 'slower'}**"
+    return f"**{a_label} {pct:.1%} {'faster' if d.verdict == HIGHER else 'slower'}**"
+
+
+def sequence_text(d: Diff, looks: Looks, flip: bool = False) -> str:
+    """In a runs=auto sweep: the runs the verdict used, at which look, and why no more came (empty
+    for fixed runs); ``flip``: the runs listed B first (a comparison of B against A)."""
+    if not looks.sequential:
+        return ""
+    return f" [{d.runs_text(flip)}; {stop_reason(d, looks) or 'open: the next round adds runs'}]"
 
 
 def memory_text(d: Diff | None) -> str:
@@ -232,7 +255,8 @@ def _bullets(comps: list[Comparison]) -> list[str]:
         where = f"{c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
         out.append(f"- {where}: **{c.a_label}** is {abs(d.ratio - 1):.1%} "
                    f"{'faster' if d.verdict == HIGHER else 'slower'} than **{c.b_label}** "
-                   f"({d.ratio:.2f}×, 95% CI {d.low:.2f}–{d.high:.2f}; {c.noise})"
+                   f"({d.ratio:.2f}×, {1 - d.alpha:.0%} CI {d.low:.2f}–{d.high:.2f}; {c.noise}"
+                   f"{', ' + str(stop_reason(d, c.looks)) if c.looks.sequential else ''})"
                    + (f", with {' and '.join(mem)}" if mem else "") + ".")
         out += why_lines(c.why)
     return out
@@ -266,7 +290,7 @@ def scaling(units: list[dict[str, Any]], floor: Floor | None = None) -> list[str
     """Scaling efficiency per series: per-device throughput over the smallest world size's."""
     series: dict[str, list[dict[str, Any]]] = {}
     for u in units:
-        if estimate(u) is not None and not _interference(u):
+        if estimate(u) is not None and not interference(u):
             series.setdefault(str(u.get("series")), []).append(u)
     labels = series_labels([u for members in series.values() for u in members])
     lines = []
@@ -301,7 +325,7 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
     measurably slower than it (a configuration inside the noise of the fastest is as good a pick)."""
     by_size: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for u in units:
-        if estimate(u) is not None and not _interference(u):
+        if estimate(u) is not None and not interference(u):
             by_size.setdefault((str(u.get("model")), int(u.get("world_size") or 0)), []).append(u)
     multi_model = len({m for m, _ in by_size}) > 1
     lines = []
@@ -382,24 +406,29 @@ def _name(row: dict[str, Any]) -> str:
     return " ".join(words) or f"{row.get('strategy')} {row.get('precision')}"
 
 
-def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | None = None) -> str:
-    """The ``## Findings`` section's body (markdown), from report rows."""
+def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | None = None,
+             looks: Looks | None = None) -> str:
+    """The ``## Findings`` section's body (markdown), from report rows; ``looks``: a runs=auto
+    sweep's planned looks (each row's ``round`` says which look first saw it)."""
     units = grouped(rows)
+    looks = looks or Looks.fixed()
     lines = ["Only cells of the same model and world size are compared, with every other setting equal. A "
              "difference is claimed only when the 95% confidence interval of the difference, built from the spread "
              "between independent runs (or the cluster's noise floor for a configuration run once), excludes zero "
              f"and the change is at least {MIN_EFFECT['throughput']:.0%} (throughput) or "
-             f"{MIN_EFFECT['peak_memory']:.0%} (peak memory); within that it is \"no measurable difference\" when the "
-             "whole interval fits, else \"inconclusive\" with the runs that would decide it. Windows inside one run "
-             "are never the noise of a claim. Model state is counted exactly: differences under "
-             f"{STATE_TOLERANCE:.0%} count as equal.", ""]
+             f"{MIN_EFFECT['peak_memory']:.0%} (peak memory); \"no change\" is claimed when equivalence is shown "
+             "(two one-sided tests: the 90% interval lies wholly inside that margin), else \"inconclusive\" with the "
+             "runs that would decide it. Windows inside one run are never the noise of a claim. Model state is "
+             f"counted exactly: differences under {STATE_TOLERANCE:.0%} count as equal."
+             + (f" This sweep ran with runs=auto: {looks.text()}; each verdict is its first decided look, so "
+                "false claims stay at 5% over all looks." if looks.sequential else ""), ""]
     failed = [u for u in units if estimate(u) is None]
-    flagged = [u for u in units if _interference(u)]
+    flagged = [u for u in units if interference(u)]
     noiseless = [u for u in units if (e := estimate(u, "throughput", floor)) is not None and e.se is None]
     if failed:
         lines.append("Left out (no result): " + ", ".join(f"{md_cell(u['cell'])} ({_why(u)})" for u in failed) + ".")
     if flagged:
-        lines.append("⚠ Interference: " + "; ".join(f"{md_cell(u['cell'])}: {md_cell(_interference(u))}" for u in flagged)
+        lines.append("⚠ Interference: " + "; ".join(f"{md_cell(u['cell'])}: {md_cell(interference(u))}" for u in flagged)
                      + ". Their comparisons are shown but not claimed, and they are not recommended.")
     if noiseless:
         lines.append(f"{len(noiseless)} configuration(s) ran once and this cluster has no noise floor: nothing is "
@@ -408,7 +437,7 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
     if failed or flagged or noiseless:
         lines.append("")
     for axis, title in AXES.items():
-        comps = comparisons(units, axis, floor)
+        comps = comparisons(units, axis, floor, looks)
         lines += [f"### {title}", ""]
         if not comps:
             lines += [f"No two configurations differ only in their {axis} at the same world size.", ""]
@@ -424,6 +453,9 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
                                         "strategy implies (launcher/plan/traffic.py), or nothing was measured."]
     lines += ["", "### Stragglers", ""]
     lines += stragglers(rows) or ["No rank lagged more than 10% behind the median rank."]
+    on_nodes = nodes.section(rows)
+    if on_nodes:
+        lines += ["", "### Nodes", "", *on_nodes]
     lines += ["", f"### Recommendation (margin {margin:.0%})", ""]
     lines += recommendations(units, margin, floor) or ["No cell finished with a result."]
     return "\n".join(lines).rstrip() + "\n"

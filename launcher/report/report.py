@@ -22,7 +22,7 @@ from typing import Any
 from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import FIXES
-from launcher.report import fabric, findings, forecasts, noisefloor, plots, stats
+from launcher.report import fabric, findings, forecasts, noisefloor, plots, sequential, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -59,9 +59,20 @@ class ReportError(Exception):
 
 # ---- rows from a sweep directory ---------------------------------------------------------------
 
+def looks_of(state: SweepState) -> stats.Looks:
+    """The sweep's planned looks: runs=auto's schedule, or one look at the end (fixed runs)."""
+    design = state.design
+    if design is None:
+        return stats.Looks.fixed()
+    ended = f"stopped early: {design.stopped}" if design.stopped and design.stopped.startswith("budget") else None
+    return stats.Looks(sequential.schedule(design.runs_min, design.runs_max), ended=ended, done=len(design.rounds))
+
+
 def collect(state: SweepState) -> list[dict[str, Any]]:
-    """One row per cell: its state plus the summary and tags its head rank wrote (result.json)."""
+    """One row per cell: its state plus the summary and tags its head rank wrote (result.json); in a
+    runs=auto sweep each row's ``round`` is the first look that saw it."""
     rows = []
+    looks = looks_of(state)
     for cell in state.cells:
         result = state.read_result(cell)
         # Cells that differ only in their node count form one scaling series.
@@ -70,7 +81,8 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
                                "precision": cell.precision, "model": cell.model, "nodes": cell.nodes,
                                "world_size": cell.world_size, "status": cell.status.value, "error": cell.error,
                                "failure_class": cell.failure_class, "series": series, "run_id": cell.run_id,
-                               "settings": dict(o.split("=", 1) for o in cell.overrides if "=" in o)}
+                               "settings": dict(o.split("=", 1) for o in cell.overrides if "=" in o),
+                               "round": looks.round_of(cell.run)}
         row.update(_train_settings(state, cell))
         tags = result.get("tags", {})
         row.update({k: v for k, v in tags.items() if k in _ENV_TAGS})
@@ -389,14 +401,15 @@ def _tables(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str
 
 
 def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[str, str],
-          floor: stats.Floor | None = None, sections: Sequence[str] = ()) -> Report:
+          floor: stats.Floor | None = None, sections: Sequence[str] = (), looks: stats.Looks | None = None) -> Report:
     """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``; ``floor``: the cluster's
     noise floor, the noise of configurations that ran once; ``sections``: markdown lines after the
     plots (a sweep's fabric, launcher/report/fabric.py, and its forecasts checked,
-    launcher/report/forecasts.py)."""
+    launcher/report/forecasts.py); ``looks``: a runs=auto sweep's looks."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor), findings=findings.findings(rows, floor=floor),
+    report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor),
+                    findings=findings.findings(rows, floor=floor, looks=looks),
                     cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
     done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
     parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
@@ -506,7 +519,7 @@ def write_sweep_report(state: SweepState) -> Report:
         fabric.keep(state.path.parent, one, state.name)
     checked = _forecasts_checked(state, rows, key)
     written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
-                    [*fabric.section(probed), *checked.section])
+                    [*fabric.section(probed), *checked.section], looks_of(state))
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
     return written
 

@@ -15,9 +15,13 @@ Pure functions over report rows (launcher/report/rows.py); no I/O.
 * **Verdicts**, A against B, as a ratio A/B with Welch's 95% interval (standard errors in
   quadrature, Welch-Satterthwaite degrees of freedom, Student's t):
   ``higher``/``lower`` only when the interval excludes 1 AND the change is at least the minimum
-  effect (criterion.rs's noise threshold); ``same`` when the whole interval lies within the
-  minimum effect; otherwise ``inconclusive``, with the number of runs per side that would decide
+  effect (criterion.rs's noise threshold); ``same`` ("no change") when equivalence is shown by two
+  one-sided tests (TOST): the ``1 - 2 alpha`` interval (90%) lies wholly inside the margin of
+  ±minimum effect; otherwise ``inconclusive``, with the number of runs per side that would decide
   it at the noise seen (benchstat's "~" that says what to do).
+* **Repeated looks** (``runs=auto``): a comparison is judged at every planned look with that look's
+  share of alpha, and its verdict is its first decided look (launcher/report/sequential.py, the
+  method and why its false-claim rate stays at 5% however many looks there are).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import metrics
+from launcher.report import sequential
 from launcher.report.rows import num, throughput
+from launcher.report.sequential import ALPHA, Looks
 
 HIGHER, LOWER, SAME, INCONCLUSIVE = "higher", "lower", "same", "inconclusive"
 # The smallest change worth a claim, per claimed metric (users asked "is it 5% faster?"; the
@@ -55,6 +61,12 @@ def t95(df: float) -> float:
     if k > 120:
         return 1.960
     return _T95[max(d for d in _T95 if d <= k)]
+
+
+def t_two_sided(alpha: float, df: float) -> float:
+    """Student's t two-sided ``1 - alpha`` quantile: the table above at 5% (the figures every report
+    printed so far), computed for the levels of sequential looks and TOST."""
+    return t95(df) if alpha == 0.05 else sequential.t_two_sided(alpha, df)
 
 
 def _reader(metric: metrics.Metric) -> Callable[[dict[str, Any]], float | None]:
@@ -108,17 +120,20 @@ class Estimate:
         return "1 run, no noise estimate"
 
 
-def run_values(row: dict[str, Any], metric: str) -> list[float]:
+def run_values(row: dict[str, Any], metric: str, upto_round: int | None = None) -> list[float]:
     """The metric's value in every run of a row (a grouped row holds its runs in ``_members``)
-    that has a result: failed, cancelled and diverged runs are never counted."""
+    that has a result: failed, cancelled and diverged runs are never counted. ``upto_round``: only
+    the runs a sequential sweep had at that look (a row's ``round``, 1 when it has none)."""
     read = METRICS[metric]
-    return [v for m in row.get("_members", [row]) if throughput(m) and (v := read(m)) is not None]
+    return [v for m in row.get("_members", [row]) if throughput(m) and (v := read(m)) is not None
+            and (upto_round is None or int(m.get("round") or 1) <= upto_round)]
 
 
-def estimate(row: dict[str, Any], metric: str = "throughput", floor: Floor | None = None) -> Estimate | None:
+def estimate(row: dict[str, Any], metric: str = "throughput", floor: Floor | None = None,
+             upto_round: int | None = None) -> Estimate | None:
     """The estimate of ``metric`` for a row from its independent runs, or from the floor."""
     cv = floor.cv.get(metric) if floor is not None else None
-    return estimate_of(run_values(row, metric), cv, floor.df if floor is not None else 0)
+    return estimate_of(run_values(row, metric, upto_round), cv, floor.df if floor is not None else 0)
 
 
 def estimate_of(values: list[float], floor_cv: float | None = None, floor_df: int = 0) -> Estimate | None:
@@ -135,11 +150,11 @@ def estimate_of(values: list[float], floor_cv: float | None = None, floor_df: in
     return Estimate(mean, None, None, 1, "none", values)
 
 
-def welch_interval(a: Estimate, b: Estimate) -> tuple[float, float] | None:
-    """Welch's 95% interval of mean(A) - mean(B), in their unit; None without a noise estimate."""
+def welch_interval(a: Estimate, b: Estimate, alpha: float = ALPHA) -> tuple[float, float] | None:
+    """Welch's ``1 - alpha`` interval of mean(A) - mean(B), in their unit; None without a noise estimate."""
     if a.se is None or b.se is None or a.df is None or b.df is None:
         return None
-    hw = t95(_welch_df(a, b)) * math.sqrt(a.se**2 + b.se**2)
+    hw = t_two_sided(alpha, _welch_df(a, b)) * math.sqrt(a.se**2 + b.se**2)
     d = a.mean - b.mean
     return d - hw, d + hw
 
@@ -154,10 +169,30 @@ class Diff:
     verdict: str  # HIGHER | LOWER | SAME | INCONCLUSIVE
     runs_needed: int | None = None  # per side, to decide an inconclusive verdict (None: too many / unknown)
     min_effect: float = 0.0
+    # Equivalence (TOST): the 1 - 2 alpha interval that "no change" rests on.
+    eq_low: float | None = None
+    eq_high: float | None = None
+    n_a: int = 0  # the runs each side had at the look that gave the verdict
+    n_b: int = 0
+    look: int = 1  # which planned look gave it (1 of 1 for fixed runs)
+    looks: int = 1
+    grew_until: int = 1  # the last look at which either side had new runs
+    alpha: float = ALPHA  # that look's level
 
     @property
     def claimed(self) -> bool:
         return self.verdict in (HIGHER, LOWER)
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict != INCONCLUSIVE
+
+    def runs_text(self, flip: bool = False) -> str:
+        """How many runs the verdict used, and at which look: ``3 + 5 runs, look 2 of 4 at 0.91%``
+        (``flip``: B's runs first, as a comparison of B against A lists them)."""
+        at = f", look {self.look} of {self.looks} at {self.alpha:.2%}" if self.looks > 1 else ""
+        first, second = (self.n_b, self.n_a) if flip else (self.n_a, self.n_b)
+        return f"{first} + {second} runs{at}"
 
     def why_inconclusive(self) -> str:
         if self.low is None:
@@ -167,20 +202,70 @@ class Diff:
         return f"about {self.runs_needed} runs per side would decide it (runs={self.runs_needed})"
 
 
-def difference(a: Estimate, b: Estimate, min_effect: float) -> Diff:
-    """Welch's interval for mean(A) - mean(B), as a ratio to B: 1 + interval / mean(B)."""
+def difference(a: Estimate, b: Estimate, min_effect: float, alpha: float = ALPHA) -> Diff:
+    """Welch's interval for mean(A) - mean(B), as a ratio to B: 1 + interval / mean(B); a
+    difference at level ``alpha`` (two-sided), equivalence within ±min_effect by TOST at ``alpha``."""
     ratio = a.mean / b.mean
-    interval = welch_interval(a, b)
-    if interval is None:
-        return Diff(ratio, None, None, INCONCLUSIVE, None, min_effect)
+    found_at, tost = welch_interval(a, b, alpha), welch_interval(a, b, 2 * alpha)
+    if found_at is None or tost is None:
+        return Diff(ratio, None, None, INCONCLUSIVE, None, min_effect, n_a=a.n, n_b=b.n, alpha=alpha)
     # A throughput or a memory peak is never negative: a very noisy interval is cut at zero.
-    low, high = max(0.0, 1 + interval[0] / b.mean), 1 + interval[1] / b.mean
+    (low, high), (eq_low, eq_high) = ((max(0.0, 1 + lo / b.mean), 1 + hi / b.mean) for lo, hi in (found_at, tost))
     change = abs(ratio - 1)
+    found = Diff(ratio, low, high, INCONCLUSIVE, None, min_effect, eq_low, eq_high, a.n, b.n, alpha=alpha)
     if (low > 1 or high < 1) and change >= min_effect:
-        return Diff(ratio, low, high, HIGHER if low > 1 else LOWER, None, min_effect)
-    if low >= 1 - min_effect and high <= 1 + min_effect:
-        return Diff(ratio, low, high, SAME, None, min_effect)
-    return Diff(ratio, low, high, INCONCLUSIVE, runs_needed(a, b, min_effect), min_effect)
+        found.verdict = HIGHER if low > 1 else LOWER
+    elif eq_low >= 1 - min_effect and eq_high <= 1 + min_effect:
+        found.verdict = SAME
+    else:
+        found.runs_needed = runs_needed(a, b, min_effect, alpha)
+    return found
+
+
+def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: str, min_effect: float,
+                          looks: Looks, floor: Floor | None = None) -> Diff | None:
+    """A against B judged at every planned look with that look's alpha (launcher/report/sequential.py):
+    the first decided look gives the verdict, else the last look's. None when a side has no result."""
+    found, seen, grew = None, (0, 0), 1
+    for look in range(1, looks.taken + 1):
+        upto = look if looks.sequential else None
+        ea, eb = estimate(row_a, metric, floor, upto), estimate(row_b, metric, floor, upto)
+        if ea is None or eb is None:
+            continue  # a side without a run at this look (its first runs failed)
+        found = difference(ea, eb, min_effect, looks.alpha_at(look))
+        grew = look if (ea.n, eb.n) != seen else grew
+        seen = (ea.n, eb.n)
+        found.look, found.looks, found.grew_until = look, looks.rounds, grew
+        if found.decided:
+            return found
+    if found is not None and looks.sequential and found.low is not None:
+        # A baseline's runs (round 0: all there before this sweep began) do not grow with its rounds.
+        fixed_b = all(int(m.get("round") or 1) == 0 for m in row_b.get("_members", [row_b]))
+        found.runs_needed = runs_needed(estimate(row_a, metric, floor), estimate(row_b, metric, floor),
+                                        min_effect, looks.alpha_at(looks.rounds), fixed_b)
+    return found
+
+
+def stop_reason(d: Diff, looks: Looks) -> str | None:
+    """Why no more runs come to a comparison; None while a ``runs=auto`` sweep would add runs to it
+    (undecided, below runs_max, and decidable within runs_max at the noise seen)."""
+    if not looks.sequential:
+        return "fixed runs"
+    if d.decided:
+        return "decided"
+    if d.low is None:
+        return "no noise estimate"
+    runs_max = looks.schedule[-1]
+    if d.look >= looks.rounds and d.grew_until >= looks.rounds:
+        return f"runs_max={runs_max} reached"
+    if d.runs_needed is None or d.runs_needed > runs_max:
+        needed = f"about {d.runs_needed}" if d.runs_needed else f"more than {MAX_RUNS_NEEDED}"
+        # Its runs stopped growing at that look (later looks saw the same runs).
+        at = f" at look {d.grew_until}" if d.grew_until < d.look else ""
+        return f"stopped early{at}: {needed} runs per side would decide it, beyond runs_max={runs_max}"
+    if d.look >= looks.rounds:
+        return f"runs_max={runs_max} reached"
+    return looks.ended
 
 
 def _welch_df(a: Estimate, b: Estimate) -> float:
@@ -191,18 +276,24 @@ def _welch_df(a: Estimate, b: Estimate) -> float:
     return se2**2 / ((a.se**4 / a.df if a.se else 0.0) + (b.se**4 / b.df if b.se else 0.0))
 
 
-def runs_needed(a: Estimate, b: Estimate, min_effect: float) -> int | None:
+def runs_needed(a: Estimate | None, b: Estimate | None, min_effect: float, alpha: float = ALPHA,
+                fixed_b: bool = False) -> int | None:
     """The runs per side at which, with the spread and the difference seen now, the interval would
     either exclude 1 beyond the minimum effect or fit inside it; None beyond MAX_RUNS_NEEDED.
     Always more than either side has: the runs already there did not decide it (Welch's degrees of
-    freedom, which the verdict used, are fewer than this pooled estimate's when the spreads differ)."""
-    if a.sd is None or b.sd is None:
+    freedom, which the verdict used, are fewer than this pooled estimate's when the spreads differ).
+    ``fixed_b``: B's runs are all there is (a baseline sweep): only A grows, and B's own standard
+    error stays; then None also where no number of A's runs would decide it."""
+    if a is None or b is None or a.sd is None or b.sd is None:
         return None
     change = abs(a.mean / b.mean - 1)
     room = change if change >= min_effect else min_effect - change
-    rel_sd = math.sqrt(a.sd**2 + b.sd**2) / b.mean
-    for n in range(max(2, a.n + 1, b.n + 1), MAX_RUNS_NEEDED + 1):
-        if t95(2 * n - 2) * rel_sd / math.sqrt(n) < room:
+    # A difference needs the 1 - alpha interval clear of 1, "no change" the 1 - 2 alpha one inside.
+    level = alpha if change >= min_effect else 2 * alpha
+    for n in range(max(2, a.n + 1, 2 if fixed_b else b.n + 1), MAX_RUNS_NEEDED + 1):
+        n_b = b.n if fixed_b else n
+        se = math.sqrt(a.sd**2 / n + b.sd**2 / n_b) / b.mean
+        if t_two_sided(level, n + n_b - 2) * se < room:
             return n
     return None
 

@@ -21,10 +21,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, Backend, JobTimes, ResourceCheck, Wording
+from launcher.cluster.base import (
+    CANCELLED_BY_LAUNCHER,
+    Allocation,
+    Backend,
+    JobTimes,
+    Resolved,
+    ResourceCheck,
+    Wording,
+)
 from launcher.cluster.failures import classify, first_failure
 from launcher.cluster.slurm import accounting, resources, submit
 from launcher.cluster.slurm.accounting import JobRecord, first_word, slurm_status
+from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
 
@@ -59,8 +68,13 @@ class SlurmBackend(Backend):
 
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """The partitions hold the cells (sinfo): nodes, GPUs, cores, memory, node lists, account and QoS;
-        a GPU cell's cores, memory and GPU memory are resolved from its partition."""
-        return resources.check(cells)
+        a GPU cell's cores, memory and GPU memory are resolved from its partition, and the runs of each
+        grid point are spread over the partition's nodes (launcher/plan/spread.py)."""
+        found = resources.check(cells)
+        if not found.errors and spread.repeated(cells):
+            for index, nodelist in spread.rotation(cells, resources.schedulable_nodes()).items():
+                found.resolved.setdefault(index, Resolved()).nodelist = nodelist
+        return found
 
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         """The cells' own cluster.max_array_size where set, else the cluster's MaxArraySize."""

@@ -206,6 +206,24 @@ def _default_partition() -> str:
     return next((name for name, p in partitions().items() if p.get("default")), "")
 
 
+_TAKES_JOBS = ("idle", "mixed", "allocated", "alloc", "completing", "planned")
+
+
+def schedulable_nodes() -> dict[str | None, list[str]]:
+    """Each partition's nodes that can take jobs, in order (None: the default partition's)."""
+    nodes = cluster_nodes()
+    default = next((p for p, v in partitions().items() if v["default"]), None)
+    out: dict[str | None, list[str]] = {}
+    for node in nodes.values():
+        if node.state.rstrip("*~#$@+!%^-").lower() not in _TAKES_JOBS:
+            continue  # down, drained, failing: a placement there would wait for good
+        for part in node.partitions:
+            out.setdefault(part, []).append(node.name)
+    out[None] = out.get(default or "", [])
+    return {k: sorted(v, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])
+            for k, v in out.items()}
+
+
 def _features_match(constraint: str, features: frozenset[str]) -> bool | None:
     """A simple --constraint (``a``, ``a&b``, ``a|b``) against a node's features; None for the forms
     this does not judge (counts, brackets): Slurm decides those."""
