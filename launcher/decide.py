@@ -81,17 +81,19 @@ def pairs(state: SweepState, unjudged: list[str] | None = None) -> list[Pair]:
             label = f"{c.a_label} vs {c.b_label} at {c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
             out.append(Pair(label, sorted(set(names)), c.throughput, stop_reason(c.throughput, looks)))
     if state.design is not None and state.design.baseline:
-        out += _baseline_pairs(state.design.baseline, rows, looks)
+        out += _baseline_pairs(state.design.baseline, rows, looks, unjudged)
     return out
 
 
-def _baseline_pairs(baseline: str, rows: list[dict], looks: Looks) -> list[Pair]:
+def _baseline_pairs(baseline: str, rows: list[dict], looks: Looks, unjudged: list[str] | None) -> list[Pair]:
     """This sweep's configurations against the baseline sweep's (matched as --compare matches)."""
     result = compare.compare(collect(SweepState.load(baseline)), rows, MIN_EFFECT["throughput"], looks=looks)
     out = []
     for m in result.matches:
         d = sequential_difference(m.b, m.a, "throughput", MIN_EFFECT["throughput"], looks)
-        if d is None:
+        if d is None or m.caveat:  # no result, or flagged: more runs would not make the claim
+            if m.caveat and unjudged is not None:
+                unjudged.append(f"{m.name} against the baseline: not claimed, {m.caveat}")
             continue
         names = sorted({configuration(str(r["cell"])) for r in m.b.get("_members", [m.b])})
         out.append(Pair(f"{m.name} against the baseline", names, d, stop_reason(d, looks)))

@@ -16,10 +16,12 @@ from launcher.state import SweepState
 GRID = [("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)]
 
 
-def make_sweep(root: Path, name: str, results: dict, where: str = "/runs", runs: int = 3) -> Path:
+def make_sweep(root: Path, name: str, results: dict, where: str = "/runs", runs: int = 3,
+               flagged: dict | None = None) -> Path:
     """A sweep directory: ``runs`` independent runs per (strategy, nodes) in GRID; ``results`` maps
     (strategy, nodes) to (samples/s, relative spread between runs, peak GiB) or to None (every run
-    failed). The where-settings differ per sweep."""
+    failed); ``flagged``: (strategy, nodes) to the interference its runs recorded. The where-settings
+    differ per sweep."""
     sweep_dir = root / name
     state = SweepState(name=name, sweep_dir=str(sweep_dir), cluster="local", argv=["-m", "strategy=ddp,fsdp"])
     spread = {1: [0.0], 3: [-1.0, 0.0, 1.0]}.get(runs) or [(-1) ** i for i in range(runs)]
@@ -46,6 +48,7 @@ def make_sweep(root: Path, name: str, results: dict, where: str = "/runs", runs:
                            "step_time_ms_p50": 1e3 * 4 * 2 * nodes / tp, "peak_rss_gib": peak * (1 + 0.002 * spread[run - 1]),
                            "model_state_bytes": 15e6 / (nodes * 2 if strategy == "fsdp" else 1)}
                 (d / "result.json").write_text(json.dumps({"summary": summary, "tags": {"hostnames": "n1"}}))
+            cell.interference = (flagged or {}).get((strategy, nodes))
             state.cells.append(cell)
     state.save()
     return sweep_dir
@@ -96,6 +99,22 @@ def test_command_exits_1_on_a_regression_beyond_the_threshold(tmp_path, capsys):
     assert report_main(["--compare", str(a), str(b), "--threshold", "0.03"]) == 1
     assert "2 regression(s) beyond the noise and the threshold of 3%: strategy=ddp nodes=1 samples/s -4.0%" in \
         capsys.readouterr().out
+
+
+def test_a_configuration_flagged_for_interference_is_shown_not_claimed_and_never_passes_the_gate(tmp_path, capsys):
+    a = make_sweep(tmp_path, "a", BASE)
+    slowed = {**BASE, ("ddp", 2): (140.0, 0.01, 0.52)}  # -22%: a regression, unless the machine did it
+    b = make_sweep(tmp_path, "b", slowed, flagged={("ddp", 2): "other processes took 83% of the cores"})
+    result = compare.compare(rows(a), rows(b), threshold=0.05)
+    speed = [d for m in result.matches if m.name == "strategy=ddp nodes=2" for d in m.deltas
+             if d.metric in ("samples/s", "step p50 ms")]
+    assert [d.verdict for d in speed] == ["not claimed", "not claimed"]
+    assert all(d.note.startswith("interference in B: other processes took 83%") for d in speed)
+    assert not result.regressions()
+    assert report_main(["--compare", str(a), str(b)]) == 0
+    assert "1 configuration(s) not claimed, flagged for interference" in capsys.readouterr().out
+    assert report_main(["--compare", str(a), str(b), "--gate"]) == 3  # not shown the same either
+    assert "gate not passed" in capsys.readouterr().out
 
 
 def test_single_runs_claim_nothing_unless_the_cluster_has_a_noise_floor(tmp_path, capsys):

@@ -24,6 +24,10 @@ Verdicts, B against A (B is the newer run), each from the spread between indepen
   interval from their own spread; model state is counted exactly: differences below 1% are
   ``no change``;
 * a configuration with a result in A and none in B (failed, diverged, cancelled) is a ``regression``.
+A configuration whose runs were flagged for interference on either side (another job shared its
+devices or hosts: launcher/report/findings.py) keeps its numbers but its speed verdicts become
+``not claimed``, as in the findings: the difference is the machine's, not the configuration's. It
+is neither a regression nor a pass of the gate.
 A regression makes the command exit with 1; an inconclusive row does not, except with ``--gate``,
 which passes only where every throughput row is shown to be "no change" or an improvement.
 When B ran with ``runs=auto`` against A as its baseline, its rounds were looks at these
@@ -38,7 +42,7 @@ from typing import Any
 
 from contract import metrics
 from launcher.report.explain import Explanation, explain
-from launcher.report.findings import STATE_TOLERANCE, sequence_text, why_lines
+from launcher.report.findings import STATE_TOLERANCE, interference, sequence_text, why_lines
 from launcher.report.rows import grouped, md_cell, num, settings
 from launcher.report.stats import (
     HIGHER,
@@ -54,7 +58,7 @@ from launcher.report.stats import (
 )
 
 IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
-UNDECIDED = "inconclusive"
+UNDECIDED, NOT_CLAIMED = "inconclusive", "not claimed"
 # Each claimed metric is compared under its report column's label and by its direction; model
 # state, counted exactly, under its own (its column's unit changes with the sweep).
 _THROUGHPUT = metrics.claimed()["throughput"]
@@ -81,6 +85,14 @@ class Match:
     by: str  # "settings" | "name"
     deltas: list[Delta] = field(default_factory=list)
     why: Explanation | None = None  # B's step against A's, part by part (launcher/report/explain.py)
+
+    @property
+    def caveat(self) -> str | None:
+        """Why its speed is not claimed: a side flagged for interference (None: nothing)."""
+        for side, row in (("A", self.a), ("B", self.b)):
+            if interference(row):
+                return f"interference in {side}: {interference(row)}"
+        return None
 
     @property
     def changed(self) -> bool:
@@ -160,9 +172,19 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshol
         else:
             only_a.append(a)
     for m in matches:
-        m.deltas = deltas(m.a, m.b, threshold, floor, looks)
+        m.deltas = _unclaimed(deltas(m.a, m.b, threshold, floor, looks), m.caveat)
         m.why = explain(m.b, m.a, "B", "A", floor)
     return Comparison(matches, only_a, list(left_b.values()), threshold)
+
+
+def _unclaimed(found: list[Delta], caveat: str | None) -> list[Delta]:
+    """A flagged configuration's speed deltas shown but not claimed (memory and state are kept:
+    another job's load does not move them)."""
+    if caveat is None:
+        return found
+    speed = {str(_THROUGHPUT.label), str(metrics.claimed()["step_time"].label)}
+    return [Delta(d.metric, d.a, d.b, d.change, NOT_CLAIMED, f"{caveat}; {d.note}", margin=d.margin)
+            if d.metric in speed and d.a is not None and d.b is not None else d for d in found]
 
 
 def _change(a: float | None, b: float | None) -> float | None:
@@ -273,6 +295,10 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
     lines += ["", f"{len(bad)} regression(s) beyond the noise and the threshold of {result.threshold:.0%}"
               + (": " + "; ".join(f"{m.name} {d.metric}" + (f" {d.change:+.1%}" if d.change is not None else
                                                                  f" ({d.note})") for m, d in bad) if bad else ".")]
+    unclaimed = sorted({m.name for m in result.matches for d in m.deltas if d.verdict == NOT_CLAIMED})
+    if unclaimed:
+        lines.append(f"{len(unclaimed)} configuration(s) not claimed, flagged for interference (their speed is "
+                     f"the machine's): {', '.join(md_cell(n) for n in unclaimed)}.")
     undecided = result.inconclusive()
     if undecided:
         noiseless = sum(1 for _, d in undecided if d.note.startswith("no noise estimate"))
