@@ -24,7 +24,7 @@ from launcher.cli import guarded
 from launcher.plan import fit, fitcache, perfmodel
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError, run_spec
-from launcher.report import forecastrecord, forecasts, report
+from launcher.report import fabric, forecastrecord, forecasts, report
 from launcher.report.rows import md_cell
 from launcher.state import StateError, SweepState
 
@@ -99,7 +99,7 @@ def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], p
     if not points:
         raise ForecastError(f"{state.sweep_dir} has no measured configuration the model can read (cells done, with "
                             "their spec.json). Fix: forecast from a sweep whose cells finished.")
-    model = perfmodel.fit([p.observed for p in points])
+    model = perfmodel.fit([p.observed for p in points], fabric.model_fabric(fabric.read_sweep(state.path)))
     cells = target_cells(state, overrides)
     from launcher import preflight
 
@@ -303,7 +303,7 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
     if found is None:
         return [f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]
     state, points = found
-    model = perfmodel.fit([p.observed for p in points])
+    model = perfmodel.fit([p.observed for p in points], fabric.model_fabric(fabric.read_sweep(state.path)))
     cpus = forecasts.host_cpus()
     made = [_one(cell, predicted.get(cell.index), model, points, cpus) for cell in cells]
     spread = basis(state, points, model)

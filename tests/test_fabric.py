@@ -7,6 +7,7 @@ tests/test_local_e2e.py's parity sweep; on Slurm, tests/test_slurm.py's nodes sw
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,28 @@ def test_a_kept_record_of_the_same_nodes_and_software_is_reused(tmp_path, capsys
     (copied,) = kept_fabric.read_sweep(state.path)
     assert copied.result == result and copied.source.startswith("kept from sweep earlier")
     assert not (state.path / "submitit").exists()  # no job was submitted
+
+
+def test_the_probes_fits_become_the_performance_models_links_the_largest_shape_winning():
+    from launcher.plan import perfmodel
+
+    def probed(nodes, tasks, fits):
+        result = {"shape": {"nodes": nodes, "tasks_per_node": tasks}, "fits": fits, "measured_at": "t"}
+        return kept_fabric.Probed(Path(f"{nodes}x{tasks}"), {"identity": {"shape": f"{nodes}x{tasks}"}, "job_id": "7"},
+                                  result)
+
+    small = probed(1, 2, [{"collective": "all_reduce", "scope": "intra_node", "latency_us": 80.0,
+                           "bandwidth_gb_per_s": 0.5}])
+    large = probed(2, 2, [{"collective": "all_reduce", "scope": "intra_node", "latency_us": 120.0,
+                           "bandwidth_gb_per_s": 1.25},
+                          {"collective": "all_gather", "scope": "inter_node", "latency_us": 300.0,
+                           "bandwidth_gb_per_s": None}])
+    links = kept_fabric.model_fabric([large, small])
+    assert links.link("all_reduce", perfmodel.INTRA) == perfmodel.Link(0.12, 1.25e6)  # 2x2 over 1x2
+    assert links.link("all_reduce", perfmodel.INTER) == perfmodel.Link(0.12, 1.25e6)  # no inter figure: intra's
+    assert links.link("all_gather", perfmodel.INTER).bytes_per_ms == float("inf")  # size did not matter
+    assert links.link("reduce_scatter", perfmodel.INTRA) is None and "1x2, 2x2" in links.source
+    # 4 MB all-reduced over 4 ranks in 2 calls: 2 x 0.12 ms + 4e6 x 2(3)/4 / 1.25e6 ms.
+    moved = perfmodel.Collective("all_reduce", 4e6, 4, perfmodel.INTRA, calls_per_step=2)
+    assert links.ms([moved]) == pytest.approx(2 * 0.12 + 4e6 * 1.5 / 1.25e6)
+    assert kept_fabric.model_fabric([probed(1, 2, [])]) is None

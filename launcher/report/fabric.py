@@ -13,8 +13,10 @@ again; ``fabric.probe=always`` measures again anyway.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any
 from contract import metrics
 from contract.fabric import RESULT_FILE
 from contract.spec import Layout
+from launcher.plan import perfmodel
 from launcher.plan.schema import ClusterConfig
 from launcher.report.rows import md_cell
 
@@ -209,3 +212,33 @@ def parent_figures(probed: list[Probed]) -> dict[int, dict[str, float]]:
         out[shape["nodes"] * shape["tasks_per_node"]] = {metrics.get(k).name: float(v) for k, v in figures.items()
                                                          if v is not None}
     return out
+
+
+# ---- the performance model's links ----------------------------------------------------------------
+
+_MODEL_SCOPE = {"intra_node": perfmodel.INTRA, "inter_node": perfmodel.INTER}
+
+
+def model_fabric(probed: Sequence[Probed]) -> perfmodel.Fabric | None:
+    """The probe's fitted latency and bandwidth per collective and scope as the performance model's
+    links (alpha ms = latency us / 1000; bytes per ms = beta GB/s x 1e6; a beta the fit could not
+    find, time not growing with size, moves bytes for free); None where no probe left figures.
+    Larger shapes win where shapes overlap (closer to the scales forecast); a collective probed in
+    one scope only stands for it in both (a single-node shape has no inter-node figures)."""
+    measured = sorted((p for p in probed if p.result and p.result.get("fits")), key=_ranks)
+    if not measured:
+        return None
+    links: dict[tuple[str, str], perfmodel.Link] = {}
+    for one in measured:
+        for f in (one.result or {})["fits"]:
+            beta = f.get("bandwidth_gb_per_s")
+            link = perfmodel.Link(f["latency_us"] / 1e3, beta * 1e6 if beta else math.inf)
+            links[(f["collective"], _MODEL_SCOPE[f["scope"]])] = link
+            links[(f["collective"], perfmodel.ANY)] = link
+    shapes = ", ".join(str(one.asked["identity"]["shape"]) for one in measured)
+    return perfmodel.Fabric(links, f"the fabric probe of shape {shapes} ({measured[-1].source})")
+
+
+def _ranks(one: Probed) -> int:
+    shape = (one.result or {}).get("shape") or {}
+    return int(shape.get("nodes", 1)) * int(shape.get("tasks_per_node", 1))

@@ -29,7 +29,7 @@ from contract import metrics
 from contract.spec import RunSpec, Sharding, Strategy
 from launcher.plan import fitcache, perfmodel
 from launcher.plan.perfmodel import INTER, INTRA, Collective, Observed, Work
-from launcher.report import forecastrecord
+from launcher.report import fabric, forecastrecord
 from launcher.report.rows import grouped, md_cell, num, settings, throughput
 from launcher.state import StateError, SweepState
 
@@ -329,12 +329,14 @@ def check(state: SweepState, rows: Sequence[dict[str, Any]], key: str, keep: boo
     if not validates(points):
         return SweepCheck(section([], points, "", forecastrecord.said(forecastrecord.errors(root, key), key)), {}, {})
     prior = forecastrecord.errors(root, key, without_sweep=state.name)
-    checked = leave_one_out(points, prior_errors=[e["log_error"] for e in prior])
+    probed = fabric.model_fabric(fabric.read_sweep(state.path))  # the probe's links, where one ran
+    checked = leave_one_out(points, lambda observed: perfmodel.fit(observed, probed),
+                            prior_errors=[e["log_error"] for e in prior])
     if keep:
         forecastrecord.add(root, key, state.name, [
             {"cell": c.point.label, "kind": "loo", "predicted": c.predicted, "measured": c.measured} for c in checked])
     said = forecastrecord.said(forecastrecord.errors(root, key), key)
-    how = describe(perfmodel.fit([p.observed for p in points]))
+    how = describe(perfmodel.fit([p.observed for p in points], probed))
     cell_figures = {}
     for c in checked:
         if c.predicted is None:
