@@ -308,8 +308,11 @@ def describe(model: perfmodel.Model) -> str:
                      + "".join(f"; {t} thread(s) on their own: {o:.1f} ms + FLOPs at {r / 1e6:.3g} GFLOP/s"
                                for t, o, r in f.per_threads))
     if model.fabric is not None:
-        links = "; ".join(f"{k}/{s}: alpha {link.alpha_ms:.3g} ms, beta {link.bytes_per_ms / 1e6:.3g} GB/s"
-                          for (k, s), link in sorted(model.fabric.links.items()))
+        scopes: dict[tuple[str, perfmodel.Link], list[str]] = {}  # a link that stands for several scopes: once
+        for (k, s), link in sorted(model.fabric.links.items()):
+            scopes.setdefault((k, link), []).append(s)
+        links = "; ".join(f"{k}/{','.join(s)}: alpha {link.alpha_ms:.3g} ms, beta {link.bytes_per_ms / 1e6:.3g} GB/s"
+                          for (k, link), s in scopes.items())
         cal = f", x{model.fabric.calibration:.2f} as measured in training" if model.fabric.calibration != 1 else ""
         words.append(f"communication: {links}{cal} ({model.fabric.source})")
     if model.available < 1:
