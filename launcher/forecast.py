@@ -105,8 +105,9 @@ def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], p
 
     predicted = preflight.analyse(cells)
     cpus = forecasts.host_cpus()
-    made = [_one(cell, predicted.get(cell.index), model, points, cpus) for cell in cells]
-    return made, model, basis(state, points, model), _notes(made, cpus), points
+    one_machine = fabric.one_machine_cpus(fabric.read_sweep(state.path))
+    made = [_one(cell, predicted.get(cell.index), model, points, cpus, one_machine) for cell in cells]
+    return made, model, basis(state, points, model), _notes(made, one_machine or cpus), points
 
 
 def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
@@ -144,7 +145,7 @@ def _command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, points: list[forecasts.Point],
-         cpus: float) -> Forecast:
+         cpus: float, one_machine_cpus: float | None = None) -> Forecast:
     spec = run_spec(cell, Path("."), None, None)
     settings = forecasts.point_settings(_row_of(cell))
     measured = next((p for p in points if p.settings == settings), None)
@@ -152,7 +153,8 @@ def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, point
     if not flops:
         return Forecast(cell, None, None, state, f"no FLOP count for model {cell.model}")
     moved = state.comm_bytes_per_step if state else {}
-    work = forecasts.work_of(spec, cell.strategy, flops, dict(moved), _calls(settings, cell.strategy, points), cpus)
+    work = forecasts.work_of(spec, cell.strategy, flops, dict(moved), _calls(settings, cell.strategy, points), cpus,
+                             one_machine_cpus=one_machine_cpus)
     try:
         prediction = model.predict(work)
     except perfmodel.CannotPredict as exc:
@@ -204,7 +206,7 @@ def _notes(made: list[Forecast], cpus: float) -> list[str]:
     if shared:
         worst = min(shared, key=lambda f: f.work.cores if f.work else 1.0)
         assert worst.work is not None
-        notes.append(f"Emulated nodes share this host's {cpus:g} CPUs: at {worst.cell.world_size} rank(s) each rank "
+        notes.append(f"Emulated nodes share one machine's {cpus:g} CPUs: at {worst.cell.world_size} rank(s) each rank "
                      f"gets {worst.work.cores:.2g} of a core. The compute forecast takes ranks on a shared core as "
                      "time-sliced (a measured rate divided among them); this tells what this machine would do, not "
                      "what as many real nodes would.")
@@ -305,7 +307,8 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
     state, points = found
     model = perfmodel.fit([p.observed for p in points], fabric.model_fabric(fabric.read_sweep(state.path)))
     cpus = forecasts.host_cpus()
-    made = [_one(cell, predicted.get(cell.index), model, points, cpus) for cell in cells]
+    one_machine = fabric.one_machine_cpus(fabric.read_sweep(state.path))
+    made = [_one(cell, predicted.get(cell.index), model, points, cpus, one_machine) for cell in cells]
     spread = basis(state, points, model)
     lines = [f"Forecast from sweep {state.name} ({len(points)} measured configuration(s); python -m launcher.forecast "
              f"{state.sweep_dir} for the model and --verify):", "",

@@ -193,3 +193,24 @@ def test_the_probes_fits_become_the_performance_models_links_the_largest_shape_w
     moved = perfmodel.Collective("all_reduce", 4e6, 4, perfmodel.INTRA, calls_per_step=2)
     assert links.ms([moved]) == pytest.approx(2 * 0.12 + 4e6 * 1.5 / 1.25e6)
     assert kept_fabric.model_fabric([probed(1, 2, [])]) is None
+
+
+def test_nodes_the_probe_found_on_one_machine_share_its_cores_at_every_shape(tmp_path):
+    from launcher.report import forecasts
+    from tests.ranks import make_spec
+
+    def probed(nodes, machines):
+        result = {"shape": {"nodes": nodes, "tasks_per_node": 1}, "fits": [], "machines": machines}
+        return kept_fabric.Probed(Path(f"{nodes}x1"), {"identity": {"shape": f"{nodes}x1"}}, result)
+
+    # As the Slurm test cluster's probe of 3 nodes wrote it: node1..node3 on one boot id, 2 CPUs.
+    one = {"7fff": {"cgroup_cpus": None, "cpus": 2.0, "hosts": ["node1", "node2", "node3"], "nodes": 3, "ranks": 3,
+                    "threads_per_rank": 1}}
+    two = {"a": {**one["7fff"], "hosts": ["n1"], "cgroup_cpus": 1.5}, "b": {**one["7fff"], "hosts": ["n2"]}}
+    assert kept_fabric.one_machine_cpus([probed(3, one)]) == 2.0
+    assert kept_fabric.one_machine_cpus([probed(3, one), probed(2, two)]) is None  # real nodes somewhere
+    assert kept_fabric.one_machine_cpus([probed(1, one)]) is None  # one node tells nothing about nodes
+    spec = make_spec(tmp_path, nodes=8, world_size=8)
+    assert not spec.emulate_nodes and spec.layout.world_size == 8
+    assert forecasts.cores_per_rank(spec, cpus=64.0, one_machine_cpus=2.0) == 0.25  # 8 ranks on 2 CPUs
+    assert forecasts.cores_per_rank(spec, cpus=64.0) == 1.0

@@ -242,3 +242,15 @@ def model_fabric(probed: Sequence[Probed]) -> perfmodel.Fabric | None:
 def _ranks(one: Probed) -> int:
     shape = (one.result or {}).get("shape") or {}
     return int(shape.get("nodes", 1)) * int(shape.get("tasks_per_node", 1))
+
+
+def one_machine_cpus(probed: Sequence[Probed]) -> float | None:
+    """The CPUs of the one machine that ran every rank of every probed multi-node shape (nodes
+    emulated on one machine, as on the Slurm test cluster): then a rank has its share of that
+    machine at any shape, measured or forecast. None where a shape spanned machines, or where no
+    multi-node shape was probed (one node says nothing about how nodes map onto machines)."""
+    results = [p.result for p in probed if p.result and p.result.get("machines")
+               and int((p.result.get("shape") or {}).get("nodes", 1)) > 1]
+    if not results or any(len(r["machines"]) != 1 for r in results):
+        return None
+    return min(min(m["cpus"], m.get("cgroup_cpus") or m["cpus"]) for r in results for m in r["machines"].values())

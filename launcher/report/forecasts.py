@@ -49,14 +49,17 @@ def host_cpus() -> float:
     return cpus
 
 
-def cores_per_rank(spec: RunSpec, cpus: float) -> float:
-    """The cores a rank really has: its threads, or its share of the host where the host's ranks
-    ask for more than it holds. Emulated nodes (cluster=local) all share this host; elsewhere a
-    node's ranks share what Slurm gave them (tasks x cpus_per_task)."""
+def cores_per_rank(spec: RunSpec, cpus: float, one_machine_cpus: float | None = None) -> float:
+    """The cores a rank really has: its threads, or its share of the machine where all the ranks
+    ask for more than it holds. Emulated nodes (cluster=local) all share this host; nodes the fabric
+    probe found on one machine (``one_machine_cpus``: launcher/report/fabric.py) share that one;
+    elsewhere a node's ranks share what Slurm gave them (tasks x cpus_per_task)."""
     lay = spec.layout
     threads = max(1, lay.cpus_per_task)
     if spec.emulate_nodes:
         return min(float(threads), cpus / lay.world_size)
+    if one_machine_cpus:
+        return min(float(threads), one_machine_cpus / lay.world_size)
     return float(threads)
 
 
@@ -75,7 +78,8 @@ def collectives(spec: RunSpec, moved: dict[str, float], calls: dict[str, float])
 
 
 def work_of(spec: RunSpec, strategy: str, flops_per_sample: float, moved: dict[str, float],
-            calls: dict[str, float], cpus: float, available: float = 1.0) -> Work:
+            calls: dict[str, float], cpus: float, available: float = 1.0,
+            one_machine_cpus: float | None = None) -> Work:
     """What one rank of ``spec`` does per step: ``moved`` the bytes per collective kind (theory);
     ``available`` the share of its cores other tenants left it (measured cells)."""
     train, lay = spec.train, spec.layout
@@ -83,7 +87,8 @@ def work_of(spec: RunSpec, strategy: str, flops_per_sample: float, moved: dict[s
     recompute = 4 / 3 if train.activation_checkpointing else 1.0  # forward runs twice: 4 of 3 units
     return Work(device="gpu" if lay.gpus_per_node else "cpu", precision=spec.precision.name.value,
                 strategy=strategy, flops=flops_per_sample * samples * recompute, samples=samples,
-                world_size=lay.world_size, threads=max(1, lay.cpus_per_task), cores=cores_per_rank(spec, cpus),
+                world_size=lay.world_size, threads=max(1, lay.cpus_per_task),
+                cores=cores_per_rank(spec, cpus, one_machine_cpus),
                 collectives=collectives(spec, moved, calls) if lay.world_size > 1 else (),
                 available=available)
 
@@ -279,6 +284,7 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
     """The sweep's measured configurations (runs grouped) as model points."""
     cells = {c.name: c for c in state.cells}
     cpus = host_cpus() if cpus is None else cpus
+    one_machine = fabric.one_machine_cpus(fabric.read_sweep(state.path))
     out = []
     for unit in grouped(list(rows)):  # co-located cells too: each is read at the share of cores it had
         members = tuple(unit.get("_members", [unit]))
@@ -291,7 +297,8 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
             continue
         foreign = num(unit.get("foreign_cpu_share"))
         available = 1.0 - min(foreign, 0.95) if foreign is not None else 1.0
-        work = work_of(spec, str(unit.get("strategy")), flops, moved_bytes(unit), measured_calls(unit), cpus, available)
+        work = work_of(spec, str(unit.get("strategy")), flops, moved_bytes(unit), measured_calls(unit), cpus, available,
+                       one_machine)
         found = observed(unit, work)
         if found is not None:
             out.append(Point(str(unit["cell"]), point_settings(unit), found, members))
