@@ -60,10 +60,12 @@ class Forecast:
 
 @dataclass(frozen=True)
 class Basis:
-    """What the intervals rest on, in words, and their spread."""
+    """What the intervals rest on, in words, and their spread; ``ratio``: how far the ratio of two
+    forecasts has been off (the recommendation's test, launcher/report/forecastrecord.py)."""
 
     spread: perfmodel.Spread | None
     said: str
+    ratio: perfmodel.Spread | None = None
 
 
 @guarded
@@ -188,16 +190,19 @@ def basis(state: SweepState, points: list[forecasts.Point], model: perfmodel.Mod
     record = forecastrecord.errors(root, key)
     if record:
         return Basis(perfmodel.spread([e["log_error"] for e in record], forecasts.LEVEL),
-                     forecastrecord.said(record, key))
+                     forecastrecord.said(record, key),
+                     perfmodel.spread(forecastrecord.ratio_errors(record), forecasts.LEVEL))
     checked = forecasts.leave_one_out(points) if len(points) >= 2 else []
     errors = [c.error for c in checked if c.error is not None]
     spread = perfmodel.spread(errors, forecasts.LEVEL)
+    ratio = perfmodel.spread(forecastrecord.ratio_errors([{"sweep": state.name, "log_error": e} for e in errors]),
+                             forecasts.LEVEL)
     if spread is None:
         return Basis(None, f"{forecastrecord.said([], key)} This sweep has too few configurations to check the model "
                            "on: the forecasts carry no interval.")
     off = sorted(abs(math.expm1(e)) for e in errors)
     return Basis(spread, f"{forecastrecord.said([], key)} Leave-one-out on this sweep's {len(errors)} configurations: "
-                         f"off by {off[len(off) // 2]:.1%} (median).")
+                         f"off by {off[len(off) // 2]:.1%} (median).", ratio)
 
 
 def _notes(made: list[Forecast], cpus: float) -> list[str]:
@@ -222,7 +227,7 @@ def render(made: list[Forecast], model: perfmodel.Model, basis: Basis, notes: li
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for f in made:
         lines.append(_line(f, made, basis.spread, points))
-    return "\n".join([*lines, "", "Recommendation at each scale (from the forecasts):", *recommend(made, basis.spread),
+    return "\n".join([*lines, "", "Recommendation at each scale (from the forecasts):", *recommend(made, basis.ratio),
                       "", basis.said, forecasts.describe(model), *notes])
 
 
@@ -268,9 +273,10 @@ def _but_nodes(settings: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in settings.items() if k != "nodes"}
 
 
-def recommend(made: list[Forecast], spread: perfmodel.Spread | None) -> list[str]:
-    """Per model and world size: the fastest forecast, and whether the next one is apart beyond the
-    forecasts' error (its interval and the best's do not overlap) or cannot be told from it."""
+def recommend(made: list[Forecast], ratio_spread: perfmodel.Spread | None) -> list[str]:
+    """Per model and world size: the fastest forecast, and whether the next one is apart: their
+    forecast ratio beyond how far forecast ratios on this cluster have been off (``ratio_spread``;
+    one model forecasts both, so their errors are not independent), or cannot be told from it."""
     out = []
     groups: dict[tuple[str, int], list[Forecast]] = {}
     for f in made:
@@ -284,10 +290,11 @@ def recommend(made: list[Forecast], spread: perfmodel.Spread | None) -> list[str
                 f"**{md_cell(best.cell.name)}** at {best.prediction.throughput_samples_per_s:.1f} samples/s")
         if len(ranked) > 1 and ranked[1].prediction is not None:
             ratio = ranked[1].prediction.throughput_samples_per_s / best.prediction.throughput_samples_per_s
-            apart = spread is not None and ratio < math.exp(-2 * spread.half_width)
+            apart = ratio_spread is not None and ratio < math.exp(-ratio_spread.half_width)
+            band = f" (forecast ratios here: ×/÷{math.exp(ratio_spread.half_width):.2f})" if ratio_spread else ""
             said += (f"; next {md_cell(ranked[1].cell.name)} at {ratio:.2f}×, "
-                     + ("apart beyond the forecasts' error." if apart else
-                        "within the forecasts' error: run both to decide."))
+                     + (f"apart beyond the error of forecast ratios{band}." if apart else
+                        f"within the error of forecast ratios{band}: run both to decide."))
         out.append(said + ("" if len(ranked) > 1 else "."))
     return out or ["- nothing could be forecast."]
 

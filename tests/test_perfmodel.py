@@ -108,3 +108,29 @@ def test_each_thread_count_measured_at_two_workloads_gets_its_own_overhead_and_r
     assert own[2] == (pytest.approx(1600.0, rel=1e-6), pytest.approx(2.6e6, rel=1e-6))
     assert own[1][0] == pytest.approx(0.0, abs=1e-6)
     assert fitted.ms(_work(2e8, threads=2, cores=2.0)) == pytest.approx(1600 + 2e8 / 2.6e6)
+
+
+def test_a_recommendation_is_apart_only_beyond_the_error_of_forecast_ratios():
+    from types import SimpleNamespace
+
+    from launcher.forecast import recommend
+    from launcher.report.forecastrecord import ratio_errors
+
+    # Errors that share a bias within each sweep: every forecast ~10% high in one, ~10% low in the
+    # other. Each forecast is off by about 10%, but their ratios by at most 2%.
+    entries = [{"sweep": "a", "log_error": e} for e in (0.10, 0.11, 0.09, 0.10)] + \
+              [{"sweep": "b", "log_error": e} for e in (-0.10, -0.09, -0.11)]
+    diffs = ratio_errors(entries)
+    assert len(diffs) == 6 + 3 and max(abs(d) for d in diffs) == pytest.approx(0.02)
+    ratios = pm.spread(diffs)
+
+    def made(name, samples_per_s):
+        return SimpleNamespace(cell=SimpleNamespace(model="gpt_tiny", world_size=8, name=name),
+                               prediction=SimpleNamespace(throughput_samples_per_s=samples_per_s))
+
+    (apart,) = recommend([made("strategy=ddp", 100.0), made("strategy=fsdp", 95.0)], ratios)
+    assert "**strategy=ddp**" in apart and "0.95×, apart beyond the error of forecast ratios" in apart
+    (close,) = recommend([made("strategy=ddp", 100.0), made("strategy=fsdp", 99.0)], ratios)
+    assert "within the error of forecast ratios (forecast ratios here: ×/÷1.02): run both to decide" in close
+    (unknown,) = recommend([made("strategy=ddp", 100.0), made("strategy=fsdp", 50.0)], None)
+    assert "run both to decide" in unknown  # nothing checked yet: no claim

@@ -48,6 +48,17 @@ def errors(root: Path, key: str, without_sweep: str | None = None) -> list[dict[
             and e.get("sweep") != without_sweep]
 
 
+def ratio_errors(entries: list[dict[str, Any]]) -> list[float]:
+    """How far forecast *ratios* between two configurations have been off: for every pair of checked
+    forecasts of one sweep, the difference of their log errors (ln of forecast ratio over measured
+    ratio). One model forecasts both sides of a recommendation, so their errors share its biases;
+    the ratio's error is what decides whether one configuration is apart from another."""
+    by_sweep: dict[str, list[float]] = {}
+    for e in entries:
+        by_sweep.setdefault(str(e.get("sweep")), []).append(float(e["log_error"]))
+    return [a - b for errors in by_sweep.values() for i, a in enumerate(errors) for b in errors[i + 1:]]
+
+
 def said(entries: list[dict[str, Any]], key: str) -> str:
     """One sentence: how far forecasts on this cluster have been off, and on how many."""
     if not entries:
