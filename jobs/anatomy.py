@@ -145,8 +145,7 @@ def collectives_of(events, on_gpu: bool) -> list[Collective]:
                  key=lambda e: e.time_range.start)
     backend = sorted((e for e in events if _is_backend_comm(e, on_gpu)), key=lambda e: e.time_range.start)
     if len(backend) > len(ops):
-        out = [Collective(kind_of(ev.name) or "other", _span(ev), _event_bytes(kind_of(ev.name) or "other", ev))
-               for ev in backend]
+        out = [_own(ev) for ev in backend]
     else:
         out = [_matched(op, backend[i] if i < len(backend) else None) for i, op in enumerate(ops)]
     for ev in events:
@@ -160,12 +159,18 @@ def _span(e) -> Interval:
     return (float(e.time_range.start), float(e.time_range.end))
 
 
+def _own(ev) -> Collective:
+    """A backend event alone: its own name's kind and its own recorded shape."""
+    kind = kind_of(ev.name) or "other"
+    return Collective(kind, _span(ev), _event_bytes(kind, ev))
+
+
 def _matched(op, ev) -> Collective:
     """One operator and the backend's event that ran it (None: not recorded): the operator names
     the kind (gloo runs a reduce-scatter as an all-reduce) and its shapes give the bytes where they
     carry them (a list form's do not: then the event's)."""
     kind = kind_of(op.name) or "other"
-    size = op_bytes(kind, list(op.input_shapes or []), list(getattr(op, "input_dtypes", None) or []))
+    size = _event_bytes(kind, op)
     if ev is None:
         return Collective(kind, _span(op), size, issued=float(op.time_range.start))
     return Collective(kind, _span(ev), size if size is not None else _event_bytes(kind_of(ev.name) or kind, ev),

@@ -90,10 +90,12 @@ def _baseline_pairs(baseline: str, rows: list[dict], looks: Looks, unjudged: lis
     result = compare.compare(collect(SweepState.load(baseline)), rows, MIN_EFFECT["throughput"], looks=looks)
     out = []
     for m in result.matches:
+        if caveat := m.caveat:  # flagged: more runs would not make the claim
+            if unjudged is not None:
+                unjudged.append(f"{m.name} against the baseline: not claimed, {caveat}")
+            continue
         d = sequential_difference(m.b, m.a, "throughput", MIN_EFFECT["throughput"], looks)
-        if d is None or m.caveat:  # no result, or flagged: more runs would not make the claim
-            if m.caveat and unjudged is not None:
-                unjudged.append(f"{m.name} against the baseline: not claimed, {m.caveat}")
+        if d is None:
             continue
         names = sorted({configuration(str(r["cell"])) for r in m.b.get("_members", [m.b])})
         out.append(Pair(f"{m.name} against the baseline", names, d, stop_reason(d, looks)))

@@ -24,7 +24,7 @@ from launcher.cli import guarded
 from launcher.plan import fit, fitcache, perfmodel
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError, run_spec
-from launcher.report import fabric, forecastrecord, forecasts, report
+from launcher.report import forecastrecord, forecasts, report
 from launcher.report.rows import md_cell
 from launcher.state import StateError, SweepState
 
@@ -96,20 +96,26 @@ def main(argv: list[str] | None = None) -> int:
 def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], perfmodel.Model, Basis, list[str],
                                                               list[forecasts.Point]]:
     """(each target cell's forecast, the model, what its intervals rest on, notes, the measured points)."""
-    rows = report.collect(state)
-    points = forecasts.points_of(state, rows)
+    probes = forecasts.probes_of(state)
+    points = forecasts.points_of(state, report.collect(state), probes=probes)
     if not points:
         raise ForecastError(f"{state.sweep_dir} has no measured configuration the model can read (cells done, with "
                             "their spec.json). Fix: forecast from a sweep whose cells finished.")
-    model = perfmodel.fit([p.observed for p in points], fabric.model_fabric(fabric.read_sweep(state.path)))
     cells = target_cells(state, overrides)
     from launcher import preflight
 
-    predicted = preflight.analyse(cells)
+    made, model, cpus = _forecasts(cells, preflight.analyse(cells), points, probes)
+    return made, model, basis(state, points, probes), _notes(made, cpus), points
+
+
+def _forecasts(cells: list[Cell], predicted: dict[int, fit.StateBytes], points: list[forecasts.Point],
+               probes: forecasts.Probes) -> tuple[list[Forecast], perfmodel.Model, float]:
+    """Each cell's forecast from a model of the measured points, and the CPUs its ranks share (the
+    probed nodes' one machine, else this host)."""
+    model = probes.fit([p.observed for p in points])
     cpus = forecasts.host_cpus()
-    one_machine = fabric.one_machine_cpus(fabric.read_sweep(state.path))
-    made = [_one(cell, predicted.get(cell.index), model, points, cpus, one_machine) for cell in cells]
-    return made, model, basis(state, points, model), _notes(made, one_machine or cpus), points
+    made = [_one(cell, predicted.get(cell.index), model, points, cpus, probes.one_machine_cpus) for cell in cells]
+    return made, model, probes.one_machine_cpus or cpus
 
 
 def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
@@ -183,23 +189,23 @@ def _calls(settings: dict[str, str], strategy: str, points: list[forecasts.Point
     return {c.kind: c.calls_per_step for c in nearest.observed.work.collectives}
 
 
-def basis(state: SweepState, points: list[forecasts.Point], model: perfmodel.Model) -> Basis:
+def basis(state: SweepState, points: list[forecasts.Point], probes: forecasts.Probes) -> Basis:
     """The intervals: from this cluster's record of checked forecasts, else this sweep's own
-    leave-one-out, else none."""
+    leave-one-out (the model as the forecasts fit it: with the sweep's probes), else none."""
     root, key = state.path.parent, report.floor_key(state)
     record = forecastrecord.errors(root, key)
     if record:
         return Basis(perfmodel.spread([e["log_error"] for e in record], forecasts.LEVEL),
                      forecastrecord.said(record, key),
                      perfmodel.spread(forecastrecord.ratio_errors(record), forecasts.LEVEL))
-    checked = forecasts.leave_one_out(points) if len(points) >= 2 else []
+    checked = forecasts.leave_one_out(points, probes.fit) if len(points) >= 2 else []
     errors = [c.error for c in checked if c.error is not None]
     spread = perfmodel.spread(errors, forecasts.LEVEL)
-    ratio = perfmodel.spread(forecastrecord.ratio_errors([{"sweep": state.name, "log_error": e} for e in errors]),
-                             forecasts.LEVEL)
     if spread is None:
         return Basis(None, f"{forecastrecord.said([], key)} This sweep has too few configurations to check the model "
                            "on: the forecasts carry no interval.")
+    ratio = perfmodel.spread(forecastrecord.ratio_errors([{"sweep": state.name, "log_error": e} for e in errors]),
+                             forecasts.LEVEL)
     off = sorted(abs(math.expm1(e)) for e in errors)
     return Basis(spread, f"{forecastrecord.said([], key)} Leave-one-out on this sweep's {len(errors)} configurations: "
                          f"off by {off[len(off) // 2]:.1%} (median).", ratio)
@@ -312,11 +318,9 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
     if found is None:
         return [f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]
     state, points = found
-    model = perfmodel.fit([p.observed for p in points], fabric.model_fabric(fabric.read_sweep(state.path)))
-    cpus = forecasts.host_cpus()
-    one_machine = fabric.one_machine_cpus(fabric.read_sweep(state.path))
-    made = [_one(cell, predicted.get(cell.index), model, points, cpus, one_machine) for cell in cells]
-    spread = basis(state, points, model)
+    probes = forecasts.probes_of(state)
+    made, _, _ = _forecasts(cells, predicted, points, probes)
+    spread = basis(state, points, probes)
     lines = [f"Forecast from sweep {state.name} ({len(points)} measured configuration(s); python -m launcher.forecast "
              f"{state.sweep_dir} for the model and --verify):", "",
              "| # | cell | samples/s (interval) | step ms | comm share |", "|---:|---|---:|---:|---:|"]

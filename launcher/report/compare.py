@@ -63,6 +63,7 @@ UNDECIDED, NOT_CLAIMED = "inconclusive", "not claimed"
 # state, counted exactly, under its own (its column's unit changes with the sweep).
 _THROUGHPUT = metrics.claimed()["throughput"]
 _STATE = metrics.get("model_state_bytes")
+_SPEED = {str(_THROUGHPUT.label), str(metrics.claimed()["step_time"].label)}  # what interference moves
 
 
 @dataclass
@@ -90,15 +91,14 @@ class Match:
     def caveat(self) -> str | None:
         """Why its speed is not claimed: a side flagged for interference (None: nothing)."""
         for side, row in (("A", self.a), ("B", self.b)):
-            if interference(row):
-                return f"interference in {side}: {interference(row)}"
+            if flag := interference(row):
+                return f"interference in {side}: {flag}"
         return None
 
     @property
     def changed(self) -> bool:
         """A claimed change of speed (throughput or step time)."""
-        speed = {str(_THROUGHPUT.label), str(metrics.claimed()["step_time"].label)}
-        return any(d.metric in speed and d.verdict in (IMPROVEMENT, REGRESSION) for d in self.deltas)
+        return any(d.metric in _SPEED and d.verdict in (IMPROVEMENT, REGRESSION) for d in self.deltas)
 
 
 @dataclass
@@ -182,9 +182,8 @@ def _unclaimed(found: list[Delta], caveat: str | None) -> list[Delta]:
     another job's load does not move them)."""
     if caveat is None:
         return found
-    speed = {str(_THROUGHPUT.label), str(metrics.claimed()["step_time"].label)}
     return [Delta(d.metric, d.a, d.b, d.change, NOT_CLAIMED, f"{caveat}; {d.note}", margin=d.margin)
-            if d.metric in speed and d.a is not None and d.b is not None else d for d in found]
+            if d.metric in _SPEED and d.a is not None and d.b is not None else d for d in found]
 
 
 def _change(a: float | None, b: float | None) -> float | None:

@@ -280,11 +280,29 @@ class SweepCheck:
     cell_figures: dict[str, dict[str, float]]  # per cell run id
 
 
-def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | None = None) -> list[Point]:
+@dataclass(frozen=True)
+class Probes:
+    """What a sweep's fabric probes tell the model (launcher/report/fabric.py): the links, and the
+    CPUs of the one machine its nodes turned out to be (None: real nodes, or no probe)."""
+
+    links: perfmodel.Fabric | None
+    one_machine_cpus: float | None
+
+    def fit(self, observed: Sequence[Observed]) -> perfmodel.Model:
+        return perfmodel.fit(observed, self.links)
+
+
+def probes_of(state: SweepState) -> Probes:
+    found = fabric.read_sweep(state.path)
+    return Probes(fabric.model_fabric(found), fabric.one_machine_cpus(found))
+
+
+def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | None = None,
+              probes: Probes | None = None) -> list[Point]:
     """The sweep's measured configurations (runs grouped) as model points."""
     cells = {c.name: c for c in state.cells}
     cpus = host_cpus() if cpus is None else cpus
-    one_machine = fabric.one_machine_cpus(fabric.read_sweep(state.path))
+    probes = probes or probes_of(state)
     out = []
     for unit in grouped(list(rows)):  # co-located cells too: each is read at the share of cores it had
         members = tuple(unit.get("_members", [unit]))
@@ -298,7 +316,7 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
         foreign = num(unit.get("foreign_cpu_share"))
         available = 1.0 - min(foreign, 0.95) if foreign is not None else 1.0
         work = work_of(spec, str(unit.get("strategy")), flops, moved_bytes(unit), measured_calls(unit), cpus, available,
-                       one_machine)
+                       probes.one_machine_cpus)
         found = observed(unit, work)
         if found is not None:
             out.append(Point(str(unit["cell"]), point_settings(unit), found, members))
@@ -335,18 +353,17 @@ def check(state: SweepState, rows: Sequence[dict[str, Any]], key: str, keep: boo
     """Leave-one-out over the sweep's configurations, kept in the cluster's record (``keep``: when
     every cell has ended), as the report's section and MLflow figures."""
     root = state.path.parent
-    points = points_of(state, rows)
+    probes = probes_of(state)
+    points = points_of(state, rows, probes=probes)
     if not validates(points):
         return SweepCheck(section([], points, "", forecastrecord.said(forecastrecord.errors(root, key), key)), {}, {})
     prior = forecastrecord.errors(root, key, without_sweep=state.name)
-    probed = fabric.model_fabric(fabric.read_sweep(state.path))  # the probe's links, where one ran
-    checked = leave_one_out(points, lambda observed: perfmodel.fit(observed, probed),
-                            prior_errors=[e["log_error"] for e in prior])
+    checked = leave_one_out(points, probes.fit, prior_errors=[e["log_error"] for e in prior])
     if keep:
         forecastrecord.add(root, key, state.name, [
             {"cell": c.point.label, "kind": "loo", "predicted": c.predicted, "measured": c.measured} for c in checked])
     said = forecastrecord.said(forecastrecord.errors(root, key), key)
-    how = describe(perfmodel.fit([p.observed for p in points], probed))
+    how = describe(probes.fit([p.observed for p in points]))
     cell_figures = {}
     for c in checked:
         if c.predicted is None:
