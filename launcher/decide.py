@@ -26,10 +26,10 @@ from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.grid import cell_dirname
 from launcher.plan.schema import Config
-from launcher.report import compare, findings
-from launcher.report.report import collect, looks_of
+from launcher.report import compare, findings, noisefloor
+from launcher.report.report import collect, floor_key, looks_of
 from launcher.report.rows import grouped
-from launcher.report.stats import MIN_EFFECT, Diff, Looks, sequential_difference, stop_reason
+from launcher.report.stats import MIN_EFFECT, Diff, Drift, Looks, sequential_difference, stop_reason
 from launcher.state import Design, Round, SweepState
 from launcher.track.runs import ensure_runs
 
@@ -81,24 +81,32 @@ def pairs(state: SweepState, unjudged: list[str] | None = None) -> list[Pair]:
             label = f"{c.a_label} vs {c.b_label} at {c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
             out.append(Pair(label, sorted(set(names)), c.throughput, stop_reason(c.throughput, looks)))
     if state.design is not None and state.design.baseline:
-        out += _baseline_pairs(state.design.baseline, rows, looks, unjudged)
+        drift = noisefloor.load_drift(state.path.parent, floor_key(state))
+        out += _baseline_pairs(state.design.baseline, rows, looks, unjudged, drift)
     return out
 
 
-def _baseline_pairs(baseline: str, rows: list[dict], looks: Looks, unjudged: list[str] | None) -> list[Pair]:
-    """This sweep's configurations against the baseline sweep's (matched as --compare matches)."""
-    result = compare.compare(collect(SweepState.load(baseline)), rows, MIN_EFFECT["throughput"], looks=looks)
+def _baseline_pairs(baseline: str, rows: list[dict], looks: Looks, unjudged: list[str] | None,
+                    drift: Drift | None = None) -> list[Pair]:
+    """This sweep's configurations against the baseline sweep's, by the one rule of --compare
+    (launcher/report/compare.py): only comparable pairs, the family's alpha split over its rows, and
+    the cluster's sweep-to-sweep drift in the noise."""
+    result = compare.compare(collect(SweepState.load(baseline)), rows, MIN_EFFECT["throughput"], looks=looks,
+                             drift=drift)
+    if unjudged is not None:
+        unjudged += [f"{m.name} against the baseline: not compared, {m.why_not}" for m in result.not_compared]
+    row_looks = dataclasses.replace(looks, alpha=result.row_alpha)
     out = []
     for m in result.matches:
         if caveat := m.caveat:  # flagged: more runs would not make the claim
             if unjudged is not None:
                 unjudged.append(f"{m.name} against the baseline: not claimed, {caveat}")
             continue
-        d = sequential_difference(m.b, m.a, "throughput", MIN_EFFECT["throughput"], looks)
+        d = sequential_difference(m.b, m.a, "throughput", MIN_EFFECT["throughput"], row_looks, drift=drift)
         if d is None:
             continue
         names = sorted({configuration(str(r["cell"])) for r in m.b.get("_members", [m.b])})
-        out.append(Pair(f"{m.name} against the baseline", names, d, stop_reason(d, looks)))
+        out.append(Pair(f"{m.name} against the baseline", names, d, stop_reason(d, row_looks)))
     return out
 
 

@@ -63,7 +63,8 @@ def rows(path: Path):
 
 
 def test_cells_match_by_settings_and_get_noise_aware_verdicts(tmp_path):
-    a = make_sweep(tmp_path, "a", BASE, where="/old")
+    # ddp 1 node tightly measured on both sides: "no change" holds at the family's level (12 rows).
+    a = make_sweep(tmp_path, "a", {**BASE, ("ddp", 1): (100.0, 0.002, 0.50)}, where="/old")
     b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 2): (140.0, 0.01, 0.52),  # a clear regression
                                    ("fsdp", 1): (81.0, 0.05, 0.45),  # +1% inside the noise: cannot tell
                                    ("ddp", 1): (100.5, 0.002, 0.50),  # +0.5%, tightly measured: no change
@@ -85,17 +86,17 @@ def test_cells_match_by_settings_and_get_noise_aware_verdicts(tmp_path):
     assert [(m.name, d.metric) for m, d in result.regressions()] == [
         ("strategy=ddp nodes=2", "samples/s"), ("strategy=ddp nodes=2", "step p50 ms")]
     text = compare.render(result, "a", "b")
-    assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 140.0 | -22.2% | **regression** | 95% CI" in text
+    assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 140.0 | -22.2% | **regression** | 99.6% CI" in text
     assert "2 regression(s) beyond the noise and the threshold of 5%" in text
-    assert "2 inconclusive: 2 inside the noise between runs: about" in text  # fsdp 1 node: throughput and step
+    assert "3 inconclusive: 3 inside the noise between runs: about" in text  # fsdp 1 node, fsdp 2 nodes step
 
 
 def test_command_exits_1_on_a_regression_beyond_the_threshold(tmp_path, capsys):
-    a = make_sweep(tmp_path, "a", BASE)
+    a = make_sweep(tmp_path, "a", {**BASE, ("ddp", 1): (100.0, 0.001, 0.50)})
     b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 1): (96.0, 0.001, 0.50)})  # -4%, beyond the noise
     assert report_main(["--compare", str(a), str(b)]) == 0  # below the 5% that counts
     out = capsys.readouterr().out
-    assert "| strategy=ddp nodes=1 | samples/s | 100.0 | 96.0 | -4.0% | inconclusive | 95% CI" in out
+    assert "| strategy=ddp nodes=1 | samples/s | 100.0 | 96.0 | -4.0% | no change (within ±5%) |" in out
     assert report_main(["--compare", str(a), str(b), "--threshold", "0.03"]) == 1
     assert "2 regression(s) beyond the noise and the threshold of 3%: strategy=ddp nodes=1 samples/s -4.0%" in \
         capsys.readouterr().out
@@ -154,7 +155,7 @@ def test_failed_and_unmatched_cells(tmp_path):
     assert by_name["strategy=ddp nodes=1"].by == "name"
     assert [r["cell"] for r in result.only_b] == ["strategy=zero2 nodes=2 (3 runs)"] and not result.only_a
     text = compare.render(result, "a", "b")
-    assert "strategy=ddp nodes=1 (matched by name)" in text and "Only in B: strategy=zero2 nodes=2" in text
+    assert "strategy=ddp nodes=1 (matched by name; differs in batch_size: the setting under test)" in text and "Only in B: strategy=zero2 nodes=2" in text
 
 
 def test_compare_reads_mlflow_parent_runs(tmp_path, capsys):
@@ -197,3 +198,111 @@ def test_a_lookup_in_a_store_that_does_not_exist_creates_none(tmp_path, capsys, 
     absent = tmp_path / "elsewhere" / "mlflow.db"
     assert report_main(["--experiment", "bench", "--tracking-uri", f"sqlite:///{absent}"]) == 2
     assert not list(tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+
+
+# ---- the one rule for comparisons (issue: unlike things compared, A/A claims) ----------------------
+
+def test_a_sweep_compared_with_itself_is_refused(tmp_path, capsys):
+    a = make_sweep(tmp_path, "a", BASE)
+    for b in (str(a), str(a) + "/", str(tmp_path / "." / "a")):
+        assert report_main(["--compare", str(a), b, "--gate"]) == 2
+        err = capsys.readouterr().err
+        assert "compared with itself" in err and "gate passed" not in err and "Traceback" not in err
+
+
+def test_unlike_configurations_are_listed_not_compared_and_never_pass_the_gate(tmp_path, capsys):
+    a = make_sweep(tmp_path, "a", BASE)
+    b = make_sweep(tmp_path, "b", BASE)
+    rows_b = rows(b)
+    for r in rows_b:  # an MLP sweep with the same cell names
+        r["model"] = "mlp"
+        r["settings"] = {**r["settings"], "model": "mlp"}
+    result = compare.compare(rows(a), rows_b)
+    assert not result.matches and len(result.not_compared) == 4
+    assert all(m.why_not.startswith("different models (A: gpt_tiny, B: mlp)") for m in result.not_compared)
+    assert result.gate()[0] is False and not result.regressions()
+    text = compare.render(result, "a", "b")
+    assert "Not compared (4 pair(s): no claim, never a pass of the gate):" in text and "improvement" not in text
+    # Two settings changed at once: not the one under test.
+    rows_b = rows(b)
+    for r in rows_b[0::4]:
+        r["settings"] = {**r["settings"], "batch_size": "8", "steps": "99"}
+    result = compare.compare(rows(a), rows_b)
+    (m,) = result.not_compared
+    assert m.name == "strategy=ddp nodes=1" and "settings differ in 2 keys (batch_size, steps)" in m.why_not
+
+
+def test_a_running_sweep_is_compared_only_on_its_ended_configurations(tmp_path, capsys):
+    a = make_sweep(tmp_path, "a", BASE)
+    b = make_sweep(tmp_path, "b", BASE)
+    state = SweepState.load(b)
+    state.cells[0].status = CellStatus.running  # strategy=ddp nodes=1 run=1
+    (state.cell_dir(state.cells[0]) / "result.json").unlink()
+    state.save()
+    assert report_main(["--compare", str(a), str(b)]) == 0  # never a "regression" for a run that has not ended
+    out = capsys.readouterr().out
+    assert "- strategy=ddp nodes=1: still running in B (1 of 3 run(s) not ended)" in out
+    assert "1 cell(s) have not ended: only configurations whose runs have all ended are compared" in out
+    assert report_main(["--compare", str(a), str(b), "--gate"]) == 3
+    assert "1 pair(s) not comparable" in capsys.readouterr().out
+
+
+def test_the_family_is_stated_and_step_time_never_claims_what_throughput_does_not(tmp_path):
+    a = make_sweep(tmp_path, "a", BASE)
+    b = make_sweep(tmp_path, "b", BASE)
+    ra, rb = rows(a), rows(b)
+    for r in rb[0::4]:  # ddp 1 node: median step 10% slower, tightly; throughput the same as A's
+        r["step_time_ms_p50"] *= 1.10 * (1 + 0.001 * (r["run"] if "run" in r else 0))
+    result = compare.compare(ra, rb)
+    assert result.family == 12 and result.row_alpha == pytest.approx(0.05 / 12)
+    verdicts = {(m.name, d.metric): d for m in result.matches for d in m.deltas}
+    step = verdicts[("strategy=ddp nodes=1", "step p50 ms")]
+    assert step.verdict == "inconclusive" and step.note.startswith("not claimed: throughput on the same runs is")
+    assert not result.regressions()
+    assert "False claims controlled over the family of 12 judged row(s) (Bonferroni): each row at 0.417%" in \
+        compare.render(result, "a", "b")
+
+
+def test_sweep_to_sweep_drift_is_recorded_from_an_aa_pair_and_widens_later_comparisons(tmp_path, capsys):
+    """Two sweeps of the same settings, the second 8% slower everywhere (the machine drifted): once
+    recorded as the cluster's drift, the same shift between two other sweeps is no longer a claim."""
+    a = make_sweep(tmp_path, "a", BASE)
+    drifted = {k: (v[0] * 0.92, v[1], v[2]) for k, v in BASE.items()}
+    b = make_sweep(tmp_path, "b", drifted)
+    assert report_main(["--compare", str(a), str(b)]) == 1  # without a drift record: "regressions"
+    assert "No sweep-to-sweep drift recorded for this cluster" in capsys.readouterr().out
+    assert report_main(["--compare", str(a), str(b), "--record-drift"]) == 0
+    out = capsys.readouterr().out
+    kept = json.loads((tmp_path / "sweep-drift.json").read_text())
+    assert "recorded 12 A/A entries" in out and len(next(iter(kept.values()))) == 12
+    c = make_sweep(tmp_path, "c", BASE)
+    d = make_sweep(tmp_path, "d", drifted)
+    assert report_main(["--compare", str(c), str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "Sweep-to-sweep drift in the noise: peak_memory 0.0%, step_time 8.3%, throughput 8.3%" in out and "+ drift" in out
+    # A real slowdown (half the throughput) is still a regression beyond the drift.
+    e = make_sweep(tmp_path, "e", {**BASE, ("ddp", 2): (90.0, 0.01, 0.52)})
+    assert report_main(["--compare", str(c), str(e)]) == 1
+    assert "strategy=ddp nodes=2 samples/s -50.0%" in capsys.readouterr().out
+    # Only an A/A pair is recorded: a pair with a setting changed is refused, nothing written.
+    before = (tmp_path / "sweep-drift.json").read_text()
+    rows_changed = make_sweep(tmp_path, "f", BASE)
+    state = SweepState.load(rows_changed)
+    state.cells[0].status = CellStatus.running
+    state.save()
+    assert report_main(["--compare", str(a), str(rows_changed), "--record-drift"]) == 2
+    assert "takes an A/A pair" in capsys.readouterr().err
+    assert (tmp_path / "sweep-drift.json").read_text() == before
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gate"], "--gate only mean(s) something with --compare A B"),
+    (["--threshold", "0.1"], "--threshold only mean(s) something with --compare"),
+    (["--record-drift"], "--record-drift only mean(s) something with --compare"),
+])
+def test_compare_flags_without_compare_are_refused_and_nothing_is_rewritten(tmp_path, capsys, argv, says):
+    a = make_sweep(tmp_path, "a", BASE)
+    listing = sorted(p.name for p in a.rglob("*"))
+    assert report_main([str(a), *argv]) == 2
+    assert says in capsys.readouterr().err
+    assert sorted(p.name for p in a.rglob("*")) == listing  # no report.md written

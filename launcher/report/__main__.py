@@ -3,6 +3,10 @@
     python -m launcher.report <sweep_dir>
     python -m launcher.report --experiment ddp-vs-fsdp [--tracking-uri URI] [--out DIR]
     python -m launcher.report --compare A B [--threshold 0.05] [--gate] [--tracking-uri URI]
+    python -m launcher.report --compare A B --record-drift     # A and B: an A/A pair of sweeps
+
+Exit codes (docs/troubleshooting.md): 0 done as asked, 2 a refused input, 1 a failure or a
+regression, 3 undecided (``--gate`` not passed without a regression).
 
 A sweep directory is finished as status and sync finish it (launcher/finish.py), which writes its
 report; an experiment's report and a comparison only read and write (launcher/report/report.py,
@@ -12,6 +16,7 @@ compare.py). This is a command: it sits after launcher.finish in the flow, and n
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -51,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="--compare: a regression gate that passes only on a positive result: exit 0 when every "
                         "configuration's throughput is shown to be no change (within --threshold) or an improvement, "
                         "1 on a regression, 3 when some are undecided")
+    p.add_argument("--record-drift", action="store_true",
+                   help="--compare: A and B are an A/A pair (the same settings, run one after the other on one "
+                        "cluster): record how far they differ as the cluster's sweep-to-sweep drift, which later "
+                        "comparisons count in their noise")
     return p
 
 
@@ -69,10 +78,39 @@ def rows_of(source: str, tracking_uri: str | None) -> tuple[list[dict[str, Any]]
     return rows_from_parent_run(_tracking_uri(tracking_uri), source), None
 
 
-def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None, gate: bool = False) -> int:
+def _same_sweep(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if Path(a, "sweep.json").exists() and Path(b, "sweep.json").exists():
+        return Path(a).resolve() == Path(b).resolve()
+    return False
+
+
+def _where(source: str) -> tuple[Path, str] | None:
+    """A sweep directory's output root and cluster key (where its shared records are kept)."""
+    if not Path(source, "sweep.json").exists():
+        return None
+    state = SweepState.load(Path(source))
+    return state.path.parent, floor_key(state)
+
+
+def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None, gate: bool = False,
+                 record_drift: bool = False) -> int:
+    if _same_sweep(a, b):
+        raise ReportError(f"--compare {a} {b}: a sweep compared with itself tells nothing (every difference is zero "
+                          "by construction). Fix: pass two different sweeps, the older first; for an A/A check run "
+                          "the same command twice and compare the two sweeps.")
     (rows_a, floor_a), (rows_b, floor_b) = rows_of(a, tracking_uri), rows_of(b, tracking_uri)
     floor = floor_b or floor_a  # the newer sweep's cluster first; both ran on one cluster to be comparable
-    result = compare.compare(rows_a, rows_b, threshold, floor, baseline_looks(a, b))
+    where = _where(b) or _where(a)
+    if record_drift and (not _where(a) or not _where(b) or _where(a) != _where(b)):
+        raise ReportError("--record-drift: both sweeps must be sweep directories under one output root, of one "
+                          "cluster (the drift is kept per cluster beside them). Fix: pass two sweep directories that "
+                          "ran on the same cluster, one after the other.")
+    drift = noisefloor.load_drift(*where) if where else None
+    result = compare.compare(rows_a, rows_b, threshold, floor, baseline_looks(a, b), drift)
+    if record_drift:
+        return _record_drift(a, b, result, where)
     print(compare.render(result, a, b))
     if floor:
         print(f"noise floor for single runs: {floor.where}")
@@ -81,6 +119,33 @@ def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None, gat
         print(why)
         return 0 if passed else 1 if result.regressions() else 3
     return 1 if result.regressions() else 0
+
+
+def _record_drift(a: str, b: str, result: compare.Comparison, where: tuple[Path, str] | None) -> int:
+    """Keep an A/A pair's differences as the cluster's drift: only a pair whose every configuration
+    matched by its settings, ran and ended on both sides."""
+    problems = [f"{m.name}: {m.why_not}" for m in result.not_compared]
+    problems += [f"{m.name}: matched by name only (its settings differ)" for m in result.matches if m.by == "name"]
+    problems += [f"{compare._name(r)}: only in one sweep" for r in [*result.only_a, *result.only_b]]
+    if result.running:
+        problems.append(f"{result.running} cell(s) have not ended")
+    if problems or where is None:
+        raise ReportError("--record-drift takes an A/A pair: two sweeps of the same settings, both ended; these are "
+                          f"not ({'; '.join(problems[:4])}). Fix: run the same command twice, one after the other, "
+                          "and pass the two sweep directories once both have ended.")
+    entries = noisefloor.drift_entries([(m.a, m.b) for m in result.matches])
+    if not entries:
+        raise ReportError(f"--record-drift: no configuration of {a} and {b} was measured in {noisefloor.MIN_RUNS} or "
+                          f"more runs on both sides, so their own noise cannot be told from the drift. Fix: run the "
+                          f"A/A pair with runs={noisefloor.MIN_RUNS} or more.")
+    drift = noisefloor.record_drift(where[0], where[1], entries, f"{Path(a).name} vs {Path(b).name}")
+    if drift is None:
+        print(f"error: the drift record in {where[0] / noisefloor.DRIFT_FILE} could not be written.", file=sys.stderr)
+        return 1
+    print(f"recorded {len(entries)} A/A entries; sweep-to-sweep drift on {where[1]}: "
+          + ", ".join(f"{k} {v:.1%}" for k, v in sorted(drift.cv.items())) + f" ({drift.where}; "
+          f"{where[0] / noisefloor.DRIFT_FILE})")
+    return 0
 
 
 def baseline_looks(a: str, b: str) -> stats.Looks | None:
@@ -100,9 +165,17 @@ def _compare_command(args: argparse.Namespace) -> int:
         print("error: --compare takes its two sweeps itself; pass no sweep directory or --experiment.",
               file=sys.stderr)
         return 2
+    if not math.isfinite(args.threshold) or not 0 < args.threshold < 1:
+        print(f"error: --threshold {args.threshold} is not a relative change between 0 and 1. Fix: use e.g. "
+              "--threshold 0.05 (5%).", file=sys.stderr)
+        return 2
+    if args.gate and args.record_drift:
+        print("error: --gate and --record-drift do not go together: an A/A pair recorded as drift is not gated. "
+              "Fix: record the drift first, then gate the comparison you mean.", file=sys.stderr)
+        return 2
     try:
         first, second = args.compare
-        return main_compare(first, second, args.threshold, args.tracking_uri, args.gate)
+        return main_compare(first, second, args.threshold, args.tracking_uri, args.gate, args.record_drift)
     except (ReportError, StateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -130,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.compare:
         return _compare_command(args)
+    given = [flag for flag, on in (("--gate", args.gate), ("--record-drift", args.record_drift),
+                                   ("--threshold", args.threshold != 0.05)) if on]
+    if given:
+        print(f"error: {', '.join(given)} only mean(s) something with --compare A B; nothing was read or written. "
+              f"Fix: add --compare A B, or drop {', '.join(given)}.", file=sys.stderr)
+        return 2
     if bool(args.sweep_dir) == bool(args.experiment):
         _parser().print_usage(sys.stderr)
         print("error: pass a sweep directory or --experiment NAME (one of them).", file=sys.stderr)

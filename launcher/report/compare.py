@@ -28,6 +28,29 @@ A configuration whose runs were flagged for interference on either side (another
 devices or hosts: launcher/report/findings.py) keeps its numbers but its speed verdicts become
 ``not claimed``, as in the findings: the difference is the machine's, not the configuration's. It
 is neither a regression nor a pass of the gate.
+**Only comparable configurations are compared.** A pair is compared when both sides are the same
+model at the same world size, their settings are equal apart from at most one (the setting under
+test; a pair matched by name says which), and every run of both has ended. Any other pair is listed
+under "not compared" with the reason: it is never a claim, never a regression and never a pass of
+the gate. A sweep compared with itself is refused (launcher/report/__main__.py); a sweep still
+running is compared only on its configurations whose runs have all ended, and the output says so.
+
+**Family-wise error control.** Every judged row (each claimed metric of each compared
+configuration: throughput, step time, peak memory) is one test of the family; the family's
+chance of any false claim is held at 5% by Bonferroni's split: each row is judged at ``5% / m``
+(``m`` rows). Under repeated looks the split applies to each look's level. The output states ``m``
+and the level.
+
+**Drift between sweeps.** Two sweeps run at different times differ by more than their runs'
+spread shows. A cluster's sweep-to-sweep drift, recorded from A/A pairs
+(``--record-drift``, launcher/report/noisefloor.py), is added to the noise of every difference;
+without a record the output says that drift is not in the noise.
+
+**Throughput and step time agree or say why.** Both are read from the same runs; step time p50 is
+the median step, throughput counts every step. Where they disagree, step time never claims more
+than throughput: a step-time claim without a throughput claim is shown as inconclusive with the
+reason, and a throughput claim that step time does not share says so in its note.
+
 A regression makes the command exit with 1; an inconclusive row does not, except with ``--gate``,
 which passes only where every throughput row is shown to be "no change" or an improvement.
 When B ran with ``runs=auto`` against A as its baseline, its rounds were looks at these
@@ -37,6 +60,7 @@ comparisons: each verdict is then its first decided look at that look's alpha
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +75,7 @@ from launcher.report.stats import (
     MIN_EFFECT,
     SAME,
     Diff,
+    Drift,
     Floor,
     Looks,
     estimate,
@@ -63,7 +88,10 @@ UNDECIDED, NOT_CLAIMED = "inconclusive", "not claimed"
 # state, counted exactly, under its own (its column's unit changes with the sweep).
 _THROUGHPUT = metrics.claimed()["throughput"]
 _STATE = metrics.get("model_state_bytes")
-_SPEED = {str(_THROUGHPUT.label), str(metrics.claimed()["step_time"].label)}  # what interference moves
+_STEP = metrics.claimed()["step_time"]
+_SPEED = {str(_THROUGHPUT.label), str(_STEP.label)}  # what interference moves
+ENDED = ("done", "failed", "cancelled", "lost", "diverged", "FINISHED", "FAILED", "KILLED")
+FAMILY_METHOD = "Bonferroni"
 
 
 @dataclass
@@ -85,6 +113,8 @@ class Match:
     b: dict[str, Any]
     by: str  # "settings" | "name"
     deltas: list[Delta] = field(default_factory=list)
+    why_not: str | None = None  # why the pair is not comparable (None: compared)
+    differs: list[str] = field(default_factory=list)  # the setting under test, where one differs
     why: Explanation | None = None  # B's step against A's, part by part (launcher/report/explain.py)
 
     @property
@@ -107,6 +137,16 @@ class Comparison:
     only_a: list[dict[str, Any]]
     only_b: list[dict[str, Any]]
     threshold: float
+    not_compared: list[Match] = field(default_factory=list)
+    family: int = 0  # the judged rows (the family whose false claims are controlled together)
+    alpha: float = 0.05  # the family's level
+    drift: Drift | None = None
+    running: int = 0  # cells of either sweep that have not ended (their configurations are not compared)
+
+    @property
+    def row_alpha(self) -> float:
+        """Each row's level: the family's alpha split over its rows (Bonferroni)."""
+        return self.alpha / max(1, self.family)
 
     def regressions(self) -> list[tuple[Match, Delta]]:
         """Regressions beyond the noise and the threshold (a lost result always counts)."""
@@ -123,14 +163,15 @@ class Comparison:
         shown = [(m, d) for m, d in rows if d.verdict in (NO_CHANGE, IMPROVEMENT)]
         if self.regressions():
             return False, f"gate failed: {len(self.regressions())} regression(s)"
-        if not rows or len(shown) < len(rows) or self.only_a:
+        if not rows or len(shown) < len(rows) or self.only_a or self.not_compared:
             open_ = [m.name for m, d in rows if d.verdict not in (NO_CHANGE, IMPROVEMENT)]
             missing = [_name(r) for r in self.only_a]
             return False, ("gate not passed: " + "; ".join(
                 part for part in (f"{len(open_)} throughput row(s) not shown within ±{self.threshold:.0%} "
                                   f"({', '.join(open_[:4])})" if open_ else "",
                                   f"{len(missing)} configuration(s) only in A" if missing else "",
-                                  "nothing matched" if not rows else "") if part))
+                                  f"{len(self.not_compared)} pair(s) not comparable" if self.not_compared else "",
+                                  "nothing compared" if not rows else "") if part))
         return True, (f"gate passed: all {len(rows)} configuration(s) shown no slower than A "
                       f"(no change within ±{self.threshold:.0%} or an improvement)")
 
@@ -143,11 +184,50 @@ def _name(row: dict[str, Any]) -> str:
     return " ".join(w for w in str(row.get("cell", "")).split() if not w.startswith(("seed=", "run="))).split(" (")[0]
 
 
+def _ended(row: dict[str, Any]) -> bool:
+    return all(str(m.get("status") or "done") in ENDED for m in row.get("_members", [row]))
+
+
+def comparable(m: Match) -> str | None:
+    """Why a matched pair cannot be compared (None: it can): the same model, the same world size,
+    the settings equal apart from at most one (the setting under test), every run ended."""
+    for side, row in (("A", m.a), ("B", m.b)):
+        if not _ended(row):
+            members = row.get("_members", [row])
+            left = sum(1 for r in members if str(r.get("status") or "done") not in ENDED)
+            return f"still running in {side} ({left} of {len(members)} run(s) not ended)"
+    sa, sb = settings(m.a), settings(m.b)
+    if m.a.get("model") != m.b.get("model") or sa.get("model") != sb.get("model"):
+        return f"different models (A: {m.a.get('model') or sa.get('model')}, B: {m.b.get('model') or sb.get('model')})"
+    if str(m.a.get("world_size")) != str(m.b.get("world_size")):
+        return f"different world sizes (A: {m.a.get('world_size')}, B: {m.b.get('world_size')})"
+    differ = sorted(k for k in set(sa) | set(sb) if k != "seed" and sa.get(k) != sb.get(k))
+    if len(differ) > 1:
+        return (f"settings differ in {len(differ)} keys ({', '.join(differ[:4])}"
+                + (" ..." if len(differ) > 4 else "") + "): only the one under test may differ")
+    m.differs = differ
+    return None
+
+
+def family_size(matches: list[Match], floor: Floor | None = None) -> int:
+    """The judged rows of the compared pairs: each claimed metric both sides measured (model state,
+    counted exactly, and flagged pairs' speed, never claimed, are not tests)."""
+    n = 0
+    for m in matches:
+        for claim in metrics.claimed():
+            if m.caveat and claim in ("throughput", "step_time"):
+                continue
+            n += estimate(m.a, claim, floor) is not None and estimate(m.b, claim, floor) is not None
+    return n
+
+
 def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshold: float = 0.05,
-            floor: Floor | None = None, looks: Looks | None = None) -> Comparison:
+            floor: Floor | None = None, looks: Looks | None = None, drift: Drift | None = None) -> Comparison:
     """B against A; ``looks``: B's planned looks when it ran with runs=auto against A as its baseline
-    (A's runs, all there before B started, count at every look)."""
+    (A's runs, all there before B started, count at every look); ``drift``: the cluster's
+    sweep-to-sweep drift, part of the noise of every difference."""
     looks = looks or Looks.fixed()
+    running = sum(1 for r in [*rows_a, *rows_b] if str(r.get("status") or "done") not in ENDED)
     if looks.sequential:
         rows_a = [{**r, "round": 0} for r in rows_a]
     units_a, units_b = grouped(rows_a), grouped(rows_b)
@@ -171,10 +251,40 @@ def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshol
             del left_b[id(same_name[0])]
         else:
             only_a.append(a)
+    not_compared = []
     for m in matches:
-        m.deltas = _unclaimed(deltas(m.a, m.b, threshold, floor, looks), m.caveat)
+        m.why_not = comparable(m)
+        if m.why_not:
+            not_compared.append(m)
+    compared = [m for m in matches if not m.why_not]
+    family = family_size(compared, floor)
+    # Bonferroni over the family: every row at alpha / m, every look of a row at its share of that.
+    row_looks = dataclasses.replace(looks, alpha=looks.alpha / max(1, family))
+    for m in compared:
+        m.deltas = _agreed(_unclaimed(deltas(m.a, m.b, threshold, floor, row_looks, drift), m.caveat))
         m.why = explain(m.b, m.a, "B", "A", floor)
-    return Comparison(matches, only_a, list(left_b.values()), threshold)
+    return Comparison(compared, only_a, list(left_b.values()), threshold, not_compared, family, looks.alpha, drift,
+                      running)
+
+
+def _agreed(found: list[Delta]) -> list[Delta]:
+    """Throughput and step time read the same runs: step time never claims what throughput does not,
+    and a throughput claim that step time does not share says why."""
+    tp = next((d for d in found if d.metric == str(_THROUGHPUT.label)), None)
+    step = next((d for d in found if d.metric == str(_STEP.label)), None)
+    if tp is None or step is None or NOT_CLAIMED in (tp.verdict, step.verdict) or tp.verdict == step.verdict:
+        return found
+    claims = (IMPROVEMENT, REGRESSION)
+    why = ("step time p50 is the median step and throughput counts every step (slow steps, data waits): "
+           "the two move apart when the slow steps change")
+    if step.verdict in claims:
+        step.note = (f"not claimed: throughput on the same runs is {tp.verdict} "
+                     f"({'-' if tp.change is None else format(tp.change, '+.1%')}); {why}; {step.note}")
+        step.verdict = UNDECIDED
+        step.runs_needed = tp.runs_needed
+    elif tp.verdict in claims:
+        tp.note = f"{tp.note}; step time p50 on the same runs is {step.verdict}: {why}"
+    return found
 
 
 def _unclaimed(found: list[Delta], caveat: str | None) -> list[Delta]:
@@ -191,7 +301,7 @@ def _change(a: float | None, b: float | None) -> float | None:
 
 
 def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor | None = None,
-           looks: Looks | None = None) -> list[Delta]:
+           looks: Looks | None = None, drift: Drift | None = None) -> list[Delta]:
     """B against A for every metric both measured, each judged by its own between-run noise."""
     looks = looks or Looks.fixed()
     ea, eb = estimate(a, "throughput", floor), estimate(b, "throughput", floor)
@@ -203,15 +313,15 @@ def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor 
         verdict = IMPROVEMENT if eb is not None else NO_CHANGE
         return [Delta(str(_THROUGHPUT.label), None, eb.mean if eb else None, None, verdict,
                       f"no result in A ({why})")]
-    out = [_delta(_THROUGHPUT, _judged(b, a, "throughput", threshold, looks, floor), ea.mean, eb.mean,
-                  noise=_noise(ea.source, eb.source, ea.n, eb.n), looks=looks)]
+    out = [_delta(_THROUGHPUT, _judged(b, a, "throughput", threshold, looks, floor, drift), ea.mean, eb.mean,
+                  noise=_noise(ea.source, eb.source, ea.n, eb.n, drift, "throughput"), looks=looks)]
     for claim, metric in metrics.claimed().items():
         if claim == "throughput":
             continue
         sa, sb = estimate(a, claim, floor), estimate(b, claim, floor)
         if sa is not None and sb is not None:
-            out.append(_delta(metric, _judged(b, a, claim, _effect(claim, threshold), looks, floor), sa.mean,
-                              sb.mean, noise=_noise(sa.source, sb.source, sa.n, sb.n), looks=looks))
+            out.append(_delta(metric, _judged(b, a, claim, _effect(claim, threshold), looks, floor, drift), sa.mean,
+                              sb.mean, noise=_noise(sa.source, sb.source, sa.n, sb.n, drift, claim), looks=looks))
     ma, mb = _mib(a), _mib(b)
     state_change = _change(ma, mb)
     if state_change is not None:
@@ -224,18 +334,19 @@ def deltas(a: dict[str, Any], b: dict[str, Any], threshold: float, floor: Floor 
 
 
 def _judged(b: dict[str, Any], a: dict[str, Any], claim: str, effect: float, looks: Looks,
-            floor: Floor | None) -> Diff:
-    found = sequential_difference(b, a, claim, effect, looks, floor)
+            floor: Floor | None, drift: Drift | None = None) -> Diff:
+    found = sequential_difference(b, a, claim, effect, looks, floor, drift)
     assert found is not None  # both sides have an estimate (checked by the caller)
     return found
 
 
-def _noise(source_a: str, source_b: str, n_a: int, n_b: int) -> str:
+def _noise(source_a: str, source_b: str, n_a: int, n_b: int, drift: Drift | None = None, claim: str = "") -> str:
     if "none" in (source_a, source_b):
         return "no noise estimate (1 run, no noise floor)"
+    with_drift = f" + drift {drift.cv[claim]:.1%}" if drift is not None and claim in drift.cv else ""
     if "floor" in (source_a, source_b):
-        return f"{n_a} + {n_b} runs with the noise floor"
-    return f"{n_a} + {n_b} runs"
+        return f"{n_a} + {n_b} runs with the noise floor{with_drift}"
+    return f"{n_a} + {n_b} runs{with_drift}"
 
 
 def _effect(claim: str, threshold: float) -> float:
@@ -248,14 +359,20 @@ def _delta(metric: metrics.Metric, d: Diff, a: float, b: float, *, noise: str, l
     """One metric's delta: the Diff's verdict in the words of a comparison over time."""
     better, worse = (HIGHER, LOWER) if metric.direction is metrics.Direction.HIGHER else (LOWER, HIGHER)
     verdict = {better: IMPROVEMENT, worse: REGRESSION, SAME: NO_CHANGE, INCONCLUSIVE: UNDECIDED}[d.verdict]
-    interval = (f"{1 - d.alpha:.0%} CI {d.low - 1:+.1%}..{d.high - 1:+.1%}, "
+    interval = (f"{_level(1 - d.alpha)} CI {d.low - 1:+.1%}..{d.high - 1:+.1%}, "
                 if d.low is not None and d.high is not None else "")
     if verdict == NO_CHANGE and d.eq_low is not None and d.eq_high is not None:
-        interval = f"within ±{d.min_effect:.0%}: {1 - 2 * d.alpha:.0%} CI {d.eq_low - 1:+.1%}..{d.eq_high - 1:+.1%}, "
+        interval = f"within ±{d.min_effect:.0%}: {_level(1 - 2 * d.alpha)} CI {d.eq_low - 1:+.1%}..{d.eq_high - 1:+.1%}, "
     note = f"{interval}{noise}{sequence_text(d, looks, flip=True)}"
     if verdict == UNDECIDED and not looks.sequential:  # a sequential note says it already
         note = d.why_inconclusive() if d.low is None else f"{note}; {d.why_inconclusive()}"
     return Delta(str(metric.label), a, b, d.ratio - 1, verdict, note, d.runs_needed, d.min_effect)
+
+
+def _level(confidence: float) -> str:
+    """95%, 99.6%: as many digits as tell the level from its neighbours."""
+    text = f"{confidence:.0%}"
+    return text if abs(float(text[:-1]) / 100 - confidence) < 1e-9 else f"{confidence:.1%}"
 
 
 def _mib(row: dict[str, Any]) -> float | None:
@@ -274,13 +391,20 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
     lines = [f"A: {label_a}", f"B: {label_b}", "",
              "| cell | metric | A | B | change | verdict | noise |", "|---|---|---:|---:|---:|---|---|"]
     for m in sorted(result.matches, key=lambda m: m.name):
-        name = m.name + (" (matched by name)" if m.by == "name" else "")
+        name = m.name + (f" (matched by name; differs in {', '.join(m.differs)}: the setting under test)"
+                         if m.by == "name" and m.differs else " (matched by name)" if m.by == "name" else "")
         for d in m.deltas:
             change = "-" if d.change is None else f"{d.change:+.1%}"
             verdict = f"**{d.verdict}**" if d.verdict == REGRESSION else d.verdict
             verdict += f" (within ±{d.margin:.0%})" if d.verdict == NO_CHANGE and d.margin else ""
             lines.append(f"| {md_cell(name)} | {d.metric} | {_fmt(d.a)} | {_fmt(d.b)} | {change} | {verdict} | "
                          f"{md_cell(d.note)} |")
+    if result.not_compared:
+        lines += ["", f"Not compared ({len(result.not_compared)} pair(s): no claim, never a pass of the gate):"]
+        lines += [f"- {md_cell(m.name)}: {m.why_not}" for m in sorted(result.not_compared, key=lambda m: m.name)]
+    if result.running:
+        lines += ["", f"{result.running} cell(s) have not ended: only configurations whose runs have all ended are "
+                  "compared; compare again once the sweep has ended."]
     if result.only_a:
         lines += ["", "Only in A: " + ", ".join(md_cell(_name(r)) for r in result.only_a)]
     if result.only_b:
@@ -290,6 +414,7 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
         lines += ["", "Why (B against A, the step's parts from each run's profiled probe):"]
         for m in explained:
             lines += [f"- {md_cell(m.name)}:", *why_lines(m.why)]
+    lines += ["", family_text(result)]
     bad = result.regressions()
     lines += ["", f"{len(bad)} regression(s) beyond the noise and the threshold of {result.threshold:.0%}"
               + (": " + "; ".join(f"{m.name} {d.metric}" + (f" {d.change:+.1%}" if d.change is not None else
@@ -312,3 +437,15 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
                             if all(needed) else "some would need more runs than is practical"))
         lines.append(f"{len(undecided)} inconclusive: " + "; ".join(parts) + ".")
     return "\n".join(lines)
+
+
+def family_text(result: Comparison) -> str:
+    """How the comparison controls its false claims, and what noise it judges against."""
+    family = (f"False claims controlled over the family of {result.family} judged row(s) ({FAMILY_METHOD}): each row "
+              f"at {result.row_alpha:.3%}, {result.alpha:.0%} for the whole comparison."
+              if result.family else "No row could be judged.")
+    drift = (f" Sweep-to-sweep drift in the noise: {', '.join(f'{k} {v:.1%}' for k, v in sorted(result.drift.cv.items()))}"
+             f" ({result.drift.where})." if result.drift else
+             " No sweep-to-sweep drift recorded for this cluster: the noise is the runs' own, and two sweeps taken at "
+             "different times may differ by more (record it from an A/A pair: --compare A B --record-drift).")
+    return family + drift

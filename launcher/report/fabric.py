@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from contract.fabric import RESULT_FILE
 from contract.spec import Layout
 from launcher.plan import perfmodel
 from launcher.plan.schema import ClusterConfig
+from launcher.report import shared
 from launcher.report.rows import md_cell
 
 PROBE_DIR = "fabric"
@@ -86,18 +86,19 @@ def keep(root: Path, probed: Probed, sweep: str) -> None:
     """Keep a probe this sweep measured as its cluster's and shape's record (the newest wins)."""
     if probed.result is None or probed.asked.get("kept_from"):
         return
-    records = _read(root)
     wanted = probed.asked["identity"]
-    if (records.get(_key(wanted)) or {}).get("result", {}).get("measured_at") == probed.result.get("measured_at"):
+    result = probed.result
+    if (_read(root).get(_key(wanted)) or {}).get("result", {}).get("measured_at") == result.get("measured_at"):
         return  # kept already (the local sweep keeps it at once; its report comes here again)
-    records[_key(wanted)] = {"identity": wanted, "sweep": sweep, "measured_at": probed.result.get("measured_at"),
-                             "result": probed.result}
-    tmp = Path(root) / (KEPT_FILE + ".tmp")
-    try:
-        tmp.write_text(json.dumps(records, indent=1, sort_keys=True))
-        os.replace(tmp, Path(root) / KEPT_FILE)  # atomic: a concurrent reader sees the old or the new file
-    except OSError:
-        pass  # a read-only output root keeps its old records; this sweep's figures are in its own folder
+
+    def kept(records: dict[str, Any]) -> dict[str, Any]:
+        records[_key(wanted)] = {"identity": wanted, "sweep": sweep, "measured_at": result.get("measured_at"),
+                                 "result": result}
+        return records
+
+    # Under the record's lock, atomic, a damaged file set aside (launcher/report/shared.py); a
+    # read-only output root keeps its old records: this sweep's figures are in its own folder.
+    shared.update(root, KEPT_FILE, kept)
 
 
 def _key(wanted: dict[str, Any]) -> str:
@@ -105,11 +106,8 @@ def _key(wanted: dict[str, Any]) -> str:
 
 
 def _read(root: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((Path(root) / KEPT_FILE).read_text())
-    except (OSError, ValueError):
-        return {}  # none kept yet, or a damaged file: every shape is probed again
-    return data if isinstance(data, dict) else {}
+    # None kept yet, or a damaged file (set aside and named): every shape is probed again.
+    return shared.read(root, KEPT_FILE)
 
 
 # ---- a sweep's folders ----------------------------------------------------------------------------

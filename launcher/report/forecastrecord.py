@@ -11,15 +11,14 @@ report replaces that sweep's own entries (a report written again counts once); t
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from launcher.plan import perfmodel
+from launcher.report import shared
 
 RECORD_FILE = "forecast-errors.json"
 KEEP = 500
@@ -29,17 +28,15 @@ def add(root: Path, key: str, sweep: str, entries: list[dict[str, Any]]) -> None
     """Replace ``sweep``'s entries of the cluster ``key`` with ``entries`` (each: cell, kind,
     predicted, measured); best effort, like the noise floor (a read-only root keeps its record)."""
     now = datetime.now().isoformat(timespec="seconds")
-    records = _read(root)
-    kept = [e for e in records.get(key, []) if isinstance(e, dict) and e.get("sweep") != sweep]
-    kept += [{**e, "sweep": sweep, "at": now, "log_error": perfmodel.log_error(e["predicted"], e["measured"])}
-             for e in entries if e.get("predicted") and e.get("measured")]
-    records[key] = kept[-KEEP:]
-    tmp = Path(root) / (RECORD_FILE + f".{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(records, indent=1, sort_keys=True))
-        os.replace(tmp, Path(root) / RECORD_FILE)  # atomic: a concurrent reader sees the old or the new file
-    except OSError:
-        pass
+
+    def added(records: dict[str, Any]) -> dict[str, Any]:
+        kept = [e for e in records.get(key, []) if isinstance(e, dict) and e.get("sweep") != sweep]
+        kept += [{**e, "sweep": sweep, "at": now, "log_error": perfmodel.log_error(e["predicted"], e["measured"])}
+                 for e in entries if e.get("predicted") and e.get("measured")]
+        records[key] = kept[-KEEP:]
+        return records
+
+    shared.update(root, RECORD_FILE, added)  # under its lock, atomic, a damaged file set aside
 
 
 def errors(root: Path, key: str, without_sweep: str | None = None) -> list[dict[str, Any]]:
@@ -74,8 +71,5 @@ def said(entries: list[dict[str, Any]], key: str) -> str:
 
 
 def _read(root: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((Path(root) / RECORD_FILE).read_text())
-    except (OSError, ValueError):
-        return {}  # none recorded yet, or a damaged file: intervals rest on the sweep's own points
-    return data if isinstance(data, dict) else {}
+    # None recorded yet, or a damaged file (set aside and named): intervals rest on the sweep's own points.
+    return shared.read(root, RECORD_FILE)

@@ -10,23 +10,34 @@ dedicated measurement is ``python -m launcher -m +experiment=noise_floor`` (one 
 
 Pooling: ``cv = sqrt(sum((n_i - 1) cv_i^2) / sum(n_i - 1))`` over the configurations, with
 ``sum(n_i - 1)`` degrees of freedom (the pooled variance of one-way ANOVA, on relative values).
+
+**Sweep-to-sweep drift** (``sweep-drift.json``, per cluster): two sweeps of the same settings run
+one after the other differ by more than their runs' spread shows (the machine's state moves between
+them: other load, thermal state, page cache). ``python -m launcher.report --compare A B
+--record-drift`` keeps, for every configuration of such an A/A pair and every metric, the squared
+log ratio of the two sweeps' means ``d^2`` and the part of it their runs explain, ``w = (se_A /
+mean_A)^2 + (se_B / mean_B)^2``. The drift is the method-of-moments estimate of the variance left
+over, ``tau^2 = max(0, mean(d^2 - w))`` over the cluster's kept entries (the newest DRIFT_KEEP),
+with as many degrees of freedom as entries; every later comparison of two sweeps adds ``tau`` (as
+a coefficient of variation) to the noise of each difference it judges (launcher/report/stats.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from launcher.report import shared
 from launcher.report.rows import grouped
-from launcher.report.stats import METRICS, Floor, run_values
+from launcher.report.stats import METRICS, Drift, Floor, estimate, run_values
 
 FLOOR_FILE = "noise-floor.json"
+DRIFT_FILE = "sweep-drift.json"
 MIN_RUNS = 3
+DRIFT_KEEP = 60  # entries per cluster and metric: the newest A/A pairs describe today's machine
 
 
 def measure(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -59,15 +70,14 @@ def record(root: Path, key: str, rows: list[dict[str, Any]], sweep: str) -> dict
     if found is None:
         return None
     found.update(sweep=sweep, measured_at=datetime.now().isoformat(timespec="seconds"))
-    floors = _read(root)
-    floors[key] = found
-    tmp = root / (FLOOR_FILE + ".tmp")
-    try:
-        tmp.write_text(json.dumps(floors, indent=1, sort_keys=True))
-        os.replace(tmp, root / FLOOR_FILE)  # atomic: a concurrent reader sees the old or the new file
-    except OSError:
-        return None  # a read-only output root keeps its old floor; the report itself does not depend on it
-    return found
+
+    def kept(floors: dict[str, Any]) -> dict[str, Any]:
+        floors[key] = found
+        return floors
+
+    # Under the file's lock, atomic, a damaged file set aside (launcher/report/shared.py); a read-only
+    # output root keeps its old floor: the report itself does not depend on it.
+    return found if shared.update(root, FLOOR_FILE, kept) else None
 
 
 def load(root: Path, key: str) -> Floor | None:
@@ -83,8 +93,58 @@ def load(root: Path, key: str) -> Floor | None:
 
 
 def _read(root: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((Path(root) / FLOOR_FILE).read_text())
-    except (OSError, ValueError):
-        return {}  # no floor yet, or a damaged file: treated as none (the report says "no noise floor")
-    return data if isinstance(data, dict) else {}
+    # No floor yet, or a damaged file (set aside and named): none (the report says "no noise floor").
+    return shared.read(root, FLOOR_FILE)
+
+
+def drift_entries(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """For every A/A pair of configurations (A's row, B's row) and metric measured in MIN_RUNS or
+    more runs on both sides: the squared log ratio of the means and the part the runs explain."""
+    out = []
+    for a, b in pairs:
+        for metric in METRICS:
+            ea, eb = estimate(a, metric), estimate(b, metric)
+            if ea is None or eb is None or ea.n < MIN_RUNS or eb.n < MIN_RUNS or ea.mean <= 0 or eb.mean <= 0 \
+                    or ea.se is None or eb.se is None:
+                continue
+            out.append({"metric": metric, "d2": math.log(eb.mean / ea.mean) ** 2,
+                        "within": (ea.se / ea.mean) ** 2 + (eb.se / eb.mean) ** 2})
+    return out
+
+
+def record_drift(root: Path, key: str, entries: list[dict[str, Any]], pair: str) -> Drift | None:
+    """Keep an A/A pair's entries under the cluster ``key`` in ``root/sweep-drift.json``; the drift now."""
+    now = datetime.now().isoformat(timespec="seconds")
+
+    def added(records: dict[str, Any]) -> dict[str, Any]:
+        kept = [e for e in records.get(key, []) if isinstance(e, dict) and e.get("pair") != pair]
+        kept += [{**e, "pair": pair, "at": now} for e in entries]
+        by_metric: dict[str, list[dict[str, Any]]] = {}
+        for e in kept:
+            by_metric.setdefault(str(e.get("metric")), []).append(e)
+        records[key] = [e for es in by_metric.values() for e in es[-DRIFT_KEEP:]]
+        return records
+
+    shared.update(root, DRIFT_FILE, added)
+    return load_drift(root, key)
+
+
+def load_drift(root: Path, key: str) -> Drift | None:
+    """The cluster's sweep-to-sweep drift from its kept A/A entries, or None (none recorded)."""
+    entries = shared.read(root, DRIFT_FILE).get(key)
+    if not isinstance(entries, list):
+        return None
+    left: dict[str, list[float]] = {}
+    for e in entries:
+        try:
+            left.setdefault(str(e["metric"]), []).append(float(e["d2"]) - float(e["within"]))
+        except (TypeError, KeyError, ValueError):
+            continue
+    left = {m: v for m, v in left.items() if all(math.isfinite(x) for x in v) and v}
+    if not left:
+        return None
+    pairs = len({e.get("pair") for e in entries if isinstance(e, dict)})
+    last = max((str(e.get("at", "?")) for e in entries if isinstance(e, dict)), default="?")
+    return Drift(cv={m: math.sqrt(max(0.0, statistics.fmean(v))) for m, v in left.items()},
+                 df=min(len(v) for v in left.values()),
+                 where=f"{key}, {pairs} A/A pair(s) of sweeps, latest {last[:10]}")

@@ -92,6 +92,18 @@ class Floor:
     where: str  # which cluster, from which sweep and when, for the report
 
 
+@dataclass(frozen=True)
+class Drift:
+    """A cluster's measured sweep-to-sweep drift: per metric, the coefficient of variation that two
+    sweeps of the same settings, run one after the other, differ by beyond their runs' own spread
+    (launcher/report/noisefloor.py keeps it from recorded A/A pairs). A comparison of two sweeps
+    adds it to the noise of every difference it judges."""
+
+    cv: dict[str, float]
+    df: int
+    where: str
+
+
 @dataclass
 class Estimate:
     """A configuration's mean of one metric and its standard error (None: no noise estimate)."""
@@ -150,11 +162,14 @@ def estimate_of(values: list[float], floor_cv: float | None = None, floor_df: in
     return Estimate(mean, None, None, 1, "none", values)
 
 
-def welch_interval(a: Estimate, b: Estimate, alpha: float = ALPHA) -> tuple[float, float] | None:
-    """Welch's ``1 - alpha`` interval of mean(A) - mean(B), in their unit; None without a noise estimate."""
+def welch_interval(a: Estimate, b: Estimate, alpha: float = ALPHA, drift_se: float = 0.0,
+                   drift_df: int = 0) -> tuple[float, float] | None:
+    """Welch's ``1 - alpha`` interval of mean(A) - mean(B), in their unit; None without a noise estimate.
+    ``drift_se``: a third, independent term of noise (the sweep-to-sweep drift, with ``drift_df``
+    degrees of freedom), added in quadrature and to the Welch-Satterthwaite degrees of freedom."""
     if a.se is None or b.se is None or a.df is None or b.df is None:
         return None
-    hw = t_two_sided(alpha, _welch_df(a, b)) * math.sqrt(a.se**2 + b.se**2)
+    hw = t_two_sided(alpha, _welch_df(a, b, drift_se, drift_df)) * math.sqrt(a.se**2 + b.se**2 + drift_se**2)
     d = a.mean - b.mean
     return d - hw, d + hw
 
@@ -202,11 +217,15 @@ class Diff:
         return f"about {self.runs_needed} runs per side would decide it (runs={self.runs_needed})"
 
 
-def difference(a: Estimate, b: Estimate, min_effect: float, alpha: float = ALPHA) -> Diff:
+def difference(a: Estimate, b: Estimate, min_effect: float, alpha: float = ALPHA, drift_cv: float = 0.0,
+               drift_df: int = 0) -> Diff:
     """Welch's interval for mean(A) - mean(B), as a ratio to B: 1 + interval / mean(B); a
-    difference at level ``alpha`` (two-sided), equivalence within ±min_effect by TOST at ``alpha``."""
+    difference at level ``alpha`` (two-sided), equivalence within ±min_effect by TOST at ``alpha``.
+    ``drift_cv``: the relative drift between the two sides' sweeps (0: the same sweep)."""
     ratio = a.mean / b.mean
-    found_at, tost = welch_interval(a, b, alpha), welch_interval(a, b, 2 * alpha)
+    drift_se = drift_cv * abs(b.mean)
+    found_at = welch_interval(a, b, alpha, drift_se, drift_df)
+    tost = welch_interval(a, b, 2 * alpha, drift_se, drift_df)
     if found_at is None or tost is None:
         return Diff(ratio, None, None, INCONCLUSIVE, None, min_effect, n_a=a.n, n_b=b.n, alpha=alpha)
     # A throughput or a memory peak is never negative: a very noisy interval is cut at zero.
@@ -218,21 +237,24 @@ def difference(a: Estimate, b: Estimate, min_effect: float, alpha: float = ALPHA
     elif eq_low >= 1 - min_effect and eq_high <= 1 + min_effect:
         found.verdict = SAME
     else:
-        found.runs_needed = runs_needed(a, b, min_effect, alpha)
+        found.runs_needed = runs_needed(a, b, min_effect, alpha, drift_cv=drift_cv)
     return found
 
 
 def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: str, min_effect: float,
-                          looks: Looks, floor: Floor | None = None) -> Diff | None:
+                          looks: Looks, floor: Floor | None = None, drift: Drift | None = None) -> Diff | None:
     """A against B judged at every planned look with that look's alpha (launcher/report/sequential.py):
-    the first decided look gives the verdict, else the last look's. None when a side has no result."""
+    the first decided look gives the verdict, else the last look's. None when a side has no result.
+    ``drift``: A and B come from two sweeps; their measured drift is part of the noise."""
+    drift_cv = drift.cv.get(metric, 0.0) if drift is not None else 0.0
+    drift_df = drift.df if drift is not None else 0
     found, seen, grew = None, (0, 0), 1
     for look in range(1, looks.taken + 1):
         upto = look if looks.sequential else None
         ea, eb = estimate(row_a, metric, floor, upto), estimate(row_b, metric, floor, upto)
         if ea is None or eb is None:
             continue  # a side without a run at this look (its first runs failed)
-        found = difference(ea, eb, min_effect, looks.alpha_at(look))
+        found = difference(ea, eb, min_effect, looks.alpha_at(look), drift_cv, drift_df)
         grew = look if (ea.n, eb.n) != seen else grew
         seen = (ea.n, eb.n)
         found.look, found.looks, found.grew_until = look, looks.rounds, grew
@@ -242,7 +264,7 @@ def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: 
         # A baseline's runs (round 0: all there before this sweep began) do not grow with its rounds.
         fixed_b = all(int(m.get("round") or 1) == 0 for m in row_b.get("_members", [row_b]))
         found.runs_needed = runs_needed(estimate(row_a, metric, floor), estimate(row_b, metric, floor),
-                                        min_effect, looks.alpha_at(looks.rounds), fixed_b)
+                                        min_effect, looks.alpha_at(looks.rounds), fixed_b, drift_cv)
     return found
 
 
@@ -268,16 +290,17 @@ def stop_reason(d: Diff, looks: Looks) -> str | None:
     return looks.ended
 
 
-def _welch_df(a: Estimate, b: Estimate) -> float:
+def _welch_df(a: Estimate, b: Estimate, drift_se: float = 0.0, drift_df: int = 0) -> float:
     assert a.se is not None and b.se is not None and a.df and b.df
-    se2 = a.se**2 + b.se**2
+    se2 = a.se**2 + b.se**2 + drift_se**2
     if se2 == 0:
         return math.inf
-    return se2**2 / ((a.se**4 / a.df if a.se else 0.0) + (b.se**4 / b.df if b.se else 0.0))
+    return se2**2 / ((a.se**4 / a.df if a.se else 0.0) + (b.se**4 / b.df if b.se else 0.0)
+                     + (drift_se**4 / drift_df if drift_se and drift_df else 0.0))
 
 
 def runs_needed(a: Estimate | None, b: Estimate | None, min_effect: float, alpha: float = ALPHA,
-                fixed_b: bool = False) -> int | None:
+                fixed_b: bool = False, drift_cv: float = 0.0) -> int | None:
     """The runs per side at which, with the spread and the difference seen now, the interval would
     either exclude 1 beyond the minimum effect or fit inside it; None beyond MAX_RUNS_NEEDED.
     Always more than either side has: the runs already there did not decide it (Welch's degrees of
@@ -292,7 +315,8 @@ def runs_needed(a: Estimate | None, b: Estimate | None, min_effect: float, alpha
     level = alpha if change >= min_effect else 2 * alpha
     for n in range(max(2, a.n + 1, 2 if fixed_b else b.n + 1), MAX_RUNS_NEEDED + 1):
         n_b = b.n if fixed_b else n
-        se = math.sqrt(a.sd**2 / n + b.sd**2 / n_b) / b.mean
+        # The drift between two sweeps does not shrink with more runs.
+        se = math.sqrt(a.sd**2 / n + b.sd**2 / n_b + (drift_cv * b.mean) ** 2) / b.mean
         if t_two_sided(level, n + n_b - 2) * se < room:
             return n
     return None
