@@ -185,7 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         print(decide.summary(state))
     if finished:
         print(finished)
-    return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
+    return exit_code(state)
+
+
+def exit_code(state: SweepState) -> int:
+    """The house's exit codes (docs/troubleshooting.md): 0 every cell done, 1 a cell failed,
+    cancelled or lost, 3 undecided (cells still queued or running, none failed yet)."""
+    if any(c.status.terminal and c.status is not CellStatus.done for c in state.cells):
+        return 1
+    return 0 if all(c.status is CellStatus.done for c in state.cells) else 3
 
 
 if __name__ == "__main__":

@@ -97,7 +97,8 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
                        argv=argv, experiment=cfg.tracking.experiment if cfg.tracking.enabled else None,
                        submitter=this_process(), code=tracking.code_provenance())
     if cfg.tracking.enabled:
-        state.tracking_uri = cfg.tracking.uri or tracking.default_uri(Path(cfg.output_root))
+        state.tracking_uri = tracking.absolute_uri(cfg.tracking.uri) if cfg.tracking.uri else \
+            tracking.default_uri(Path(cfg.output_root))
     state.cells = list(cells)
     state.design = decide.design_for(cfg)
     decide.first_round(state)

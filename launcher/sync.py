@@ -25,6 +25,7 @@ from pathlib import Path
 from launcher.cli import USER_ERROR_EXIT, guarded
 from launcher.finish import finalize
 from launcher.masking import mask
+from launcher.plan.cell import CellStatus
 from launcher.state import SweepState
 from launcher.track import tracking
 from launcher.track.runs import (
@@ -54,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
 @guarded
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.tracking_uri:  # a relative sqlite:/// store: the one under this directory, recorded absolute
+        args.tracking_uri = tracking.absolute_uri(args.tracking_uri)
     state = SweepState.load(args.sweep_dir)
     if not (args.tracking_uri or state.tracking_uri):
         print(f"{state.sweep_dir} ran with tracking=off: nothing to sync without a store. To log it to one: python -m "
@@ -76,7 +79,26 @@ def main(argv: list[str] | None = None) -> int:
     finished = finalize(state, force=False)
     if finished:
         print(finished)
-    return _said_what_is_missing(state)
+    return _said_what_is_missing(state) or _said_without_results(state)
+
+
+def _said_without_results(state: SweepState) -> int:
+    """A sweep with no cell that has a result is synced (its runs say FAILED or KILLED) but marked
+    clearly: 1 when every cell has ended without one, 3 while some have not ended; 0 otherwise."""
+    if any(c.status is CellStatus.done for c in state.cells):
+        return 0
+    counts: dict[str, int] = {}
+    for c in state.cells:
+        counts[c.status.value] = counts.get(c.status.value, 0) + 1
+    said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    if all(c.status.terminal for c in state.cells):
+        print(f"{state.sweep_dir} has no results: no cell finished with a measurement ({said}); its runs are in the "
+              f"store as they ended, and nothing there is a result. See python -m launcher.status {state.sweep_dir}.",
+              file=sys.stderr)
+        return 1
+    print(f"{state.sweep_dir} has no results yet ({said}): sync again once its cells have ended "
+          f"(python -m launcher.status {state.sweep_dir} --wait).", file=sys.stderr)
+    return 3
 
 
 def _store_problem(state: SweepState, uri: str | None) -> str | None:

@@ -447,7 +447,7 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
         lines += _unclaimed_parts(comps)
         lines += [""] + _table(comps) + [""]
     lines += ["### Scaling efficiency", ""]
-    lines += scaling(units, floor) or ["No series was measured at more than one world size."]
+    lines += scaling(units, floor) or [_none_left(units, "No series was measured at more than one world size.")]
     lines += ["", "### Bytes against the theory", ""]
     lines += traffic_findings(rows) or [f"Every measured collective moved within {TRAFFIC_TOLERANCE:.0%} of the bytes its "
                                         "strategy implies (launcher/plan/traffic.py), or nothing was measured."]
@@ -457,8 +457,23 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
     if on_nodes:
         lines += ["", "### Nodes", "", *on_nodes]
     lines += ["", f"### Recommendation (margin {margin:.0%})", ""]
-    lines += recommendations(units, margin, floor) or ["No cell finished with a result."]
+    lines += recommendations(units, margin, floor) or [_none_left(units, "No cell finished with a result.")]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _none_left(units: list[dict[str, Any]], otherwise: str) -> str:
+    """Why a section has nothing to say, in the words of what happened: every configuration with a
+    result was flagged for interference, or none had a result (and why), else ``otherwise``."""
+    measured = [u for u in units if estimate(u) is not None]
+    if measured and all(interference(u) for u in measured):
+        failed = len(units) - len(measured)
+        return (f"Every configuration with a result was flagged for interference ({len(measured)} of {len(units)}"
+                + (f"; {failed} without a result" if failed else "") + "): nothing is claimed or recommended. Rerun "
+                "them on whole nodes (python -m launcher.status SWEEP --resubmit-flagged) or on a quiet machine.")
+    if units and not measured:
+        why = sorted({_why(u) for u in units})
+        return f"No configuration has a result: every run ended without one ({'; '.join(why[:4])})."
+    return otherwise
 
 
 def _why(unit: dict[str, Any]) -> str:

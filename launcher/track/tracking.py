@@ -39,6 +39,14 @@ def default_uri(output_root: Path) -> str:
     return f"sqlite:///{(output_root / 'mlflow.db').resolve()}"
 
 
+def absolute_uri(uri: str) -> str:
+    """A relative ``sqlite:///`` store made absolute against the directory the command runs in, once,
+    at the sweep's start (sweep.json records the result): a later status or sync from another
+    directory finds the same store instead of creating an empty one there. Other URIs unchanged."""
+    path = sqlite_path(uri)
+    return f"sqlite:///{path.resolve()}" if path is not None and not path.is_absolute() else uri
+
+
 sqlite_path = mlflow_client.sqlite_path  # the one reading of a sqlite:/// URI, shared with the ranks
 
 
