@@ -299,6 +299,29 @@ class ModelSpec:
             raise ConfigError("model.name", self.name, "is not a model this project builds.",
                               f"use one of {', '.join(KNOWN_MODELS)}, model=hf with model.arch, "
                               "or model=custom with model._target_.")
+        else:
+            self._validate_named()
+
+    def _validate_named(self) -> None:
+        """A built-in model: model.config is model=hf's and would be dropped; its params are layer
+        counts and sizes (at least 1; d_ff 0 means 4 x d_model) and a dropout in [0, 1)."""
+        if self.config:
+            key = next(iter(self.config))
+            raise ConfigError(f"model.config.{key}", self.config[key], f"model.config is read by model=hf only, and "
+                              f"model={self.name} is a built-in model: it would be dropped without a word.",
+                              "set its sizes through model.params (e.g. model.params.n_layer=4), or use model=hf "
+                              "with model.arch.")
+        for key, value in self.params.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if key == "dropout":
+                if not 0 <= value < 1:
+                    raise ConfigError(f"model.params.{key}", value, "is not a dropout probability.",
+                                      "use a value in [0, 1), e.g. model.params.dropout=0.1.")
+            elif not isinstance(value, int) or value < (0 if key == "d_ff" else 1):
+                raise ConfigError(f"model.params.{key}", value, f"is a count or a size of model={self.name}: a whole "
+                                  f"number of at least {0 if key == 'd_ff' else 1}.",
+                                  f"set model.params.{key} to a positive integer, or drop it for the model's default.")
 
     def _validate_hf(self) -> None:
         """Cheap model=hf checks (no import, no torch: the launcher runs them at composition);

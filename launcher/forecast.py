@@ -44,6 +44,9 @@ example:
 """
 
 
+FORECAST_ONLY = "limits.local_ranks_per_core=1000000"
+
+
 class ForecastError(Exception):
     """A forecast that cannot be made, with the fix in its message."""
 
@@ -126,7 +129,9 @@ def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
     keys = {_key(o) for o in overrides}
     kept = [o for o in own if _key(o) not in keys | {"runs", "sweep_dir", "wait"}]
     extra = grid.search_path(config_dirs)
-    points, swept = grid.expand([*kept, *overrides, "runs=1"], True, extra)
+    # A forecast runs nothing: the ranks-per-core bound of the local cluster (limits.local_ranks_per_core)
+    # does not apply to it, and --verify drops this override again before it runs a cell.
+    points, swept = grid.expand([*kept, *overrides, "runs=1", FORECAST_ONLY], True, extra)
     cells = grid.plan(grid.compose(points, swept, extra=extra))
     shown = {*swept, *keys}  # named by what the sweep swept and what the forecast sets
     for cell in cells:
@@ -370,7 +375,7 @@ def verify(state: SweepState, made: list[Forecast], spread_basis: Basis) -> int:
     target = max(candidates, key=lambda f: (f.cell.world_size, f.work.flops if f.work else 0.0))
     assert target.prediction is not None
     out = state.path.parent / f"verify-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
-    command = [*target.cell.overrides, f"sweep_dir={out}"]
+    command = [*(o for o in target.cell.overrides if o != FORECAST_ONLY), f"sweep_dir={out}"]
     print(f"\n--verify: running {target.cell.name} once -> {out}", flush=True)
     points, swept = grid.expand(command, False)
     cells = grid.plan(grid.compose(points, swept))

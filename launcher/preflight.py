@@ -43,9 +43,45 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
         errors += resources.errors
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
+    _looks(cells[0].config)
+    _baseline(cells[0].config)
     _writable(cells[0].config)
     _tracking(cells[0].config)
     return predicted
+
+
+def _looks(config: Config) -> None:
+    """runs=auto's planned looks within limits.looks: each look tests at a share of 5%, so more looks
+    mean smaller levels and fewer decisions (runs_max=1000000 would plan 32 looks at 2.6e-7)."""
+    if not config.auto:
+        return
+    from launcher.report.sequential import schedule
+
+    looks = len(schedule(config.runs_min, config.runs_max))
+    if looks > config.limits.looks:
+        raise SweepError(str(ConfigError(
+            "runs_max", config.runs_max, f"with runs_min={config.runs_min} plans {looks} looks, beyond limits.looks="
+            f"{config.limits.looks} (each look tests at a share of 5%: more looks, smaller levels, fewer decisions).",
+            f"raise runs_min, lower runs_max, or raise limits.looks={looks}.")))
+
+
+def _baseline(config: Config) -> None:
+    """A runs=auto baseline read whole before the first job: its sweep.json and every result.json
+    parse, and it has results to compare with (a damaged one found after round 1 would leave the new
+    sweep without a report)."""
+    if not config.baseline:
+        return
+    from launcher.state import StateError, SweepState
+
+    try:
+        state = SweepState.load(Path(config.baseline))
+        done = [c for c in state.cells if c.status.value == "done" and state.read_result(c)]
+    except StateError as exc:
+        raise SweepError(f"baseline={config.baseline!r}: {exc}") from exc
+    if not done:
+        raise SweepError(f"baseline={config.baseline!r}: no cell of that sweep has a result "
+                         f"({len(state.cells)} cell(s), none done): there is nothing to compare with. Fix: give a sweep "
+                         f"that finished (python -m launcher.status {config.baseline}).")
 
 
 def analyse(cells: list[Cell]) -> dict[int, fit.StateBytes]:

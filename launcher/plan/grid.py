@@ -361,7 +361,17 @@ def _value_at(tree: dict, key: str) -> Any:
 def _check_finite(config: Config) -> None:
     bad = non_finite(config)
     if bad:
-        raise ConfigError(bad[0], float("nan"), "is NaN or infinite.", f"give {bad[0]} a finite number.")
+        value = _value_of(config, bad[0])
+        raise ConfigError(bad[0], value, "is NaN or infinite.", f"give {bad[0]} a finite number.")
+
+
+def _value_of(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if isinstance(obj, list):
+            obj = obj[int(part)]
+        else:
+            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
 
 
 def _slug(text: str) -> str:
@@ -394,6 +404,7 @@ def plan(points: list[Point]) -> list[Cell]:
             )
         seen[key] = name
         names.append(name)
+    _check_cells(points)
     cells: list[Cell] = []
     for run in range(1, max((p.config.first_runs for p in points), default=1) + 1):
         for p, name in zip(points, names, strict=True):
@@ -415,6 +426,19 @@ def plan(points: list[Point]) -> list[Cell]:
     return cells
 
 
+def _check_cells(points: list[Point]) -> None:
+    """Cells per sweep within limits.cells, counted before any is made: every run of every grid point
+    (runs=auto: up to runs_max of each, the most its rounds may add)."""
+    if not points:
+        return
+    limit = points[0].config.limits.cells
+    most = sum(p.config.runs_max if p.config.auto else p.config.first_runs for p in points)
+    if most > limit:
+        raise SweepError(f"limits.cells={limit}: this sweep would run up to {most} cells ({len(points)} grid point(s) x "
+                         f"their runs{', up to runs_max with runs=auto' if points[0].config.auto else ''}). Fix: sweep "
+                         f"fewer values or fewer runs, or raise limits.cells={most} if you mean it.")
+
+
 def cell_dirname(index: int, name: str) -> str:
     """A cell's directory under cells/: its index, then its name in safe characters."""
     return f"{index:02d}-{_slug(name.replace('=', '_').replace(' ', '-'))}"
@@ -425,7 +449,7 @@ def _check_uniform(cells: list[Cell]) -> None:
     first = cells[0].config if cells else None
     for c in cells[1:]:
         for key in ("cluster.name", "cluster.declared", "tracking", "fabric", "output_root", "sweep_dir", "wait", "runs",
-                    "runs_min", "runs_max", "runs_budget_min", "baseline"):
+                    "runs_min", "runs_max", "runs_budget_min", "baseline", "limits"):
             mine, theirs = c.config, first
             for part in key.split("."):
                 mine, theirs = getattr(mine, part), getattr(theirs, part)

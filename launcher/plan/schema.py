@@ -143,6 +143,19 @@ class FabricConfig:
 
 
 @dataclass
+class LimitsConfig:
+    """Bounds on the work one command may start, checked before anything runs (docs/configuration.md,
+    Limits). Each refusal names the limit and the setting here that raises it."""
+
+    runs: int = 50  # runs per grid point: fixed runs, and runs=auto's runs_max
+    looks: int = 8  # runs=auto's planned looks (each look spends alpha: more looks, smaller levels)
+    cells: int = 1000  # cells per sweep (grid points x runs)
+    nodes: int = 1024  # nodes per cell, on any cluster
+    local_ranks_per_core: int = 8  # cluster=local: ranks per core of this machine (they share its cores)
+    budget_min: float = 10080.0  # wall-time budgets (runs_budget_min) and cluster.timeout_min: a week
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     # None: sqlite:///<output_root>/mlflow.db, MLflow's own default store type.
@@ -160,6 +173,7 @@ class Config(TrainSpec):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     output_root: str = "outputs"
     sweep_dir: str | None = None  # default: <output_root>/<date>_<time>
     # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
@@ -202,6 +216,7 @@ class Config(TrainSpec):
         _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
         _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
         self._validate_runs()
+        self._validate_limits()
         self.checkpoint.validate()
         if c.cpus_per_task is not None:
             _positive("cluster.cpus_per_task", c.cpus_per_task, "use 1 or more, or drop it to derive it.")
@@ -247,6 +262,45 @@ class Config(TrainSpec):
             if not os.path.isfile(os.path.join(self.baseline, "sweep.json")):
                 raise ConfigError("baseline", self.baseline, "holds no sweep.json: it is not a sweep directory.",
                                   "give the directory a previous sweep printed (it holds sweep.json).")
+
+    def _validate_limits(self) -> None:
+        """The work one grid point may start, bounded before anything runs (the cells per sweep are
+        bounded by launcher/plan/grid.py, which sees them all)."""
+        lim = self.limits
+        for key in ("runs", "looks", "cells", "nodes", "local_ranks_per_core"):
+            value = getattr(lim, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"limits.{key}", value, "must be a whole number of at least 1.",
+                                  f"raise limits.{key} to the bound you mean, or drop it for the default "
+                                  f"({getattr(LimitsConfig, key)}).")
+        _positive("limits.budget_min", lim.budget_min, "give the longest wall time in minutes, e.g. 10080 (a week).")
+        runs = self.runs_max if self.auto else self.runs
+        setting = "runs_max" if self.auto else "runs"
+        if runs > lim.runs:
+            raise ConfigError(setting, runs, f"is beyond limits.runs={lim.runs} runs per grid point"
+                              + (" (every run more splits the looks' alpha further)" if self.auto else "") + ".",
+                              f"use {setting}={min(runs, lim.runs)} or fewer, or raise limits.runs={runs} if you "
+                              "mean it.")
+        # limits.looks: launcher/preflight.py, which may read the looks' schedule (launcher/report).
+        if self.nodes > lim.nodes:
+            raise ConfigError("nodes", self.nodes, f"is beyond limits.nodes={lim.nodes} nodes per cell.",
+                              f"use fewer nodes, or raise limits.nodes={self.nodes} if the cluster has them.")
+        c = self.cluster
+        if c.name is ClusterKind.local and not c.declared:
+            import os
+
+            cores = os.cpu_count() or 1
+            ranks = self.nodes * c.tasks_per_node
+            if ranks > lim.local_ranks_per_core * cores:
+                raise ConfigError("nodes", self.nodes, f"x cluster.tasks_per_node={c.tasks_per_node} starts {ranks} "
+                                  f"ranks on this machine's {cores} core(s), beyond limits.local_ranks_per_core="
+                                  f"{lim.local_ranks_per_core} per core: they would measure the machine's scheduler.",
+                                  f"use at most {lim.local_ranks_per_core * cores} ranks here, cluster=slurm for more, "
+                                  f"or raise limits.local_ranks_per_core.")
+        for setting, minutes in (("runs_budget_min", self.runs_budget_min), ("cluster.timeout_min", c.timeout_min)):
+            if minutes is not None and minutes > lim.budget_min:
+                raise ConfigError(setting, minutes, f"is beyond limits.budget_min={lim.budget_min:g} minutes.",
+                                  f"use a shorter time, or raise limits.budget_min={minutes:g} if you mean it.")
 
     def _validate_devices(self) -> None:
         """Settings that need nodes of a kind: several nodes, or GPUs (the device follows gpus_per_node)."""

@@ -53,7 +53,7 @@ def settings(row: dict[str, Any]) -> dict[str, str]:
         out.pop(param, None)
     # "run": which independent launch of a configuration (hand-made rows carry it in the cell name).
     out = {k: v for k, v in out.items()
-           if k not in WHERE_KEYS and k != "run" and not k.startswith(("tracking.", "hydra."))}
+           if k not in WHERE_KEYS and k != "run" and not k.startswith(("tracking.", "hydra.", "limits."))}
     for key in ("strategy", "precision", "model"):
         if row.get(key) is not None:
             out[key] = str(row[key])
