@@ -55,3 +55,72 @@ def test_a_relative_sqlite_store_is_made_absolute_once(tmp_path, monkeypatch):
     assert tracking.absolute_uri("sqlite:///outputs/x.db") == f"sqlite:///{tmp_path / 'outputs' / 'x.db'}"
     assert tracking.absolute_uri("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
     assert tracking.absolute_uri("http://host:5000") == "http://host:5000"
+
+
+# ---- one shell-safety rule, and a walk over the schema so that no setting is missed ---------------
+
+def _text_settings() -> list[str]:
+    """Every key of the schema whose value can hold text: str, a list or dict of it, or Any."""
+    from launcher.plan.schema import Config, field_type, schema_keys
+
+    found = []
+    for key in schema_keys():
+        cls: object = Config
+        for part in key.split(".")[:-1]:
+            cls = field_type(cls, part)
+        tp = repr(field_type(cls, key.rpartition(".")[2]))
+        if any(word in tp for word in ("str", "Any", "dict", "list")):
+            found.append(key)
+    return found
+
+
+def test_every_text_setting_of_the_schema_is_said_to_reach_a_shell_or_not():
+    from launcher.plan.shellsafe import NOT_SHELL_BOUND, SHELL_BOUND
+
+    found = _text_settings()
+    unsaid = [k for k in found if k not in SHELL_BOUND and k not in NOT_SHELL_BOUND]
+    assert not unsaid, f"say in launcher/plan/shellsafe.py whether these reach a script or a file name: {unsaid}"
+    assert not set(SHELL_BOUND) & set(NOT_SHELL_BOUND)
+    assert not {*SHELL_BOUND, *NOT_SHELL_BOUND} - set(found)  # no stale entry
+
+
+def _with(setting: str, value: str):
+    import dataclasses
+
+    from launcher.plan.schema import ClusterKind, Config
+
+    config = Config()
+    config.cluster = dataclasses.replace(config.cluster, name=ClusterKind.slurm)
+    *path, last = setting.split(".")
+    owner = config
+    for part in path:
+        owner = getattr(owner, part)
+    current = getattr(owner, last)
+    setattr(owner, last, [value] if isinstance(current, list) else {"reservation": value}
+            if isinstance(current, dict) else value)
+    return config
+
+
+def test_every_shell_bound_setting_refuses_a_new_line():
+    from contract.spec import ConfigError
+    from launcher.plan.shellsafe import SHELL_BOUND, check_config
+
+    check_config(_with("cluster.partition", "gpu"))  # a plain value passes
+    for setting in SHELL_BOUND:
+        try:
+            check_config(_with(setting, "n1\n#SBATCH --wrap=reboot"))
+        except ConfigError as exc:
+            assert setting in str(exc) and "Fix:" in str(exc), exc
+        else:
+            raise AssertionError(f"{setting} took a newline that would add a line to the job script")
+
+
+def test_a_report_directory_named_after_an_experiment_stays_under_outputs(tmp_path, monkeypatch, capsys):
+    from launcher.report.__main__ import main as report_main
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("../../x", "..", "a/b", "x\ny"):
+        assert report_main(["--experiment", name]) == 2
+        err = capsys.readouterr().err
+        assert "--experiment=" in err and "one file name" in err and "Traceback" not in err
+    assert not list(tmp_path.rglob("*"))

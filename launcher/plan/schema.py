@@ -38,7 +38,7 @@ from contract.spec import (
     _positive,
 )
 from launcher.plan.fit import gpu_mem_gib_of
-from launcher.plan.shellsafe import check_cluster
+from launcher.plan.shellsafe import check_config
 
 
 class ClusterKind(enum.Enum):
@@ -338,7 +338,7 @@ class Config(TrainSpec):
     def _validate_cluster_settings(self) -> None:
         """What reaches sbatch or MLflow: plain values, ranges, an image for a container runtime."""
         c = self.cluster
-        check_cluster(c)
+        check_config(self)  # every value that reaches a script, a command line or a file name
         if c.name is ClusterKind.local:
             _refuse_slurm_only(c)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")

@@ -22,8 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contract.spec import ConfigError
 from launcher.cli import guarded
 from launcher.finish import finalize
+from launcher.plan import shellsafe
 from launcher.report import compare, noisefloor, stats
 from launcher.report.report import (
     ReportError,
@@ -187,10 +189,12 @@ def _report_command(args: argparse.Namespace) -> int:
             # The finishing step, as status and sync reach it: Slurm's states, interference, MLflow.
             print(finalize(SweepState.load(Path(args.sweep_dir))))
             return 0
+        if not args.out:  # the experiment names a directory under outputs/reports: it must stay there
+            shellsafe.check("--experiment", args.experiment, "name")
         uri = _tracking_uri(args.tracking_uri)
         out = Path(args.out) if args.out else Path("outputs", "reports", args.experiment)
         report = write_experiment_report(uri, args.experiment, out)
-    except (ReportError, StateError) as exc:
+    except (ReportError, StateError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.tables)
