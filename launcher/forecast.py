@@ -99,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
 def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], perfmodel.Model, Basis, list[str],
                                                               list[forecasts.Point]]:
     """(each target cell's forecast, the model, what its intervals rest on, notes, the measured points)."""
+    cells = target_cells(state, overrides)  # the asked settings checked first: a refusal names them
     probes = forecasts.probes_of(state)
     points = forecasts.points_of(state, report.collect(state), probes=probes)
     if not points:
         raise ForecastError(f"{state.sweep_dir} has no measured configuration the model can read (cells done, with "
                             "their spec.json). Fix: forecast from a sweep whose cells finished.")
-    cells = target_cells(state, overrides)
     from launcher import preflight
 
     made, model, cpus = _forecasts(cells, preflight.analyse(cells), points, probes)

@@ -5,6 +5,9 @@ made absolute once. The hostile-input corpus of these commands is at the end of 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from launcher.plan.cell import CellStatus
 from launcher.report import fabric, findings, noisefloor, shared
@@ -124,3 +127,142 @@ def test_a_report_directory_named_after_an_experiment_stays_under_outputs(tmp_pa
         err = capsys.readouterr().err
         assert "--experiment=" in err and "one file name" in err and "Traceback" not in err
     assert not list(tmp_path.rglob("*"))
+
+
+# ---- the corpus: hostile inputs to the newer commands, in-process ---------------------------------
+# Each case: (command, argv, exit code, text the message must hold: the setting, flag or file). Paths
+# in argv: {A} a finished sweep, {B} another, {RUN} a sweep still running, {EMPTY} a sweep without a
+# result, {CUT} a sweep whose sweep.json is cut, {FILE} a plain file, {NOPE} a path that is not there.
+# Every case also checks: no traceback, and nothing created or lost under the test's directory.
+
+AUTO = ["runs=auto", "-m", "strategy=ddp,fsdp"]
+CORPUS = [
+    # runs=auto and its limits
+    ("launcher", [*AUTO, "runs_max=1000000"], 2, "runs_max=1000000: is beyond limits.runs=50"),
+    ("launcher", [*AUTO, "runs_max=50", "limits.looks=4"], 2, "raise limits.looks=8"),
+    ("launcher", [*AUTO, "runs_budget_min=inf"], 2, "runs_budget_min=inf"),
+    ("launcher", [*AUTO, "runs_budget_min=nan"], 2, "runs_budget_min=nan"),
+    ("launcher", [*AUTO, "runs_budget_min=-5"], 2, "runs_budget_min=-5"),
+    ("launcher", [*AUTO, "runs_budget_min=100000"], 2, "limits.budget_min=10080"),
+    ("launcher", [*AUTO, "runs_min=1"], 2, "runs_min=1"),
+    ("launcher", [*AUTO, "runs_min=5", "runs_max=4"], 2, "runs_max=4"),
+    ("launcher", ["runs_max=8", "-m", "strategy=ddp,fsdp"], 2, "runs_max=8: is read only with runs=auto"),
+    ("launcher", ["runs=-1"], 2, "runs=-1"),
+    ("launcher", ["runs=maybe"], 2, "runs"),
+    ("launcher", ["runs=500"], 2, "limits.runs=500"),
+    ("launcher", [*AUTO, "limits.cells=3"], 2, "limits.cells=3"),
+    ("launcher", ["limits.cells=0"], 2, "limits.cells=0"),
+    ("launcher", ["limits.budget_min=nan"], 2, "limits.budget_min=nan"),
+    ("launcher", ["nodes=100000", "--plan"], 2, "limits.nodes=100000"),
+    ("launcher", ["nodes=20", "--plan"], 2, "limits.local_ranks_per_core"),
+    ("launcher", ["cluster.timeout_min=100000"], 2, "cluster.timeout_min=100000"),
+    # baseline=
+    ("launcher", ["baseline={A}", "-m", "strategy=ddp,fsdp"], 2, "baseline="),
+    ("launcher", [*AUTO, "baseline={NOPE}"], 2, "holds no sweep.json"),
+    ("launcher", [*AUTO, "baseline={FILE}"], 2, "holds no sweep.json"),
+    ("launcher", [*AUTO, "baseline={CUT}"], 2, "baseline="),
+    ("launcher", [*AUTO, "baseline={EMPTY}"], 2, "no cell of that sweep has a result"),
+    # models: values no cell could take (forecast axes included, below)
+    ("launcher", ["model.params.n_layer=-3"], 2, "model.params.n_layer=-3"),
+    ("launcher", ["+model.config.n_layer=2"], 2, "model.config.n_layer=2"),
+    ("launcher", ["model.params.dropout=1.5"], 2, "model.params.dropout=1.5"),
+    # fabric.* and cluster.declared
+    ("launcher", ["fabric.probe=sometimes"], 2, "fabric.probe"),
+    ("launcher", ["fabric.full=maybe"], 2, "fabric.full"),
+    ("launcher", ["+fabric.sizes=3"], 2, "fabric.sizes"),
+    ("launcher", ["cluster.declared=maybe"], 2, "cluster.declared"),
+    ("launcher", ["cluster.declared=true", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8", "--plan"], 2,
+     "cluster.declared=True"),
+    ("launcher", ["cluster.declared=true", "cluster.gpus_per_node=2", "cluster.tasks_per_node=2",
+                  "cluster.gpu_mem_gib=-1", "--plan"], 2, "cluster.gpu_mem_gib=-1"),
+    # values that reach a script or a path
+    ("launcher", ["cluster=slurm", 'cluster.nodelist="n1\n#SBATCH --wrap=reboot"', "--plan"], 2, "cluster.nodelist"),
+    ("launcher", ['sweep_dir="{NOPE}\nx"', "--plan"], 2, "sweep_dir="),
+    # --compare, --gate, --threshold, --record-drift
+    ("report", ["--compare", "{A}", "{A}"], 2, "compared with itself"),
+    ("report", ["--compare", "{A}", "{A}/", "--gate"], 2, "compared with itself"),
+    ("report", ["{A}", "--gate"], 2, "--gate only mean(s) something with --compare"),
+    ("report", ["{A}", "--threshold", "0.1"], 2, "--threshold only mean(s) something with --compare"),
+    ("report", ["--compare", "{A}", "{B}", "--threshold", "nan"], 2, "--threshold nan"),
+    ("report", ["--compare", "{A}", "{B}", "--threshold", "-0.05"], 2, "--threshold -0.05"),
+    ("report", ["--compare", "{A}", "{B}", "--threshold", "inf"], 2, "--threshold inf"),
+    ("report", ["--compare", "{A}", "{B}", "--threshold", "2"], 2, "--threshold 2"),
+    ("report", ["--compare", "{A}", "{B}", "--threshold", "abc"], 2, "--threshold"),
+    ("report", ["--compare", "{A}", "{B}", "--gate", "--record-drift"], 2, "--gate and --record-drift"),
+    ("report", ["--compare", "{A}", "{RUN}", "--record-drift"], 2, "--record-drift takes an A/A pair"),
+    ("report", ["--compare", "{A}", "{FILE}"], 2, "holds no sweep.json"),
+    ("report", ["--compare", "{CUT}", "{A}"], 2, "sweep.json"),
+    ("report", ["--experiment", "../../x"], 2, "--experiment='../../x'"),
+    ("report", ["--compare", "{A}", "{B}", "{A}"], 2, "--compare takes its two sweeps itself"),
+    # launcher.forecast
+    ("forecast", ["{A}", "model.params.n_layer=-3"], 2, "model.params.n_layer=-3"),
+    ("forecast", ["{A}", "nodes=0"], 2, "nodes=0"),
+    ("forecast", ["{A}", "strategy=bogus"], 2, "strategy/bogus"),
+    ("forecast", ["{A}", "nodes=100000"], 2, "limits.nodes"),
+    ("forecast", ["{A}", "+model.config.n_layer=2"], 2, "model.config.n_layer"),
+    ("forecast", ["{A}", "--bogus"], 2, "--bogus"),
+    ("forecast", ["{A}", "{B}"], 2, "give one sweep directory"),
+    ("forecast", ["{CUT}", "nodes=2"], 2, "sweep.json"),
+    # launcher.sync
+    ("sync", ["{CUT}"], 2, "sweep.json"),
+    ("sync", ["{A}", "--tracking-uri", "ftp://nowhere/x"], 2, "ftp://"),
+    ("sync", ["{NOPE}"], 2, "sweep.json"),
+]
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    paths = {"A": make_sweep(root, "a", BASE), "B": make_sweep(root, "b", BASE),
+             "RUN": make_sweep(root, "run", BASE), "EMPTY": make_sweep(root, "empty", {}),
+             "CUT": make_sweep(root, "cut", BASE), "FILE": root / "plain.txt", "NOPE": root / "nope"}
+    state = SweepState.load(paths["RUN"])
+    state.cells[0].status = CellStatus.running
+    state.save()
+    text = (paths["CUT"] / "sweep.json").read_text()
+    (paths["CUT"] / "sweep.json").write_text(text[: len(text) // 2])
+    paths["FILE"].write_text("not a sweep\n")
+    return root, {k: str(v) for k, v in paths.items()}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"/" for p in sorted(root.rglob("*"))}
+
+
+def _main(command: str):
+    if command == "launcher":
+        from launcher.__main__ import main
+    elif command == "report":
+        from launcher.report.__main__ import main
+    elif command == "forecast":
+        from launcher.forecast import main
+    else:
+        from launcher.sync import main
+    return main
+
+
+@pytest.mark.parametrize("command, argv, code, says", CORPUS, ids=[f"{c[0]} {' '.join(c[1])}"[:80] for c in CORPUS])
+def test_hostile_input(command, argv, code, says, sweeps, tmp_path, monkeypatch, capsys):
+    root, paths = sweeps
+    argv = [a.format(**paths) for a in argv]
+    out = tmp_path / "out"
+    if command == "launcher":
+        argv.append(f"output_root={out}")
+    monkeypatch.chdir(tmp_path)  # a default outputs/ would appear here
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = _tree(root)
+    try:
+        got = _main(command)(argv)
+    except SystemExit as exc:  # argparse's own refusal (a flag's value of the wrong type)
+        got = exc.code
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert got == code, said
+    assert says in captured.err, said
+    assert "Traceback" not in said
+    assert _tree(root) == before  # nothing created or lost beside the sweeps
+    assert not list(tmp_path.rglob("*"))  # nothing created where the command ran, no output_root
+
+
+def test_the_corpus_is_large_enough():
+    assert len(CORPUS) >= 40
