@@ -402,14 +402,23 @@ def test_cancel_mid_sweep_is_one_thing_everywhere(tmp_path, capsys):
     assert [s.split()[0] for _, s in sacct_lines] == ["COMPLETED", "CANCELLED"]
 
 
+def _queued_jobs() -> set[str]:
+    """The jobs in the queue, by job id (an array by its array job id: its tasks start, end and change
+    their own ids between two reads, the array's id stays)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
 def test_an_impossible_memory_request_is_refused_before_sbatch(tmp_path, capsys):
-    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    # What it means: this refusal submitted no job. Jobs of earlier tests may end (and leave the queue)
+    # between the two reads; only a job that was not there before would be this command's.
+    before = _queued_jobs()
     assert main(["cluster=slurm", "model=gpt_tiny", "runs=1", "cluster.mem_gb=100", f"output_root={tmp_path}"]) == 2
     err = capsys.readouterr().err
     print(err)
     assert "102400 MB of memory per node (cluster.mem_gb=100)" in err and "4000 MB" in err and "Fix:" in err
-    assert not any(tmp_path.iterdir())
-    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+    assert not any(tmp_path.iterdir())  # no sweep directory, no submitit folder: sbatch was never called
+    assert not _queued_jobs() - before, "the refused request submitted a job"
     # What the check cannot know, sbatch still refuses: a clear error, and the cells failed with its reason.
     code = main(["-m", *FAST, "seed=1,2", "+cluster.additional_parameters.gres=gpu:1", f"output_root={tmp_path}",
                  f"sweep_dir={tmp_path / 'refused'}"])
