@@ -1,0 +1,195 @@
+"""False claims between two sweeps, simulated on recorded sweep-to-sweep noise (``--compare``'s proof).
+
+    python -m bench.sweep_aa --record A1 B1 [A2 B2 ...]   # A/A pairs of sweeps -> tests/data/sweep_drift.json
+    python -m bench.sweep_aa [--replicates 2000] [--seed 1]  # the simulation and its table
+
+The noise, both levels recorded on this machine:
+
+* **run to run**: every run's throughput, step time and peak memory over its configuration's mean
+  in the recorded pairs' own sweeps (tests/data/sweep_drift.json, "runs"; without them
+  tests/data/run_noise.json), drawn run by run (a run's three figures together);
+* **sweep to sweep**: for real A/A pairs of default sweeps run one after the other, each
+  configuration's log ratio of the two sweeps' means (tests/data/sweep_drift.json, written by
+  ``--record``; it holds the pairs' own run noise too, so the drift it shows is if anything too
+  large).
+
+An A/A replicate draws a recorded pair's vector of log ratios (all configurations of one pair
+together, as the machine moved them together; A and B swapped at random), applies it to B's
+means, and draws 3 runs per configuration and side from the run-to-run pool. Both sweeps measure
+the same four configurations, so any claim is false. The comparison is ``--compare``'s own
+(launcher/report/compare.py): Bonferroni over its rows, with the drift kept from the *other*
+recorded pairs (leave-one-out, as a later comparison sees a record that does not hold it), and
+without any drift record. The slowdown replicate multiplies B's throughput by the recorded
+single-core factor (every rank on one core: about 0.55, docs/deciding.md) and must be called a
+regression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.report import compare, noisefloor
+from launcher.report.report import collect
+from launcher.report.stats import Drift
+from launcher.state import SweepState
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_NOISE = ROOT / "tests" / "data" / "run_noise.json"
+DRIFT_DATA = ROOT / "tests" / "data" / "sweep_drift.json"
+CONFIGURATIONS = [("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)]
+# Means of the default sweep on this machine (docs/deciding.md); only their ratios matter here.
+MEANS = {("ddp", 1): (118.6, 67.8, 0.45), ("ddp", 2): (127.8, 125.9, 0.48), ("fsdp", 1): (93.7, 86.6, 0.43),
+         ("fsdp", 2): (86.2, 189.0, 0.43)}
+METRICS = ("throughput", "step_time", "peak_memory")
+SINGLE_CORE = 0.55  # throughput factor of every rank on one core (docs/deciding.md: -40% to -48%)
+
+
+def record(pairs: Sequence[tuple[Path, Path]], out: Path = DRIFT_DATA) -> dict[str, Any]:
+    """Each A/A pair's per-configuration log ratios of the means (B over A), and what their runs explain."""
+    recorded, runs = [], []
+    for a, b in pairs:
+        rows_a, rows_b = collect(SweepState.load(a)), collect(SweepState.load(b))
+        runs += _relative_runs(rows_a) + _relative_runs(rows_b)
+        result = compare.compare(rows_a, rows_b)
+        entry: dict[str, Any] = {"a": str(a), "b": str(b), "configurations": {}, "not_compared": [
+            f"{m.name}: {m.why_not}" for m in result.not_compared]}
+        for m in result.matches:
+            if m.caveat:
+                entry["not_compared"].append(f"{m.name}: {m.caveat}")
+                continue
+            entry["configurations"][m.name] = {
+                e["metric"]: {"d": math.copysign(math.sqrt(e["d2"]), _sign(m, e["metric"])), "within": e["within"]}
+                for e in noisefloor.drift_entries([(m.a, m.b)])}
+        recorded.append(entry)
+    data = {"what": "sweep-to-sweep noise: A/A pairs of default sweeps run one after the other; per configuration "
+                    "and metric the log ratio d of the two sweeps' means and the part their runs explain",
+            "pairs": recorded, "runs": runs}
+    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
+
+
+def _relative_runs(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Every run's three figures over its configuration's mean in its sweep (runs flagged for
+    interference left out, as every claim leaves them out)."""
+    from launcher.report.rows import grouped
+    from launcher.report.stats import estimate, run_values
+
+    out = []
+    for unit in grouped(rows):
+        members = [m for m in unit.get("_members", [unit]) if not m.get("interference")]
+        values = {metric: run_values({"_members": members}, metric) for metric in METRICS}
+        means = {metric: (e.mean if (e := estimate({"_members": members}, metric)) else 0.0) for metric in METRICS}
+        if all(means.values()) and len({len(v) for v in values.values()}) == 1:
+            out += [{metric: values[metric][i] / means[metric] for metric in METRICS}
+                    for i in range(len(values["throughput"]))]
+    return out
+
+
+def _sign(m: compare.Match, metric: str) -> float:
+    from launcher.report.stats import estimate
+
+    ea, eb = estimate(m.a, metric), estimate(m.b, metric)
+    return 1.0 if ea is None or eb is None or eb.mean >= ea.mean else -1.0
+
+
+def _pool(path: Path = RUN_NOISE) -> list[dict[str, float]]:
+    """Recorded runs, each its three relative figures together."""
+    data = json.loads(path.read_text())
+    runs = []
+    for c in data["configurations"].values():
+        for i in range(len(c["throughput"])):
+            runs.append({m: c[m][i] for m in METRICS if m in c and i < len(c[m])})
+    return [r for r in runs if len(r) == len(METRICS)]
+
+
+def _drift(pairs: list[dict[str, Any]], key: str = "local:vm") -> Drift | None:
+    """The drift a comparison would judge against, from these recorded pairs (as noisefloor keeps it)."""
+    entries = [{"metric": metric, "d2": v["d"] ** 2, "within": v["within"]}
+               for p in pairs for c in p["configurations"].values() for metric, v in c.items()]
+    left: dict[str, list[float]] = {}
+    for e in entries:
+        left.setdefault(e["metric"], []).append(e["d2"] - e["within"])
+    if not left:
+        return None
+    return Drift({m: math.sqrt(max(0.0, sum(v) / len(v))) for m, v in left.items()},
+                 min(len(v) for v in left.values()), f"{key}, {len(pairs)} recorded pair(s)")
+
+
+def _rows(rng: random.Random, pool: list[dict[str, float]], shift: dict[str, dict[str, float]], runs: int,
+          factor: float = 1.0) -> list[dict[str, Any]]:
+    rows = []
+    for strategy, nodes in CONFIGURATIONS:
+        name = f"strategy={strategy} nodes={nodes}"
+        tp, step, peak = MEANS[(strategy, nodes)]
+        moved = {m: math.exp(shift.get(name, {}).get(m, 0.0)) for m in METRICS}
+        for run in range(1, runs + 1):
+            r = rng.choice(pool)
+            rows.append({"cell": f"{name} run={run}", "strategy": strategy, "precision": "fp32", "model": "gpt_tiny",
+                         "nodes": nodes, "world_size": nodes, "status": "done",
+                         "settings": {"strategy": strategy, "nodes": str(nodes)},
+                         "throughput_samples_per_s": tp * moved["throughput"] * r["throughput"] * factor,
+                         "throughput_samples_per_s_per_device": tp * moved["throughput"] * r["throughput"] * factor
+                         / nodes,
+                         "step_time_ms_p50": step * moved["step_time"] * r["step_time"] / factor,
+                         "peak_mem_allocated_gib": peak * moved["peak_memory"] * r["peak_memory"]})
+    return rows
+
+
+def simulate(replicates: int, seed: int, runs: int = 3, data: dict[str, Any] | None = None,
+             pool: list[dict[str, float]] | None = None) -> dict[str, float]:
+    """Rates over ``replicates``: A/A comparisons with any false claim, with the drift (leave-one-out)
+    and without a drift record; slowdowns called a regression in every configuration."""
+    data = data or json.loads(DRIFT_DATA.read_text())
+    pool = pool or data.get("runs") or _pool()  # the recorded pairs' own runs, else the older record
+    pairs = [p for p in data["pairs"] if p["configurations"]]
+    rng = random.Random(seed)
+    claimed_drift = claimed_none = caught = 0
+    for _ in range(replicates):
+        i = rng.randrange(len(pairs))
+        sign = rng.choice((1.0, -1.0))
+        shift = {name: {m: sign * v["d"] for m, v in c.items()} for name, c in pairs[i]["configurations"].items()}
+        drift = _drift(pairs[:i] + pairs[i + 1:]) if len(pairs) > 1 else None
+        a, b = _rows(rng, pool, {}, runs), _rows(rng, pool, shift, runs)
+        claimed_drift += bool(_claims(compare.compare(a, b, drift=drift)))
+        claimed_none += bool(_claims(compare.compare(a, b)))
+        slow = compare.compare(a, _rows(rng, pool, shift, runs, SINGLE_CORE), drift=drift)
+        caught += all(d.verdict == compare.REGRESSION for m in slow.matches for d in m.deltas
+                      if d.metric == "samples/s")
+    return {"aa_false_with_drift": claimed_drift / replicates, "aa_false_without_drift": claimed_none / replicates,
+            "slowdown_caught": caught / replicates, "replicates": replicates, "pairs": len(pairs)}
+
+
+def _claims(result: compare.Comparison) -> list[compare.Delta]:
+    return [d for m in result.matches for d in m.deltas if d.verdict in (compare.IMPROVEMENT, compare.REGRESSION)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.sweep_aa", description=__doc__.splitlines()[0])
+    p.add_argument("--record", nargs="+", metavar="SWEEP", help="A/A pairs of sweep directories: A1 B1 A2 B2 ...")
+    p.add_argument("--replicates", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.record:
+        if len(args.record) % 2:
+            print("error: --record takes pairs of sweep directories (A1 B1 A2 B2 ...).", file=sys.stderr)
+            return 2
+        found = record([(Path(a), Path(b)) for a, b in zip(args.record[::2], args.record[1::2], strict=True)])
+        for pair in found["pairs"]:
+            ds = [f"{v['throughput']['d']:+.3f}" for v in pair["configurations"].values() if "throughput" in v]
+            print(f"{Path(pair['a']).name} -> {Path(pair['b']).name}: throughput log ratios {' '.join(ds)}; "
+                  f"not compared: {pair['not_compared'] or 'none'}")
+        return 0
+    rates = simulate(args.replicates, args.seed)
+    print(json.dumps(rates, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
