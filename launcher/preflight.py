@@ -44,7 +44,7 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _looks(cells[0].config)
-    _baseline(cells[0].config)
+    _baseline(cells)
     _writable(cells[0].config)
     _tracking(cells[0].config)
     return predicted
@@ -65,23 +65,39 @@ def _looks(config: Config) -> None:
             f"raise runs_min, lower runs_max, or raise limits.looks={looks}.")))
 
 
-def _baseline(config: Config) -> None:
+def _baseline(cells: list[Cell]) -> None:
     """A runs=auto baseline read whole before the first job: its sweep.json and every result.json
-    parse, and it has results to compare with (a damaged one found after round 1 would leave the new
-    sweep without a report)."""
+    parse, it has results, and some configuration of this grid can be compared with one of its own
+    (the rule of --compare, launcher/report/compare.py). A damaged or unlike baseline found after
+    round 1 would leave the new sweep without a report, or its rounds chasing comparisons that mean
+    nothing."""
+    config = cells[0].config
     if not config.baseline:
         return
+    from launcher.report import compare
+    from launcher.report.report import collect
     from launcher.state import StateError, SweepState
 
     try:
         state = SweepState.load(Path(config.baseline))
         done = [c for c in state.cells if c.status.value == "done" and state.read_result(c)]
+        rows = collect(state)
     except StateError as exc:
         raise SweepError(f"baseline={config.baseline!r}: {exc}") from exc
     if not done:
         raise SweepError(f"baseline={config.baseline!r}: no cell of that sweep has a result "
                          f"({len(state.cells)} cell(s), none done): there is nothing to compare with. Fix: give a sweep "
                          f"that finished (python -m launcher.status {config.baseline}).")
+    planned = [{"cell": c.name, "settings": dict(o.split("=", 1) for o in c.overrides if "=" in o), "model": c.model,
+                "strategy": c.strategy, "precision": c.precision, "nodes": c.nodes, "world_size": c.world_size,
+                "status": "done"} for c in cells]
+    found = compare.compare(rows, planned)
+    if not found.matches:
+        why = "; ".join(f"{m.name}: {m.why_not}" for m in found.not_compared[:3]) or \
+            "no configuration in common (neither the same settings nor the same swept values)"
+        raise SweepError(f"baseline={config.baseline!r}: none of its configurations can be compared with this "
+                         f"sweep's ({why}). Fix: give a baseline of the same model, world sizes and settings, apart "
+                         f"from the one under test, or compare afterwards (python -m launcher.report --compare A B).")
 
 
 def analyse(cells: list[Cell]) -> dict[int, fit.StateBytes]:

@@ -162,6 +162,9 @@ CORPUS = [
     ("launcher", [*AUTO, "baseline={FILE}"], 2, "holds no sweep.json"),
     ("launcher", [*AUTO, "baseline={CUT}"], 2, "baseline="),
     ("launcher", [*AUTO, "baseline={EMPTY}"], 2, "no cell of that sweep has a result"),
+    ("launcher", [*AUTO, "nodes=1,2", "model=mlp", "baseline={A}"], 2, "none of its configurations can be compared"),
+    ("launcher", [*AUTO, "nodes=1,2", "model=gpt_tiny", "batch_size=8", "steps=99", "baseline={A}"], 2,
+     "settings differ in 2 keys (batch_size, steps)"),
     # models: values no cell could take (forecast axes included, below)
     ("launcher", ["model.params.n_layer=-3"], 2, "model.params.n_layer=-3"),
     ("launcher", ["+model.config.n_layer=2"], 2, "model.config.n_layer=2"),
@@ -266,3 +269,13 @@ def test_hostile_input(command, argv, code, says, sweeps, tmp_path, monkeypatch,
 
 def test_the_corpus_is_large_enough():
     assert len(CORPUS) >= 40
+
+
+def test_a_comparable_baseline_passes_the_check_before_the_first_job(sweeps, tmp_path, capsys):
+    from launcher.__main__ import main
+
+    _, paths = sweeps
+    # The same grid with one setting under test (the hand-made baseline's ranks per node are not among
+    # its overrides, so cluster.tasks_per_node is the one setting apart): compared by name.
+    assert main([*AUTO, "nodes=1,2", "cluster.tasks_per_node=2", "model=gpt_tiny", "batch_size=4",
+                 f"baseline={paths['A']}", "--plan", f"output_root={tmp_path / 'out'}"]) == 0, capsys.readouterr().err
