@@ -61,12 +61,14 @@ def record(pairs: Sequence[tuple[Path, Path]], out: Path = DRIFT_DATA) -> dict[s
         entry: dict[str, Any] = {"a": str(a), "b": str(b), "configurations": {}, "not_compared": [
             f"{m.name}: {m.why_not}" for m in result.not_compared]}
         for m in result.matches:
-            if m.caveat:
-                entry["not_compared"].append(f"{m.name}: {m.caveat}")
-                continue
+            if m.caveat:  # kept: the noise of this machine tonight is what the rule must hold against
+                entry.setdefault("flagged", []).append(f"{m.name}: {m.caveat}")
+            plain = [{k: v for k, v in row.items() if k != "interference"} for row in (m.a, m.b)]
+            plain = [{**r, "_members": [{k: v for k, v in x.items() if k != "interference"}
+                                        for x in r.get("_members", [r])]} for r in plain]
             entry["configurations"][m.name] = {
                 e["metric"]: {"d": math.copysign(math.sqrt(e["d2"]), _sign(m, e["metric"])), "within": e["within"]}
-                for e in noisefloor.drift_entries([(m.a, m.b)])}
+                for e in noisefloor.drift_entries([(plain[0], plain[1])])}
         recorded.append(entry)
     data = {"what": "sweep-to-sweep noise: A/A pairs of default sweeps run one after the other; per configuration "
                     "and metric the log ratio d of the two sweeps' means and the part their runs explain",
@@ -83,7 +85,7 @@ def _relative_runs(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
 
     out = []
     for unit in grouped(rows):
-        members = [m for m in unit.get("_members", [unit]) if not m.get("interference")]
+        members = list(unit.get("_members", [unit]))  # flagged runs too: the machine's noise as it was
         values = {metric: run_values({"_members": members}, metric) for metric in METRICS}
         means = {metric: (e.mean if (e := estimate({"_members": members}, metric)) else 0.0) for metric in METRICS}
         if all(means.values()) and len({len(v) for v in values.values()}) == 1:

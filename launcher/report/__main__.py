@@ -137,9 +137,12 @@ def _record_drift(a: str, b: str, result: compare.Comparison, where: tuple[Path,
                           "and pass the two sweep directories once both have ended.")
     entries = noisefloor.drift_entries([(m.a, m.b) for m in result.matches])
     if not entries:
+        flagged = sum(1 for m in result.matches if m.caveat)
         raise ReportError(f"--record-drift: no configuration of {a} and {b} was measured in {noisefloor.MIN_RUNS} or "
-                          f"more runs on both sides, so their own noise cannot be told from the drift. Fix: run the "
-                          f"A/A pair with runs={noisefloor.MIN_RUNS} or more.")
+                          f"more runs on both sides without interference ({flagged} of {len(result.matches)} flagged), "
+                          f"so the drift between quiet sweeps cannot be told from their runs' own noise or another "
+                          f"job's load. Fix: run the A/A pair with runs={noisefloor.MIN_RUNS} or more on a quiet machine "
+                          f"(or on whole nodes).")
     drift = noisefloor.record_drift(where[0], where[1], entries, f"{Path(a).name} vs {Path(b).name}")
     if drift is None:
         print(f"error: the drift record in {where[0] / noisefloor.DRIFT_FILE} could not be written.", file=sys.stderr)

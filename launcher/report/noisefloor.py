@@ -99,9 +99,12 @@ def _read(root: Path) -> dict[str, Any]:
 
 def drift_entries(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
     """For every A/A pair of configurations (A's row, B's row) and metric measured in MIN_RUNS or
-    more runs on both sides: the squared log ratio of the means and the part the runs explain."""
+    more runs on both sides, neither flagged for interference: the squared log ratio of the means
+    and the part the runs explain."""
     out = []
     for a, b in pairs:
+        if any(m.get("interference") for row in (a, b) for m in row.get("_members", [row])):
+            continue  # flagged: another job's load, not the machine's drift between quiet sweeps
         for metric in METRICS:
             ea, eb = estimate(a, metric), estimate(b, metric)
             if ea is None or eb is None or ea.n < MIN_RUNS or eb.n < MIN_RUNS or ea.mean <= 0 or eb.mean <= 0 \
