@@ -21,7 +21,8 @@ first; ``--budget PART=S`` changes one, ``--only`` runs some, ``--tests-k`` reru
 6. cells: the worker through the launcher (``tracking=off``), one run per model x {DDP, FSDP} in
    bf16: the user's path, its report, energy, and the peak memory the next part reads;
 7. memory: the launcher's fit check (its plan) against each cell's measured ``max_memory_allocated``;
-8. resnet50-fp16: part 5 in fp16.
+8. resnet50-fp16: part 5 in fp16;
+9. gpt2-fp16 (beyond the nine minutes: only when its budget is left, or named by ``--only``): part 4 in fp16.
 
 The worker is driven with every tuning setting explicit (bench/tuning.py), each only where this
 tree's RunSpec has it; each part lists what it set and what it could not. What it writes into
@@ -259,20 +260,25 @@ def _printed_figures(text: str) -> list[str]:
 
 # ---- 4, 5 and 8. the tuned reference beside the worker (bench/tuned.py) -----------------------
 
-TUNED_PARTS = {"gpt2": ("gpt2-small", "bf16"), "resnet50": ("resnet50", "bf16"), "resnet50-fp16": ("resnet50", "fp16")}
+TUNED_PARTS = {"gpt2": ("gpt2-small", "bf16"), "resnet50": ("resnet50", "bf16"), "resnet50-fp16": ("resnet50", "fp16"),
+               "gpt2-fp16": ("gpt2-small", "fp16")}
+# The job stops its own work this much before the part's budget, so that it writes its figures
+# itself rather than being stopped.
+JOB_MARGIN_S = 5.0
 
 
 def tuned_args(check: Check, part: str) -> list[str]:
     """bench/tuned.py's arguments for a part: the reported shapes on a GPU; tiny ones on CPU, which
     run the code path in seconds (no compilation there: bench/tuning.py)."""
     model, precision = TUNED_PARTS[part]
+    gpt = model.startswith("gpt")
     if check.cpu:
-        shape = (["--model", "gpt_tiny", "--seq-len", "64", "--vocab-size", "512", "--batch-size", "4"] if part == "gpt2"
+        shape = (["--model", "gpt_tiny", "--seq-len", "64", "--vocab-size", "512", "--batch-size", "4"] if gpt
                  else ["--model", "cnn", "--image-size", "32", "--batch-size", "4"])
         timing = ["--rounds", "2", "--block-steps", "2", "--warmup-steps", "1", "--warmup-blocks", "1"]
     else:
         shape = (["--model", model, "--seq-len", str(tuning.GPT2_SEQ_LEN), "--vocab-size", "50257",
-                  "--batch-size", str(tuning.GPT2_BATCH)] if part == "gpt2"
+                  "--batch-size", str(tuning.GPT2_BATCH)] if gpt
                  else ["--model", model, "--image-size", "224", "--batch-size", str(tuning.RESNET50_BATCH)])
         # fp16: the GradScaler backs off from 65536 over its first steps, which stay in the warm-up.
         timing = ["--rounds", "4", "--block-s", "1.0", "--warmup-steps", "8" if precision == "fp16" else "4",
@@ -286,6 +292,7 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     out.unlink(missing_ok=True)
     cmd = [check.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            str(REPO / "bench" / "tuned.py"), *tuned_args(check, part), "--out", str(out),
+           "--budget-s", f"{max(10.0, budget_s - JOB_MARGIN_S):.0f}",
            *(a for item in check.worker_set for a in ("--worker-set", item))]
     rc, text = run_logged(check, cmd, "tuned.log", budget_s)
     result = _read_json(out)
@@ -299,6 +306,8 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     check.tuned[part] = config
     figures = tuned_figures(config)
     errors = [f"{name}: {side['error'].splitlines()[0]}" for name, side in config["sides"].items() if "error" in side]
+    skipped = [f"{name} skipped: {side['skipped']}" for name, side in config["sides"].items() if "skipped" in side]
+    skipped += [f"rounds cut {config['rounds_cut']}"] if "rounds_cut" in config else []
     measured = [n for n, f in figures.items() if f.get("throughput")]
     verdict = "FAIL" if errors or not measured else ("partial" if rc is None or len(measured) < len(config["sides"])
                                                     else "pass")
@@ -306,6 +315,7 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     summary = "; ".join(f"{n} {f['throughput']:,.0f} {unit}/s" + (f" ({f['vs_tuned']:.3f}x tuned)" if f.get("vs_tuned") else "")
                         for n, f in figures.items() if f.get("throughput"))
     status = "stopped at its budget; " if rc is None else ("" if rc == 0 else f"exit {rc}; ")
+    status += "".join(f"{line}; " for line in skipped)
     details = tuned_details(check, config, figures)
     if errors or rc not in (0, None):
         details += ["", "Errors and the job's last lines:", *(f"- {e}" for e in errors), *tail(text, 25)]
@@ -644,6 +654,8 @@ def targets(check: Check) -> list[tuple[str, str, str]]:
                      judge(best[1] if best else None, threshold)))
     for part in TUNED_PARTS:
         config = check.tuned.get(part)
+        if config is None and part in OPTIONAL_PARTS:
+            continue
         model, precision = TUNED_PARTS[part]
         figures = tuned_figures(config) if config else {}
         label = f"{config['model']} {config['precision']}" if config else f"{model} {precision}"
@@ -749,7 +761,10 @@ PARTS: tuple[tuple[str, float, Callable[[Check, float], tuple[str, str, list[str
     ("cells", 100, cells),
     ("memory", 20, memory),
     ("resnet50-fp16", 115, lambda check, budget_s: tuned_part(check, budget_s, "resnet50-fp16")),
+    # Beyond the nine minutes (OPTIONAL_PARTS): runs when its whole budget is left, or when --only names it.
+    ("gpt2-fp16", 115, lambda check, budget_s: tuned_part(check, budget_s, "gpt2-fp16")),
 )
+OPTIONAL_PARTS = {"gpt2-fp16"}
 
 
 def run_part(check: Check, name: str, budget_s: float, fn) -> None:
@@ -861,6 +876,10 @@ def main(argv: list[str] | None = None) -> int:
     tree = tree_identity()
     print(f"gpu-check: the tree: {tree}", file=sys.stderr, flush=True)
     for name, _, fn in PARTS:
+        if only is None and name in OPTIONAL_PARTS and check.remaining_s() < budgets[name]:
+            print(f"gpu-check: {name}: left out ({check.remaining_s():.0f} s left, its budget {budgets[name]:.0f} s)",
+                  file=sys.stderr, flush=True)
+            continue
         if only is None or name in only:
             run_part(check, name, budgets[name], fn)
             write_results(check, started, tree)

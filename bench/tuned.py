@@ -33,21 +33,25 @@ DDP / FSDP block-time ratios, throughput from the block medians.
 
 from __future__ import annotations
 
-import argparse
-import functools
-import gc
-import json
-import os
-import socket
-import sys
 import time
-import traceback
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-import torch
-import torch.nn.functional as F
+# Taken before torch's import: the job's own start, which its --budget-s counts from.
+JOB_START_S = time.monotonic()
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run by path under torchrun: the checkout's packages first
@@ -190,8 +194,19 @@ def parser() -> argparse.ArgumentParser:
                    help="a worker setting on top of bench/tuning.py's, e.g. train.loss='\"full\"'")
     p.add_argument("--anatomy-steps", type=int, default=0, help="profiled steps per worker side afterwards")
     p.add_argument("--fabric", action="store_true", help="time each collective at one rank afterwards")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="the job's wall time, counted from its start: a worker side whose build and compilation "
+                        "would leave no time for the rounds is skipped, and rounds stop at it (0: no limit)")
     p.add_argument("--out", required=True)
     return p
+
+
+def remaining_s(args) -> float:
+    return args.budget_s - (time.monotonic() - JOB_START_S) if args.budget_s else float("inf")
+
+
+# Kept for what follows the rounds: the probes, the fabric timing, the last writes.
+END_MARGIN_S = 8.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -221,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
             result["configs"].append(config)
             run_config(args, config, env, device, backend, control_group, work, save=lambda: _write(out, result))
             _write(out, result)
-        if args.fabric:
+        if args.fabric and remaining_s(args) > END_MARGIN_S / 2:
             result["fabric"] = fabric_one_rank(device)
             _write(out, result)
     print(json.dumps({"done": str(out)}), flush=True)
@@ -284,9 +299,21 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
     if tuned is not None:
         runs["tuned"] = functools.partial(tuned.run, block_steps)
     workers: dict[str, Any] = {}
+    # A block's length as the tuned side's warm-up measured it; what one side's build and compilation
+    # costs, first guessed from the tuned side's, then taken from the last worker side's.
+    block_s = block_steps * step_s if step_s else args.block_s
+    side_cost_s = (config["sides"].get("tuned") or {}).get("first_step_s") or 0.0
     for strategy in (s for s in sides if s != "tuned"):
+        rounds_s = args.rounds * (len(runs) + 1) * block_s
+        if remaining_s(args) < side_cost_s + rounds_s + END_MARGIN_S:
+            config["sides"][strategy] = {"skipped": f"{remaining_s(args):.0f} s left of the job's budget: building "
+                                                    f"it (about {side_cost_s:.0f} s) would leave none for the rounds"}
+            save()
+            continue
+        t0 = time.perf_counter()
         side, built = worker_side(args, spec, strategy, precision, env, device, backend, control_group,
                                   block_steps, work / f"{precision}-{strategy}")
+        side_cost_s = time.perf_counter() - t0
         config["sides"][strategy] = side
         if built is not None:
             runs[strategy], workers[strategy] = built
@@ -295,11 +322,16 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
     for name in order:
         config["sides"][name]["block_s"] = []
     for r in range(args.rounds):
+        if r >= 2 and remaining_s(args) < len(order) * block_s * 1.5 + END_MARGIN_S:
+            config["rounds_cut"] = f"after {r} rounds: the job's budget"
+            break
         for name in (order if r % 2 == 0 else order[::-1]):
             config["sides"][name]["block_s"].append(_timed(runs[name], sync))
         save()
     if args.anatomy_steps:
         for strategy, setup in workers.items():
+            if remaining_s(args) < END_MARGIN_S:
+                break
             config["sides"][strategy]["anatomy"] = anatomy_one_rank(setup, args.anatomy_steps, device)
             save()
     runs.clear()

@@ -166,18 +166,33 @@ def test_the_tuned_loop_trains_a_cnn_channels_last_with_fused_adamw():
     assert any(not torch.equal(a, b) for a, b in zip(first, loop.model.parameters(), strict=True))
 
 
+def _one_rank_env() -> dict[str, str]:
+    from tests.ranks import free_ports
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))}
+    return {**env, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]), "OMP_NUM_THREADS": "1"}
+
+
+def test_the_tuned_job_keeps_inside_its_budget_and_says_what_it_skipped(tmp_path):
+    out = tmp_path / "tuned.json"
+    subprocess.run([sys.executable, str(REPO / "bench" / "tuned.py"), "--model", "gpt_tiny", "--seq-len", "16",
+                    "--vocab-size", "64", "--batch-size", "2", "--sides", "tuned,ddp", "--rounds", "4",
+                    "--block-steps", "1", "--warmup-steps", "1", "--budget-s", "1", "--out", str(out)],
+                   cwd=REPO, env=_one_rank_env(), check=True, timeout=120, capture_output=True)
+    (config,) = json.loads(out.read_text())["configs"]
+    assert "would leave none for the rounds" in config["sides"]["ddp"]["skipped"]
+    assert len(config["sides"]["tuned"]["block_s"]) == 2 and config["rounds_cut"] == "after 2 rounds: the job's budget"
+
+
 def test_the_tuned_job_runs_beside_the_worker_and_the_check_reads_it(tmp_path):
     """bench/tuned.py at tiny shapes on CPU, as the check's gpt2 part runs it: every side's blocks,
     the worker's settings (only those this spec has), the anatomy and the fabric timing at one rank;
     then the check's figures and targets from it."""
     from bench import tuning
-    from tests.ranks import free_ports
 
     out = tmp_path / "tuned.json"
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]), "OMP_NUM_THREADS": "1"}
-    for prefix in ("SLURM_", "SUBMITIT_", "TORCHELASTIC_"):
-        env = {k: v for k, v in env.items() if not k.startswith(prefix)}
+    env = _one_rank_env()
     subprocess.run([sys.executable, str(REPO / "bench" / "tuned.py"), "--model", "gpt_tiny", "--seq-len", "32",
                     "--vocab-size", "200", "--batch-size", "2", "--rounds", "2", "--block-steps", "2",
                     "--warmup-steps", "1", "--warmup-blocks", "1", "--anatomy-steps", "1", "--fabric",
