@@ -540,7 +540,8 @@ def cells(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
             done += 1
             denominator = f"{tags.get('peak_flops_math', '-')}, {_fmt((s.get('peak_flops_per_s') or 0) / 1e12)} TFLOP/s" \
                 if s.get("peak_flops_per_s") else tags.get("mfu_missing", "-")
-            table.append(f"| {row['cell']} | {_fmt(s.get('throughput_samples_per_s_per_device'))} | "
+            label = name if row["cell"] == "single" else f"{name}: {row['cell']}"
+            table.append(f"| {label} | {_fmt(s.get('throughput_samples_per_s_per_device'))} | "
                          f"{_fmt(s.get('throughput_tokens_per_s_per_device'))} | {_pct(s.get('mfu'))} ({denominator}) | "
                          f"{_fmt(s.get('peak_mem_allocated_gib'))} | "
                          f"{'-' if s.get('energy_j_per_sample') is None else format(s['energy_j_per_sample'], '.3f')} | "
@@ -579,7 +580,9 @@ for line in sys.stdin:
 
 
 def memory(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
-    rows = [r for sweep in check.sweeps.values() for r in cell_rows(sweep) if r["spec"]]
+    # A one-cell sweep names its cell "single": each row is named by its sweep (the check's name for it).
+    rows = [{**r, "name": f"{name}: {r['cell']}" if r["cell"] != "single" else name}
+            for name, sweep in check.sweeps.items() for r in cell_rows(sweep) if r["spec"]]
     measured_key = "peak_mem_allocated_gib" if not check.cpu else "peak_rss_gib"
     rows = [r for r in rows if r["summary"].get(measured_key)]
     if not rows:
@@ -594,21 +597,19 @@ def memory(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
     except subprocess.TimeoutExpired as exc:  # the cells it predicted before the budget still count
         out = exc.stdout or ""
         stdout, stopped = out.decode(errors="replace") if isinstance(out, bytes) else out, True
-    predicted = {d["cell"]: d for d in map(json.loads, (line for line in stdout.splitlines() if line.startswith("{")))}
+    # One line per spec, in the order given.
+    predicted = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     if not predicted:
         return ("partial" if stopped else "FAIL"), "no cell predicted" + (" before the budget" if stopped else ""), []
     table = [f"| cell | predicted state GiB | activations GiB | loss gradients GiB | predicted peak GiB | "
              f"measured {measured_key} | measured / predicted |", "|---|---:|---:|---:|---:|---:|---:|"]
     ratios = []
-    for row in rows:
-        p = predicted.get(row["cell"])
-        if p is None:
-            continue
+    for row, p in zip(rows, predicted, strict=False):
         peak = p["peak"] / 2**30
         measured = row["summary"][measured_key]
         ratios.append(measured / peak)
         activations = "-" if p["activations"] is None else f"{p['activations'] / 2**30:.2f}"
-        table.append(f"| {row['cell']} | {p['state'] / 2**30:.2f} | {activations} | {p['loss_grads'] / 2**30:.2f} | "
+        table.append(f"| {row['name']} | {p['state'] / 2**30:.2f} | {activations} | {p['loss_grads'] / 2**30:.2f} | "
                      f"{peak:.2f} | {measured:.2f} | {ratios[-1]:.2f} |")
     figures = f"measured / predicted {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} cells"
     # On CPU the measurement is the whole process's RSS (the interpreter, torch): a comparison of
