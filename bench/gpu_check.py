@@ -404,7 +404,8 @@ def tuned_details(check: Check, config: dict[str, Any], figures: dict[str, dict[
                 lines.append(f"  - {side['loss_fallback'].splitlines()[0]}; the compiled plain cross-entropy ran instead")
         else:
             lines.append(f"- {name}: set {tuning.describe(side.get('settings_set', {}))}; not in this tree's spec: "
-                         f"{', '.join(side.get('settings_not_in_spec', [])) or 'none'}")
+                         f"{', '.join(side.get('settings_not_in_spec', [])) or 'none'}"
+                         + "".join(f"; REFUSED and left out: {r}" for r in side.get("settings_refused", [])))
     lines += anatomy_lines(config) + fabric_lines(config.get("fabric"))
     return lines
 
@@ -473,6 +474,16 @@ def cell_settings(check: Check, model: str, strategy: str) -> tuple[list[str], d
     return [*shape, *common, *(tuning.launcher_override(k, v) for k, v in known.items())], known, unknown
 
 
+def refusal(log_lines: list[str], known: dict[str, Any]) -> list[str]:
+    """[the tuning key, the launcher's sentence] when the launcher refused one of ``known``, else []."""
+    for line in log_lines:
+        found = re.search(r"\] ([\w.]+)=[^:]*: .*Fix: .*", line)
+        key = found and tuning.refused_key(found.group(1), known)
+        if found and key:
+            return [key, found.group(0)[2:]]
+    return []
+
+
 def split_worker_settings(check: Check, model: str, strategy: str) -> tuple[dict[str, Any], list[str]]:
     wanted = tuning.worker_tuning(model, strategy, cuda=not check.cpu)
     wanted.update({k: json.loads(v) for k, v in (item.split("=", 1) for item in check.worker_set)})
@@ -527,8 +538,15 @@ def cells(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
             stopped.append(f"{name} (no time left)")
             continue
         settings, known, unknown = cell_settings(check, model, strategy)
-        notes.append(f"- {name}: set {tuning.describe(known)}; not in this tree's spec: {', '.join(unknown) or 'none'}")
         status, rows, log_tail = run_sweep(check, name, settings, left)
+        refused = [] if rows else refusal(log_tail, known)
+        if refused:
+            # The launcher refused one of the tuning settings before creating anything: the cell runs
+            # again without it, and the refusal is reported.
+            settings = [s for s in settings if s != tuning.launcher_override(refused[0], known.pop(refused[0]))]
+            status, rows, log_tail = run_sweep(check, name, settings, end - time.monotonic())
+        notes.append(f"- {name}: set {tuning.describe(known)}; not in this tree's spec: {', '.join(unknown) or 'none'}"
+                     + (f"; REFUSED and left out: {refused[0]} ({refused[1]})" if refused else ""))
         for row in rows:
             s, tags = row["summary"], row["tags"]
             check.cells.append({"name": name, "cell": row["cell"], "summary": s, "tags": tags})

@@ -57,8 +57,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run by path under torchrun: the checkout's packages first
     sys.path.insert(0, str(REPO))
 
-from bench.tuning import VOCAB_MULTIPLE, describe, set_path, split_known, worker_tuning  # noqa: E402
-from contract.spec import InputKind, ModelSpec  # noqa: E402
+from bench.tuning import VOCAB_MULTIPLE, describe, refused_key, set_path, split_known, worker_tuning  # noqa: E402
+from contract.spec import ConfigError, InputKind, ModelSpec  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 # The most fp32 elements one chunk of the loss holds (512 MiB): a few chunks for GPT-2 at 32 x 1024.
@@ -404,22 +404,34 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
     wanted = worker_tuning(args.model, strategy, cuda=device.type == "cuda")
     wanted.update({k: json.loads(v) for k, v in (item.split("=", 1) for item in args.worker_set)})
     known, unknown = split_known(wanted)
-    side: dict[str, Any] = {"settings_set": known, "settings_not_in_spec": unknown}
+    side: dict[str, Any] = {"settings_set": known, "settings_not_in_spec": unknown, "settings_refused": []}
     print(f"tuned.py: {strategy} {precision}: set {describe(known)}; not in this tree's spec: "
           f"{', '.join(unknown) or 'none'}", file=sys.stderr, flush=True)
     try:
-        plain = worker_spec_plain(args, spec, strategy, precision, device, block_steps, out_dir)
-        for path, value in known.items():
-            set_path(plain, path, value)
-        run_spec = from_plain(RunSpec, plain)
-        for part in (run_spec.strategy, run_spec.precision, run_spec.model, run_spec.data, run_spec.train,
-                     run_spec.checkpoint):
-            part.validate()  # a refused setting fails here with its ConfigError, as the launcher would
-        out_dir.mkdir(parents=True, exist_ok=True)
-        heartbeat = Heartbeat(out_dir, 0, socket.gethostname(), stall_timeout_s=3600)
-        rank = Rank(run_spec, env, device, backend, NullSink(), heartbeat, Observer(), control_group)
-        t0 = time.perf_counter()
-        setup = set_up(rank)
+        while True:
+            plain = worker_spec_plain(args, spec, strategy, precision, device, block_steps, out_dir)
+            for path, value in known.items():
+                set_path(plain, path, value)
+            run_spec = from_plain(RunSpec, plain)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            heartbeat = Heartbeat(out_dir, 0, socket.gethostname(), stall_timeout_s=3600)
+            rank = Rank(run_spec, env, device, backend, NullSink(), heartbeat, Observer(), control_group)
+            t0 = time.perf_counter()
+            try:
+                for part in (run_spec.strategy, run_spec.precision, run_spec.model, run_spec.data, run_spec.train,
+                             run_spec.checkpoint):
+                    part.validate()  # a refused setting fails here with its ConfigError, as the launcher would
+                setup = set_up(rank)
+                break
+            except ConfigError as exc:
+                # A tuning setting this tree refuses (on this device): said, dropped, and the side built
+                # without it, so that one refusal does not cost the one-shot run its worker figures.
+                key = refused_key(exc.setting, known)
+                if key is None:
+                    raise
+                side["settings_refused"].append(f"{key}={known.pop(key)!r}: {exc}")
+                print(f"tuned.py: {strategy} {precision}: refused {side['settings_refused'][-1]}", file=sys.stderr,
+                      flush=True)
         side["build_s"] = time.perf_counter() - t0
         # The worker's per-step sync point, as jobs.worker.benchmark sets it.
         run = Run(rank, setup, Interference(device), _sync(device))

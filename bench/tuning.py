@@ -103,6 +103,12 @@ def split_known(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return known, sorted(set(settings) - set(known))
 
 
+def refused_key(setting: str, known: dict[str, Any]) -> str | None:
+    """The key of ``known`` a refusal (``ConfigError.setting``, or the ``setting=value:`` the launcher
+    prints) names: TrainSpec's settings are named without their ``train.`` prefix on the command line."""
+    return next((k for k in (setting, f"train.{setting}") if k in known), None)
+
+
 def set_path(plain: dict[str, Any], path: str, value: Any) -> None:
     """Set a dotted path in a RunSpec's plain form (the dicts contract.codec reads)."""
     *parents, leaf = path.split(".")

@@ -196,17 +196,22 @@ def test_the_tuned_job_runs_beside_the_worker_and_the_check_reads_it(tmp_path):
     subprocess.run([sys.executable, str(REPO / "bench" / "tuned.py"), "--model", "gpt_tiny", "--seq-len", "32",
                     "--vocab-size", "200", "--batch-size", "2", "--rounds", "2", "--block-steps", "2",
                     "--warmup-steps", "1", "--warmup-blocks", "1", "--anatomy-steps", "1", "--fabric",
-                    "--precisions", "bf16", "--out", str(out)], cwd=REPO, env=env, check=True, timeout=120,
-                   capture_output=True)
+                    "--precisions", "bf16", "--worker-set", 'strategy.sharding="grad_op"', "--out", str(out)],
+                   cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
     result = json.loads(out.read_text())
     (config,) = result["configs"]
     assert config["sides"]["tuned"]["vocab_size"] == 256  # 200 padded to a multiple of 64
     for side in ("tuned", "ddp", "fsdp"):
         assert len(config["sides"][side]["block_s"]) == 2, config["sides"][side]
+    # A setting the worker refuses (its ConfigError) is said and left out; the side still runs.
+    (refused,) = config["sides"]["ddp"]["settings_refused"]
+    assert refused.startswith("strategy.sharding='grad_op': strategy.sharding='grad_op': sharding applies to FSDP only")
+    assert config["sides"]["fsdp"]["settings_set"]["strategy.sharding"] == "grad_op"
     for strategy in ("ddp", "fsdp"):
         side = config["sides"][strategy]
-        wanted = tuning.worker_tuning("gpt_tiny", strategy, cuda=False)
-        assert set(side["settings_set"]) | set(side["settings_not_in_spec"]) == set(wanted)
+        wanted = {**tuning.worker_tuning("gpt_tiny", strategy, cuda=False), "strategy.sharding": "grad_op"}
+        assert set(side["settings_set"]) | set(side["settings_not_in_spec"]) == set(wanted) - {"strategy.sharding"} \
+            if strategy == "ddp" else set(wanted)
         assert all(tuning.spec_knows(k) for k in side["settings_set"])
         assert side["anatomy"]["anatomy_step_time_ms"] > 0
     assert {p["collective"] for p in result["fabric"]["points"]} == {"all_reduce", "all_gather", "reduce_scatter"}
@@ -252,6 +257,13 @@ def test_worker_settings_are_set_only_where_the_spec_has_them():
     assert tuning.launcher_override("train.compile", True) == "compile=true"
     assert tuning.launcher_override("model.vocab_multiple", 64) == "model.vocab_multiple=64"
     assert tuning.launcher_override("strategy.reshard_after_forward", None) == "strategy.reshard_after_forward=null"
+    # The launcher's refusal of a tuning setting names it: the cells part reruns the cell without it.
+    refused = subprocess.run([sys.executable, "-m", "launcher", "-m", "strategy=ddp", "strategy.sharding=grad_op",
+                              "tracking=off", "runs=1", "output_root=/proc/nowhere"], cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0
+    key, sentence = gpu_check.refusal((refused.stdout + refused.stderr).splitlines(), {"strategy.sharding": "grad_op"})
+    assert key == "strategy.sharding" and sentence.startswith("strategy.sharding='grad_op': sharding applies to FSDP")
     settings, known, unknown = gpu_check.cell_settings(
         gpu_check.Check(out=Path("."), python="", cpu=False, deadline=0.0, env={}, work=Path(".")), "resnet50", "fsdp")
     assert "compile=true" in settings and set(known) | set(unknown) == set(tuning.worker_tuning("resnet50", "fsdp", cuda=True))
