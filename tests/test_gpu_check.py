@@ -80,7 +80,9 @@ def test_rehearsal_offline_install_kill_in_the_middle_then_sync(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": str(python), "GPU_CHECK_BUNDLE": str(bundle), "GPU_CHECK_OUT": str(out)}
     env.pop("PYTHONPATH", None)
-    check = subprocess.Popen(["bash", "scripts/gpu-check", "--cpu", "--only", "environment,install,cells,resnet50-fp16"],
+    # The install's budget is the GPU node's (10 s there); a loaded 2-core machine can take 20.
+    check = subprocess.Popen(["bash", "scripts/gpu-check", "--cpu", "--only", "environment,install,cells,resnet50-fp16",
+                              "--budget", "install=60"],
                              cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines = []
     assert check.stderr is not None
