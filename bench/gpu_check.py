@@ -884,7 +884,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(os.environ.get("GPU_CHECK_OUT") or REPO / "outputs" / "gpu-check").resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = out.parent / f".{out.name}-work"  # sweeps and the installed bundle: beside the results, not in them
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError:  # an output folder whose parent is not ours to write (a device tool's $OUT)
+        work = REPO / "outputs" / ".gpu-check-work"
+        work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     check = Check(out=out, python=os.environ.get("PYTHON", sys.executable), cpu=args.cpu,
