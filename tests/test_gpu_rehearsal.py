@@ -38,9 +38,11 @@ import torch
 import yaml
 from torch import nn
 
+from contract.parallel import ParallelDims
 from contract.spec import (
     DataSpec,
     InputKind,
+    Layout,
     ModelSpec,
     Precision,
     PrecisionMode,
@@ -156,7 +158,8 @@ def run_cell(cuda: fake_cuda.FakeCuda, model: str, strategy: str, precision: str
     with fake_cuda.fake_world(nodes * per_node), cuda.tensors():
         torch.manual_seed(0)
         built = models.build_for(spec, CUDA0, sharded=strat.name is Strategy.fsdp)
-        par = parallel.parallelize(built, strat, prec, device=CUDA0, num_nodes=nodes, tasks_per_node=per_node)
+        par = parallel.parallelize(built, strat, prec, device=CUDA0,
+                                   dims=ParallelDims.of(strat, Layout(nodes=nodes, tasks_per_node=per_node)))
         draws = [d for _, d in cuda.recorder.draws if d is not None and d.type != "meta"]
         x, y = next(iter(_batches(spec)))  # synthetic data: drawn on the host, then copied to the device
     return built, par, draws, (x, y)
@@ -489,7 +492,8 @@ def test_the_straggler_probe_needs_room_for_the_unsharded_gradients(cuda, strate
     prec = PrecisionSpec(name=Precision.bf16, mode=PrecisionMode.autocast)
     with fake_cuda.fake_world(GPUS_PER_NODE), cuda.tensors():
         built = models.build_for(spec, CUDA0, sharded=strat.name is Strategy.fsdp)
-        par = parallel.parallelize(built, strat, prec, device=CUDA0, num_nodes=1, tasks_per_node=GPUS_PER_NODE)
+        par = parallel.parallelize(built, strat, prec, device=CUDA0,
+                                   dims=ParallelDims.of(strat, Layout(tasks_per_node=GPUS_PER_NODE)))
         full_bytes = sum(p.numel() * p.element_size() for p in par.model.parameters())
         cuda.free_bytes = 2 * full_bytes
         assert parallel.room_for_unsynced_grads(par.model, CUDA0)
