@@ -16,6 +16,7 @@ pending, running, then done. The rules:
 from __future__ import annotations
 
 import pwd
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from launcher.cluster.base import (
     Resolved,
     ResourceCheck,
     Wording,
+    python_command,
 )
 from launcher.cluster.failures import classify, first_failure
 from launcher.cluster.slurm import accounting, resources, submit
@@ -58,6 +60,15 @@ class SlurmBackend(Backend):
     def _start(self, state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
                interrupts: Interrupts | None, after: Sequence[str]) -> None:
         submit.submit(state, cells, self.max_array_size(cells), after)
+
+    def rank_launch(self, cell: Cell) -> str:
+        """One task per rank in an allocation of the cell's shape (salloc, or an sbatch script): the
+        ranks read Slurm's own variables (jobs/dist.py)."""
+        c, lay = cell.cluster, cell.layout
+        gpus = f" --gpus-per-node={c.gpus_per_node}" if c.gpus_per_node else ""
+        extra = "".join(f" {shlex.quote(a)}" for a in c.srun_args)
+        return (f"srun --nodes={lay.nodes} --ntasks-per-node={lay.tasks_per_node} "
+                f"--cpus-per-task={lay.cpus_per_task}{gpus}{extra} {python_command(c)}")
 
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
         return submit.submit_probe(state.path / "submitit", cell.cluster, cell.layout, f"{state.name}-fabric", spec)
