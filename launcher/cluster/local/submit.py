@@ -24,7 +24,7 @@ from typing import Any
 from contract.fabric import ProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
-from launcher.cluster.failures import classify, first_failure
+from launcher.cluster.failures import OOM, classify, first_failure
 from launcher.cluster.interrupt import NOT_STARTED, Interrupts
 from launcher.cluster.local import memlimit
 from launcher.plan.cell import Cell, CellStatus
@@ -134,7 +134,7 @@ def _record_local_failure(state: SweepState, cell: Cell, exc: Exception, cgroup:
     if kills:
         cell.error = (f"out of memory: the kernel's OOM killer ended {kills} process(es) at the cell's memory limit "
                       f"(cluster.mem_gb={cell.cluster.mem_gb:g} per node); {cell.error}")
-    cell.failure_class = classify(cell_dir, "OUT_OF_MEMORY" if kills else None, f"{cell.error}\n{exc}")
+    cell.failure_class = classify(cell_dir, OOM if kills else None, f"{cell.error}\n{exc}")
 
 
 def _show_progress(job, cell_dir: Path, steps: int, poll_s: float = 0.2, plain_every_s: float = 30.0,

@@ -32,7 +32,7 @@ from launcher.cluster.base import (
     Wording,
     python_command,
 )
-from launcher.cluster.failures import classify, first_failure
+from launcher.cluster.failures import first_failure
 from launcher.cluster.slurm import accounting, resources, submit
 from launcher.cluster.slurm.accounting import JobRecord, first_word, slurm_status
 from launcher.plan import spread
@@ -166,7 +166,7 @@ def _set(state: SweepState, cell: Cell, status: CellStatus, record: JobRecord | 
                    f"job {cell.job_id} completed without writing result.json" if first_word(raw or "") == "COMPLETED"
                    else f"job {cell.job_id} ended ({raw or 'unknown'}) without a result")
         cell.error = first_failure(state.cell_dir(cell)) or default
-        cell.failure_class = classify(state.cell_dir(cell), raw, cell.error)
+        cell.failure_class = accounting.failure_class(state.cell_dir(cell), raw, cell.error)
 
 
 def _cancel_reason(cell: Cell, record: JobRecord | None) -> str:

@@ -84,7 +84,7 @@ def _run_cell(state: SweepState, cell: Cell, argv: list[str], stops: Interrupts)
     elif timed_out:
         cell.status = CellStatus.failed
         cell.error = f"cluster.timeout_min={cell.cluster.timeout_min} passed before its ranks ended"
-        cell.failure_class = classify(cell_dir, None, cell.error)
+        cell.failure_class = classify(cell_dir, None, cell.error, timed_out=True)
     else:
         cell.status = CellStatus.failed
         cell.error = first_failure(cell_dir) or f"torchrun exited with {process.returncode}: see {cell_dir / LOG_FILE}"
