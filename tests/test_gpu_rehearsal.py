@@ -377,9 +377,12 @@ def test_deferred_init_writes_every_tensor(model):
 # ---- device, backend and visible devices: 1 GPU, one box of 8, 2 nodes x 8 --------------------
 
 def _slurm_env(rank: int, nodes: int, per_node: int) -> dict[str, str]:
-    return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(nodes * per_node), "SLURM_LOCALID": str(rank % per_node),
+    """A Slurm task's variables, as its backend translates them for the rank (launcher/cluster/slurm/ranks.py)."""
+    from launcher.cluster.slurm.ranks import torchrun_env
+
+    return torchrun_env({"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(nodes * per_node), "SLURM_LOCALID": str(rank % per_node),
             "SLURM_NODEID": str(rank // per_node), "SLURM_NNODES": str(nodes), "SLURM_JOB_ID": "4242",
-            "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]", "SLURMD_NODENAME": f"gpu{rank // per_node + 1}"}
+            "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]", "SLURMD_NODENAME": f"gpu{rank // per_node + 1}"})
 
 
 def _torchrun_env(rank: int, world: int) -> dict[str, str]:

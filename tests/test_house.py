@@ -128,6 +128,7 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
 LAUNCHER_USES_OF_JOBS = {
     "jobs": "its files, hashed into the fit cache's key",
     "jobs.worker": "the entry point every rank runs",
+    "jobs.__main__": "one cell's rank by hand under srun, once Slurm's variables are translated",
     "jobs.fabric": "the fabric probe's entry point, submitted like the worker's",
     "jobs.models": "building a model on the meta device before launch (preflight's fit)",
     "jobs.loop": "the loss a cell trains with, for the activation estimate before launch",

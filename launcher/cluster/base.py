@@ -162,10 +162,11 @@ class Backend(ABC):
         """Where a measured noise floor holds (launcher.report.noisefloor)."""
 
     def rank_launch(self, cell: Cell) -> str:
-        """How to start ``cell``'s ranks by hand, up to ``-m jobs`` (reproduce.sh: :func:`write_reproduce`):
-        torchrun on one machine, the default; a backend whose ranks run elsewhere says how (srun)."""
+        """How to start ``cell``'s ranks by hand, the command before its spec.json (reproduce.sh:
+        :func:`write_reproduce`): ``python -m jobs`` under torchrun on one machine, the default; a
+        backend whose ranks run elsewhere says how (Slurm: srun, its variables translated first)."""
         return (f"{python_command(cell.cluster)} -m torch.distributed.run --standalone --nnodes 1 "
-                f"--nproc-per-node {cell.world_size}")
+                f"--nproc-per-node {cell.world_size} -m jobs")
 
     def worker_tracking_uri(self, state: SweepState) -> str | None:
         """The MLflow store the ranks log to, None when the launcher logs for them."""
@@ -190,13 +191,13 @@ def python_command(cluster: ClusterConfig) -> str:
 
 def write_reproduce(cell_dir: Path, launch: str) -> Path:
     """``reproduce.sh`` in the cell's directory: its ranks again by hand, from its spec.json, with no
-    pickle and no launcher (``python -m jobs``); results go to ``reproduced/`` beside it (or the
+    pickle and no sweep (``python -m jobs``); results go to ``reproduced/`` beside it (or the
     directory given), never over the sweep's, and no MLflow run is touched."""
     cell_dir.mkdir(parents=True, exist_ok=True)
     path = cell_dir / REPRODUCE_FILE
     path.write_text("#!/bin/sh\n# This cell's ranks again, by hand: sh reproduce.sh [OUT_DIR]\n"
                     f"cell={shlex.quote(str(cell_dir.resolve()))}\n"
-                    f'exec {launch} -m jobs "$cell/spec.json" --out "${{1:-$cell/reproduced}}"\n')
+                    f'exec {launch} "$cell/spec.json" --out "${{1:-$cell/reproduced}}"\n')
     path.chmod(0o755)
     return path
 

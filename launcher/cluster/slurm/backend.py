@@ -62,13 +62,13 @@ class SlurmBackend(Backend):
         submit.submit(state, cells, self.max_array_size(cells), after)
 
     def rank_launch(self, cell: Cell) -> str:
-        """One task per rank in an allocation of the cell's shape (salloc, or an sbatch script): the
-        ranks read Slurm's own variables (jobs/dist.py)."""
+        """One task per rank in an allocation of the cell's shape (salloc, or an sbatch script), each
+        translating Slurm's variables before ``python -m jobs`` (launcher/cluster/slurm/ranks.py)."""
         c, lay = cell.cluster, cell.layout
         gpus = f" --gpus-per-node={c.gpus_per_node}" if c.gpus_per_node else ""
         extra = "".join(f" {shlex.quote(a)}" for a in c.srun_args)
         return (f"srun --nodes={lay.nodes} --ntasks-per-node={lay.tasks_per_node} "
-                f"--cpus-per-task={lay.cpus_per_task}{gpus}{extra} {python_command(c)}")
+                f"--cpus-per-task={lay.cpus_per_task}{gpus}{extra} {python_command(c)} -m launcher.cluster.slurm.ranks")
 
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
         return submit.submit_probe(state.path / "submitit", cell.cluster, cell.layout, f"{state.name}-fabric", spec)

@@ -46,4 +46,4 @@ class TorchrunBackend(LocalBackend):
 
     def describe_submission(self, cells: Sequence[Cell], folder: Path, max_array_size: int | None) -> list[str]:
         return [f"torchrun: {len(cells)} cell(s), one after another on this machine, each as "
-                f"`{self.rank_launch(cells[0]) if cells else 'torchrun'} -m jobs <cell>/spec.json`."]
+                f"`{self.rank_launch(cells[0]) if cells else 'torchrun -m jobs'} <cell>/spec.json`."]

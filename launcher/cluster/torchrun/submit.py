@@ -28,8 +28,8 @@ POLL_S = 0.2
 
 def run(state: SweepState, cells: Sequence[Cell], launch: Callable[[Cell], str],
         after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None = None) -> None:
-    """Each cell to its end, then ``after_each_cell``; ``launch``: the cell's ranks' command up to
-    ``-m jobs`` (the backend's ``rank_launch``, as in its reproduce.sh). A stop request ends the
+    """Each cell to its end, then ``after_each_cell``; ``launch``: the cell's ranks' command before its
+    spec.json (the backend's ``rank_launch``, as in its reproduce.sh). A stop request ends the
     running cell at a step boundary and cancels the cells not started."""
     own = interrupts is None
     stops = interrupts if interrupts is not None else Interrupts()
@@ -39,7 +39,7 @@ def run(state: SweepState, cells: Sequence[Cell], launch: Callable[[Cell], str],
         for cell in cells:
             if stops.requested:
                 break
-            ranks = f"{launch(cell)} -m jobs {shlex.quote(str(state.cell_dir(cell) / SPEC_FILE))}"
+            ranks = f"{launch(cell)} {shlex.quote(str(state.cell_dir(cell) / SPEC_FILE))}"
             # cluster.setup's lines first, in the shell that then becomes torchrun (its pid the cell's job id)
             _run_cell(state, cell, ["sh", "-c", " && ".join([*cell.cluster.setup, f"exec {ranks}"])], stops)
             if after_each_cell is not None:
