@@ -79,6 +79,9 @@ class ParallelDims:
         if strategy.name is Strategy.ddp:
             return cls(world, 1, nodes, per_node)
         if strategy.sharding is Sharding.hybrid:
+            if nodes < 2:
+                raise ConfigError("strategy", "hsdp", f"hybrid sharding replicates across nodes, and nodes={nodes}.",
+                                  "use nodes=2 or more, or strategy=fsdp for one node.")
             return cls(nodes, per_node, nodes, per_node, mesh_dims=(REPLICATE, SHARD))
         if strategy.sharding is Sharding.none:
             return cls(world, 1, nodes, per_node, mesh_dims=(REPLICATE, SHARD))

@@ -40,6 +40,9 @@ def test_refused_at_construction_naming_the_setting():
     with pytest.raises(ConfigError) as uncovered:
         ParallelDims(dp_replicate=2, dp_shard=3, nodes=1, tasks_per_node=4)
     assert uncovered.value.setting == "strategy.sharding" and "4 rank" in str(uncovered.value)
+    with pytest.raises(ConfigError) as one_node:
+        ParallelDims.of(StrategySpec(name=Strategy.fsdp, sharding=Sharding.hybrid), Layout(nodes=1, tasks_per_node=4))
+    assert (one_node.value.setting, one_node.value.value) == ("strategy", "hsdp")
 
 
 def _pairs_rule(cls, strategy, layout):

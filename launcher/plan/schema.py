@@ -30,7 +30,6 @@ from contract.spec import (
     Precision,
     PrecisionMode,
     PrecisionSpec,
-    Sharding,
     Strategy,
     StrategySpec,
     TrainSpec,
@@ -253,12 +252,6 @@ class Config(TrainSpec):
         """Settings that need nodes of a kind: several nodes, or GPUs (the device follows gpus_per_node)."""
         c, s = self.cluster, self.strategy
         on_cpu = c.gpus_per_node == 0
-        if s.name is Strategy.fsdp and s.sharding is Sharding.hybrid:
-            if self.nodes < 2:
-                raise ConfigError(
-                    "strategy", "hsdp", f"hybrid sharding replicates across nodes, and nodes={self.nodes}.",
-                    "use nodes=2 or more, or strategy=fsdp for one node.",
-                )
         if s.cpu_offload and on_cpu:
             raise ConfigError(
                 "strategy.cpu_offload", True,
