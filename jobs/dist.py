@@ -2,15 +2,16 @@
 
 This module is the ONLY reader of the rank's variables; everything else receives the frozen
 :class:`DistEnv`. It reads no scheduler's own variables (no SLURM_*): a backend gives its ranks
-torchrun's (contract/rank_env.py; Slurm's are translated in launcher/cluster/slurm/ranks.py).
+torchrun's (contract/rank_env.py; Slurm's are translated in launcher/cluster/slurm/ranks.py, submitit's
+local executor's in launcher/cluster/local/ranks.py).
 Sources, in priority order:
 
 1. torchrun's variables (TORCHELASTIC_RUN_ID, or RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT
    all set): from torchrun, or from a backend that translated its scheduler's (``DDP_BENCH_LAUNCHER``
    names it; its job id, node name and requeue command come beside them).
-2. submitit's local executor (SUBMITIT_EXECUTOR=local): ranks are local processes; "nodes" are
-   emulated as groups of ``tasks_per_node`` consecutive ranks, as a real cluster numbers them.
-3. Nothing: a single process.
+   The local cluster's are translated too (launcher/cluster/local/ranks.py: its emulated nodes
+   are groups of ``tasks_per_node`` consecutive ranks, as a real cluster numbers them).
+2. Nothing: a single process.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from contract import rank_env
-from contract.nodelist import port_for_job
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -52,7 +52,7 @@ class DistEnv:
         return self.rank == 0
 
     @classmethod
-    def detect(cls, environ: Mapping[str, str], emulate_tasks_per_node: int | None = None) -> DistEnv:
+    def detect(cls, environ: Mapping[str, str]) -> DistEnv:
         """Read the layout from ``environ`` (pass ``os.environ``; tests pass tables)."""
         env = environ
         hostname = env.get(rank_env.NODE_NAME) or socket.gethostname()
@@ -68,17 +68,6 @@ class DistEnv:
                 master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
                 hostname=hostname, job_id=env.get(rank_env.JOB_ID) or env.get("TORCHELASTIC_RUN_ID", ""),
                 source=env.get(rank_env.LAUNCHER, "torchrun"), requeue_command=env.get(rank_env.REQUEUE, ""),
-            )
-        if env.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in env:
-            world = int(env["SUBMITIT_LOCAL_NTASKS"])
-            rank = int(env["SUBMITIT_LOCAL_GLOBALID"])
-            per_node = emulate_tasks_per_node or world
-            job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
-            return cls(
-                rank=rank, world_size=world, local_rank=rank % per_node, local_world_size=per_node,
-                node_rank=rank // per_node, num_nodes=max(1, world // per_node),
-                master_addr="127.0.0.1", master_port=port_for_job(job_id),
-                hostname=hostname, job_id=job_id, source="submitit-local",
             )
         return cls(hostname=hostname, master_port=free_port(), source="single")
 

@@ -39,7 +39,7 @@ def main(spec: RunSpec, observer: Observer | None = None) -> dict[str, Any]:
     default nothing observes."""
     started_s = time.time()  # the job's start as its MLflow run shows it (contract/cell_run.py)
     listen()  # a stop request sent while the model is built still stops the job (jobs/preempt.py)
-    env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
+    env = DistEnv.detect(os.environ)
     import torch
 
     # Threads per rank chosen on purpose (torchrun would silently set 1): the cores of the task.

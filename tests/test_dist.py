@@ -8,6 +8,7 @@ import pytest
 
 from contract.nodelist import PORT_BASE, PORT_SPAN, expand_nodelist, port_for_job
 from jobs.dist import DistEnv, check_port_free
+from launcher.cluster.local.ranks import torchrun_env as local_env
 from launcher.cluster.slurm.ranks import torchrun_env
 
 
@@ -52,14 +53,15 @@ LOCAL = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": "3", "SUBMITIT
                               master_port=29400, source="torchrun")),
         # torchrun inside a Slurm allocation: torchrun decided the layout.
         ({**SLURM, **TORCHRUN}, None, dict(rank=3, world_size=4, source="torchrun", requeue_command="")),
-        (LOCAL, 2, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, local_world_size=2,
+        (local_env(LOCAL, 2), None, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, local_world_size=2,
                         master_addr="127.0.0.1", master_port=port_for_job("777"), source="submitit-local")),
-        (LOCAL, None, dict(rank=3, local_rank=3, node_rank=0, num_nodes=1)),
+        (local_env(LOCAL), None, dict(rank=3, local_rank=3, node_rank=0, num_nodes=1)),
+        (LOCAL, None, dict(rank=0, world_size=1, source="single")),  # untranslated: not read
         ({}, None, dict(rank=0, world_size=1, local_rank=0, node_rank=0, num_nodes=1, source="single")),
     ],
 )
 def test_detect(environ, emulate, expected):
-    env = DistEnv.detect(environ, emulate)
+    env = DistEnv.detect(environ)
     for key, value in expected.items():
         assert getattr(env, key) == value, key
 

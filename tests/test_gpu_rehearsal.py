@@ -385,6 +385,13 @@ def _slurm_env(rank: int, nodes: int, per_node: int) -> dict[str, str]:
             "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]", "SLURMD_NODENAME": f"gpu{rank // per_node + 1}"})
 
 
+def _local_env(task: dict[str, str]) -> dict[str, str]:
+    """A local task's variables, as its backend translates them (launcher/cluster/local/ranks.py)."""
+    from launcher.cluster.local.ranks import torchrun_env
+
+    return torchrun_env(task)
+
+
 def _torchrun_env(rank: int, world: int) -> dict[str, str]:
     return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}
@@ -395,8 +402,9 @@ LAYOUTS = {
     "1 GPU (submitit sets CUDA_VISIBLE_DEVICES=0)": (1, 1, lambda r: _slurm_env(r, 1, 1), lambda r: [0]),
     "8 GPUs, one box, torchrun": (8, 8, lambda r: _torchrun_env(r, 8), lambda r: list(range(8))),
     "8 GPUs, one box, cluster=local": (
-        8, 8, lambda r: {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": str(r), "SUBMITIT_LOCAL_NTASKS": "8",
-                         "SUBMITIT_LOCAL_JOB_ID": "77"}, lambda r: list(range(8))),
+        8, 8, lambda r: _local_env({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": str(r),
+                                    "SUBMITIT_LOCAL_NTASKS": "8", "SUBMITIT_LOCAL_JOB_ID": "77"}),
+        lambda r: list(range(8))),
     "2 nodes x 8, per-task binding": (16, 8, lambda r: _slurm_env(r, 2, 8), lambda r: [r % 8]),
     "2 nodes x 8, the node's 8 visible": (16, 8, lambda r: _slurm_env(r, 2, 8), lambda r: list(range(8))),
 }
@@ -411,7 +419,7 @@ def test_device_backend_and_metric_names_per_layout(monkeypatch, name):
     world, gpus_per_node, environ, visible = LAYOUTS[name]
     placements, prefixes = [], []
     for rank in range(world):
-        env = DistEnv.detect(environ(rank), GPUS_PER_NODE if "local" in name else None)
+        env = DistEnv.detect(environ(rank))
         state = fake_cuda.install(monkeypatch, visible=visible(rank), node=env.node_rank)
         device, backend = resolve_device(gpus_per_node, env)
         assert device.type == "cuda" and backend == "nccl", name
