@@ -163,8 +163,10 @@ CORPUS = [
     ("launcher", [*AUTO, "baseline={CUT}"], 2, "baseline="),
     ("launcher", [*AUTO, "baseline={EMPTY}"], 2, "no cell of that sweep has a result"),
     ("launcher", [*AUTO, "nodes=1,2", "model=mlp", "baseline={A}"], 2, "none of its configurations can be compared"),
-    ("launcher", [*AUTO, "nodes=1,2", "model=gpt_tiny", "batch_size=8", "steps=99", "baseline={A}"], 2,
-     "settings differ in 2 keys (batch_size, steps)"),
+    ("launcher", [*AUTO, "nodes=1,2", "cluster.tasks_per_node=2", "model=gpt_tiny", "batch_size=8", "steps=99",
+                  "baseline={A}"], 2, "settings differ in 3 keys (batch_size, cluster.tasks_per_node, steps)"),
+    ("launcher", [*AUTO, "nodes=1,2", "model=gpt_tiny", "batch_size=4", "baseline={A}"], 2,
+     "different world sizes (A: 2, B: 1)"),
     # models: values no cell could take (forecast axes included, below)
     ("launcher", ["model.params.n_layer=-3"], 2, "model.params.n_layer=-3"),
     ("launcher", ["+model.config.n_layer=2"], 2, "model.config.n_layer=2"),
