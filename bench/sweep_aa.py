@@ -111,10 +111,16 @@ def _pool(path: Path = RUN_NOISE) -> list[dict[str, float]]:
     return [r for r in runs if len(r) == len(METRICS)]
 
 
+def _flagged(pair: dict[str, Any]) -> set[str]:
+    return {str(f).split(":")[0] for f in pair.get("flagged", [])}
+
+
 def _drift(pairs: list[dict[str, Any]], key: str = "local:vm") -> Drift | None:
-    """The drift a comparison would judge against, from these recorded pairs (as noisefloor keeps it)."""
+    """The drift a comparison would judge against, from these recorded pairs (as noisefloor keeps it:
+    configurations flagged for interference left out)."""
     entries = [{"metric": metric, "d2": v["d"] ** 2, "within": v["within"]}
-               for p in pairs for c in p["configurations"].values() for metric, v in c.items()]
+               for p in pairs for name, c in p["configurations"].items() if name not in _flagged(p)
+               for metric, v in c.items()]
     left: dict[str, list[float]] = {}
     for e in entries:
         left.setdefault(e["metric"], []).append(e["d2"] - e["within"])
@@ -125,7 +131,7 @@ def _drift(pairs: list[dict[str, Any]], key: str = "local:vm") -> Drift | None:
 
 
 def _rows(rng: random.Random, pool: list[dict[str, float]], shift: dict[str, dict[str, float]], runs: int,
-          factor: float = 1.0) -> list[dict[str, Any]]:
+          factor: float = 1.0, flagged: set[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for strategy, nodes in CONFIGURATIONS:
         name = f"strategy={strategy} nodes={nodes}"
@@ -140,7 +146,8 @@ def _rows(rng: random.Random, pool: list[dict[str, float]], shift: dict[str, dic
                          "throughput_samples_per_s_per_device": tp * moved["throughput"] * r["throughput"] * factor
                          / nodes,
                          "step_time_ms_p50": step * moved["step_time"] * r["step_time"] / factor,
-                         "peak_mem_allocated_gib": peak * moved["peak_memory"] * r["peak_memory"]})
+                         "peak_mem_allocated_gib": peak * moved["peak_memory"] * r["peak_memory"],
+                         **({"interference": "flagged in the recorded pair"} if name in (flagged or set()) else {})})
     return rows
 
 
@@ -158,7 +165,10 @@ def simulate(replicates: int, seed: int, runs: int = 3, data: dict[str, Any] | N
         sign = rng.choice((1.0, -1.0))
         shift = {name: {m: sign * v["d"] for m, v in c.items()} for name, c in pairs[i]["configurations"].items()}
         drift = _drift(pairs[:i] + pairs[i + 1:]) if len(pairs) > 1 else None
-        a, b = _rows(rng, pool, {}, runs), _rows(rng, pool, shift, runs)
+        # The recorded pair's flags come with its shifts: a configuration another job slowed in that pair
+        # is flagged here too, and not claimed (as --compare leaves it).
+        flagged = _flagged(pairs[i])
+        a, b = _rows(rng, pool, {}, runs), _rows(rng, pool, shift, runs, flagged=flagged)
         claimed_drift += bool(_claims(compare.compare(a, b, drift=drift)))
         claimed_none += bool(_claims(compare.compare(a, b)))
         slow = compare.compare(a, _rows(rng, pool, shift, runs, SINGLE_CORE), drift=drift)
