@@ -213,8 +213,18 @@ class Config(TrainSpec):
             )
         self._validate_precision_mode()
         self._validate_devices()
+        self.tuning()
         self._validate_data()
         self._validate_cluster_settings()
+
+    def tuning(self):
+        """The step's tuning settings resolved for this cell's device (contract/tuning.py): a value
+        the device cannot run is refused here, before submission."""
+        from contract import tuning
+
+        return tuning.resolve(self, self.strategy, self.model, cuda=self.cluster.gpus_per_node > 0,
+                              world_size=self.nodes * self.cluster.tasks_per_node,
+                              tasks_per_node=self.cluster.tasks_per_node)
 
     def _validate_runs(self) -> None:
         """runs: a positive int or auto; the auto settings only with auto, and a plan they can keep."""
