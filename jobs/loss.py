@@ -28,7 +28,8 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor, *, vocab: int | None = 
     if chunked:
         return _ChunkedCrossEntropy.apply(flat, targets.flatten(), chunk_rows(flat.shape[-1]))
     # fp32 whatever the compute dtype: a bf16 softmax over a 50k vocabulary loses digits.
-    return F.cross_entropy(flat.float(), targets.flatten())
+    # A padded vocabulary's slice is strided: made contiguous once (log-softmax's strided path is slow).
+    return F.cross_entropy(flat.float().contiguous(), targets.flatten())
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):

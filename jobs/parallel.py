@@ -293,12 +293,16 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
     """Wrap ``model`` for ``strategy``: DDP expects it built on ``device``; FSDP expects it on
     meta (or anywhere: a materialised model is sharded as is) and materialises it after sharding.
     ``reshard_after_forward``: FSDP's, resolved (contract/tuning.py; None: not under grad_op).
-    ``channels_last``: the weights of 4-D convolutions in the channels-last memory format."""
+    ``channels_last``: the weights of 4-D convolutions in the channels-last memory format under DDP.
+    FSDP2 refuses non-contiguous parameters ("FSDP does not support non-contiguous parameters yet",
+    torch 2.13), so under FSDP only the input is channels-last: a convolution runs channels-last
+    when its input or its weight is (torch's suggest_memory_format), and reads the gathered
+    contiguous weight in that format."""
     from jobs import models
 
     plan = precision_plan(strategy.name, precision)
-    if channels_last:
-        # Before wrapping (DDP's buckets follow the parameters' layout; FSDP shards what it is given).
+    if channels_last and strategy.name is Strategy.ddp:
+        # Before wrapping: DDP's buckets follow the parameters' layout.
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     if reshard_after_forward is None:
         reshard_after_forward = strategy.sharding is not Sharding.grad_op
@@ -347,6 +351,15 @@ def build_optimizer(model: nn.Module, name, lr: float, impl: str = "foreach") ->
     if getattr(name, "value", name) == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=lr, **flags)
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, **flags)
+
+
+def optimizer_for(model: nn.Module, name, lr: float, impl: str, *, auto: bool) -> tuple[torch.optim.Optimizer, str]:
+    """(optimizer, the implementation it steps with): ``impl`` as resolved (contract/tuning.py). Where
+    ``auto`` chose fused and this torch has no such kernel for these parameters, foreach instead (a
+    fused setting the user asked for is refused: :func:`build_optimizer`)."""
+    if auto and impl == "fused" and fused_refusal(model, getattr(name, "value", name)):
+        impl = "foreach"
+    return build_optimizer(model, name, lr, impl), impl
 
 
 def fused_refusal(model: nn.Module, optimizer: str) -> str | None:

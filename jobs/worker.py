@@ -10,6 +10,7 @@ observes the named points through jobs/hooks.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract.cell_run import METRICS_FILE
-from contract.spec import InputKind, Precision, RunSpec, Strategy
+from contract.spec import InputKind, OptimizerImpl, Precision, RunSpec, Strategy
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
 from jobs.heartbeat import Heartbeat
 from jobs.hooks import Observer
@@ -156,8 +157,6 @@ def build_model_to_wrap(spec: RunSpec, device, tuning: Tuning | None = None):
     """The model, ready for :func:`jobs.parallel.parallelize`: on ``device`` for DDP, on meta for
     FSDP (sharded before any memory is allocated; see jobs/parallel.py); a ``_target_`` model
     eagerly on the host for both (jobs.models.build_for). Its vocabulary padded as ``tuning`` says."""
-    import dataclasses
-
     import torch
 
     from jobs import models
@@ -222,7 +221,9 @@ def set_up(rank: Rank) -> Setup:
     matmul = matmul_peak.measure(device, spec.precision.name.value,
                                  matmul_peak.math_mode(torch, par.model, spec.precision.name.value))
     lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
-    optimizer = parallel.build_optimizer(par.model, train.optimizer, lr, tuning.optimizer_impl)
+    optimizer, impl = parallel.optimizer_for(par.model, train.optimizer, lr, tuning.optimizer_impl,
+                                             auto=OptimizerImpl(train.optimizer_impl) is OptimizerImpl.auto)
+    tuning = dataclasses.replace(tuning, optimizer_impl=impl)
     batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=train.grad_accum_steps,
                             seed=train.seed, rank=env.rank, world_size=env.world_size, device=device,
                             channels_last=tuning.channels_last)
