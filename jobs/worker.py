@@ -309,10 +309,11 @@ def after_window(run: Run, outcome: Outcome) -> dict[str, Any]:
 
 def communication_probe(run: Run) -> dict[str, float]:
     """The profiled steps after the window (jobs/anatomy.py: communication figures and the step's
-    anatomy), with the stall watchdog paused: parsing the trace can take longer than the stall
+    anatomy; at every world size, one rank included), with the stall watchdog paused: parsing the trace can take longer than the stall
     timeout, and it is not a stall."""
     n_steps, env = run.rank.spec.train.comm_probe_steps, run.rank.env
-    if not n_steps or env.world_size <= 1:
+    # At one rank too: nothing is communicated, and the anatomy shows where a wrapper's time goes.
+    if not n_steps:
         return {}
     from jobs import anatomy
     from jobs.loop import StepTrace, run_steps

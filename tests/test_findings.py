@@ -235,3 +235,26 @@ def test_a_straggler_is_named_in_the_findings():
     md = findings.findings([slow, one("fsdp", tp=900.0)])
     assert "### Stragglers" in md and "rank 1 on node2 is a straggler: 1.94x the median rank's step time" in md
     assert "No rank lagged" in findings.findings([one("ddp", tp=1000.0), one("fsdp", tp=900.0)])
+
+
+def test_at_one_rank_ddp_against_fsdp_is_worded_as_the_wrappers_cost_not_a_strategy_result():
+    """The README's default sweep at one rank: FSDP 0.72x DDP. At one rank nothing is sharded or sent,
+    so the finding names the wrappers, shows where their time goes (the anatomy), and claims no strategy."""
+    parts = {"anatomy_step_time_ms": 60.0, "anatomy_forward_ms": 20.0, "anatomy_backward_ms": 30.0,
+             "anatomy_optimizer_ms": 10.0}
+    slower = {**parts, "anatomy_step_time_ms": 83.0, "anatomy_optimizer_ms": 33.0}
+    rows = rows_of(row("ddp", tp=118.6, cv=0.02, world=1, **parts), row("fsdp", tp=85.4, cv=0.02, world=1, **slower))
+    (c,) = findings.comparisons(grouped(rows), "strategy")
+    assert c.wrappers_only and c.claimed
+    md = findings.findings(rows)
+    assert "slower than **ddp**" not in md
+    assert ("- 1 rank(s), precision=fp32: **fsdp** against **ddp**: at one rank nothing is sharded and nothing is "
+            "communicated, so the two differ only in their wrappers; fsdp's wrapper makes the step 28.0% slower "
+            "than ddp's (0.72×, 95% CI") in md
+    assert "This is not a strategy result: compare strategies at two ranks or more." in md
+    assert "+23.0 ms optimizer" in md  # where the wrapper's time goes
+    assert "(one rank: the wrappers' cost, not a strategy result)" in md
+    assert "(one rank: strategies differ here only in their wrappers)" in md.split("### Recommendation")[1]
+    # At two ranks the same difference is a strategy result, worded as before.
+    two = rows_of(row("ddp", tp=118.6, cv=0.02, world=2), row("fsdp", tp=85.4, cv=0.02, world=2))
+    assert "**fsdp** is 28.0% slower than **ddp**" in findings.findings(two)

@@ -89,6 +89,12 @@ class Comparison:
         return self.caveat is None and self.throughput is not None and self.throughput.claimed
 
     @property
+    def wrappers_only(self) -> bool:
+        """Strategies at one rank: nothing to shard and nothing to communicate, so what differs is the
+        wrapper (its hooks, its parameter type, its optimizer step), never the strategy."""
+        return self.axis == "strategy" and self.world_size == 1
+
+    @property
     def peak_ratio(self) -> float | None:
         return None if self.peak is None else self.peak.ratio
 
@@ -187,7 +193,8 @@ def verdict_text(c: Comparison) -> str:
     d = c.throughput
     if d is None or c.caveat:
         return f"not claimed: {c.caveat}" + (sequence_text(d, c.looks) if d is not None else "")
-    return _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
+    words = _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
+    return words + (" (one rank: the wrappers' cost, not a strategy result)" if c.wrappers_only else "")
 
 
 def _verdict_words(a_label: str, d: Diff) -> str:
@@ -253,6 +260,10 @@ def _bullets(comps: list[Comparison]) -> list[str]:
         if c.state_ratio is not None and abs(c.state_ratio - 1) > STATE_TOLERANCE:
             mem.append(f"{c.state_ratio:.2f}× the model state per rank")
         where = f"{c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
+        if c.wrappers_only:
+            out.append(wrappers_sentence(c, where))
+            out += why_lines(c.why)
+            continue
         out.append(f"- {where}: **{c.a_label}** is {abs(d.ratio - 1):.1%} "
                    f"{'faster' if d.verdict == HIGHER else 'slower'} than **{c.b_label}** "
                    f"({d.ratio:.2f}×, {1 - d.alpha:.0%} CI {d.low:.2f}–{d.high:.2f}; {c.noise}"
@@ -260,6 +271,22 @@ def _bullets(comps: list[Comparison]) -> list[str]:
                    + (f", with {' and '.join(mem)}" if mem else "") + ".")
         out += why_lines(c.why)
     return out
+
+
+def wrappers_sentence(c: Comparison, where: str) -> str:
+    """The one-rank strategy comparison, worded as what it is: the wrappers' cost, not a strategy result."""
+    d = c.throughput
+    assert d is not None
+    if d.verdict == SAME:
+        cost = f"their wrappers cost the same (within ±{d.min_effect:.0%})"
+    else:
+        cost = (f"{c.a_label}'s wrapper makes the step {abs(d.ratio - 1):.1%} "
+                f"{'faster' if d.verdict == HIGHER else 'slower'} than {c.b_label}'s")
+    interval = f" ({d.ratio:.2f}×, {1 - d.alpha:.0%} CI {d.low:.2f}–{d.high:.2f}; {c.noise})" if (
+        d.low is not None and d.high is not None) else ""
+    return (f"- {where}: **{c.a_label}** against **{c.b_label}**: at one rank nothing is sharded and nothing is "
+            f"communicated, so the two differ only in their wrappers; {cost}{interval}. This is not a strategy "
+            "result: compare strategies at two ranks or more.")
 
 
 def _unclaimed_parts(comps: list[Comparison]) -> list[str]:
@@ -279,7 +306,8 @@ def _unclaimed_parts(comps: list[Comparison]) -> list[str]:
 def why_lines(why: Explanation | None) -> list[str]:
     """The explanation of a claimed difference and what to try next, as indented bullet lines."""
     if why is None:
-        return ["  - Why: not measured (no anatomy: comm_probe_steps=0, or one rank)."]
+        return ["  - Why: not measured (no anatomy: comm_probe_steps=0, or runs from before the anatomy ran at one "
+                "rank)."]
     lines = [f"  - Why: {why.text()}"]
     if why.next_step:
         lines.append(f"  - Next: {why.next_step}")
@@ -335,6 +363,8 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
         ef = est[id(fastest)]
         where = f"{ws} rank(s)" + (f", {model}" if multi_model else "")
         text = f"- **{where}**: fastest **{md_cell(_name(fastest))}** at {ef.mean:,.1f} samples/s"
+        if ws == 1 and len({u.get("strategy") for u in members}) > 1:
+            text += " (one rank: strategies differ here only in their wrappers)"
         if ef.half_width is not None:
             text += f" (±{ef.half_width / ef.mean:.1%})"
         verdicts = {id(u): difference(est[id(u)], ef, MIN_EFFECT["throughput"]).verdict
