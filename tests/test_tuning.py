@@ -23,8 +23,8 @@ from contract.spec import (
 )
 from contract.tuning import padded_vocab, resolve, resolved_model
 from jobs.loss import loss_fn
-from tests.ranks import make_spec, run_ranks
 from launcher.plan.grid import SweepError
+from tests.ranks import make_spec, run_ranks
 from tests.test_config import one
 
 GPT2 = ModelSpec(name="gpt2-small", seq_len=1024, vocab_size=50257)
