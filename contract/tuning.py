@@ -108,7 +108,7 @@ def resolve(train: TrainSpec, strategy: StrategySpec, model: ModelSpec, *, cuda:
         cudnn_benchmark=_cuda_only("cudnn_benchmark", train.cudnn_benchmark, cuda, device,
                                    "cuDNN's autotuner picks convolution kernels on NVIDIA GPUs"),
         compile=train.compile if train.compile is not None else (True if cuda else CPU_COMPILE),
-        reshard_after_forward=_reshard(strategy, shard_degree(strategy, world_size, tasks_per_node)),
+        reshard_after_forward=reshards_after_forward(strategy, shard_degree(strategy, world_size, tasks_per_node)),
         vocab_multiple=_vocab_multiple(model, cuda),
         loss=(train.loss if train.loss is not LossImpl.auto
               else LossImpl.chunked if cuda and not image else CPU_LOSS if not image else LossImpl.full).value,
@@ -146,7 +146,9 @@ def _cuda_only(setting: str, value: bool | None, cuda: bool, device: str, why: s
     return cuda if value is None else value
 
 
-def _reshard(strategy: StrategySpec, degree: int) -> bool | None:
+def reshards_after_forward(strategy: StrategySpec, degree: int) -> bool | None:
+    """Whether FSDP's units reshard after forward at this shard ``degree`` (None under DDP), or
+    :class:`ConfigError` for a contradiction."""
     value = strategy.reshard_after_forward
     if strategy.name is Strategy.ddp:
         if value is not None:

@@ -97,11 +97,18 @@ def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
                 state, activations=activations, loss_grads=fit.loss_grad_bytes(built, cfg.batch_size, cfg.tuning().loss,
                                                                                LOW_DTYPE.get(cfg.precision.name.value)),
                 comm_bytes_per_step=traffic.bytes_per_step(params, cfg.strategy, cfg.precision, cell.layout,
-                                                           cfg.grad_accum_steps))
+                                                           cfg.grad_accum_steps, _buffer_bytes(built, cfg)))
     return predicted
 
 
 LOW_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _buffer_bytes(model: ModelSpec, cfg: Config) -> int:
+    """The model's buffer bytes where DDP broadcasts them (else 0: nothing is built for it)."""
+    if cfg.strategy.name.value != "ddp" or not cfg.strategy.broadcast_buffers:
+        return 0
+    return fitcache.buffer_bytes(model)
 
 
 def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,

@@ -99,6 +99,12 @@ def count_flops(model: ModelSpec) -> float | None:
     return flops_per_sample(_meta_build(model), model)
 
 
+def count_buffer_bytes(model: ModelSpec) -> int:
+    """Bytes of the model's buffers (BatchNorm's running statistics and counters): what DDP broadcasts
+    from rank 0 before a forward when strategy.broadcast_buffers is on (launcher/plan/traffic.py)."""
+    return sum(b.numel() * b.element_size() for b in _meta_build(model).buffers())
+
+
 def _meta_build(model: ModelSpec):
     import torch
 

@@ -423,6 +423,36 @@ def stragglers(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+HOST_BOUND_UTIL = 75.0  # NVML's GPU busy percent below which the device waited for the host a large part of the window
+_HOST_PARTS = ("anatomy_optimizer_ms", "anatomy_data_wait_ms", "anatomy_forward_ms", "anatomy_backward_ms",
+               "anatomy_copies_ms")
+
+
+def host_bound(units: list[dict[str, Any]]) -> list[str]:
+    """Configurations whose GPUs were idle for a large part of the measured window (NVML's
+    ``gpu_util_mean`` below 75%): the step was host-bound, and the largest part of the profiled step
+    (the anatomy: what the host was doing) is named as what kept the GPU waiting."""
+    out = []
+    for u in units:
+        util = num(u.get("gpu_util_mean"))
+        if util is None or util >= HOST_BOUND_UTIL:
+            continue
+        text = (f"- {md_cell(u['cell'])}: the step was host-bound: the GPU was busy {util:.0f}% of the measured window "
+                f"(NVML), idle the rest")
+        step = num(u.get(metrics.ANATOMY_STEP))
+        parts = [(p, v) for p in _HOST_PARTS if (v := num(u.get(p)))]
+        if step and parts:
+            part, ms = max(parts, key=lambda pv: pv[1])
+            text += (f"; what kept it waiting: the {part.removeprefix('anatomy_').removesuffix('_ms').replace('_', ' ')}, "
+                     f"{ms:.1f} of the profiled step's {step:.1f} ms on the host")
+            if part == "anatomy_optimizer_ms" and u.get("tuning.optimizer_impl") not in (None, "fused"):
+                text += " (an unfused optimizer: optimizer_impl=fused steps every parameter in one kernel)"
+        else:
+            text += "; no anatomy to name the part (comm_probe_steps=0)"
+        out.append(text + ".")
+    return out
+
+
 def _est(row: dict[str, Any], floor: Floor | None = None) -> Estimate:
     e = estimate(row, "throughput", floor)
     if e is None:
@@ -483,6 +513,9 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
                                         "strategy implies (launcher/plan/traffic.py), or nothing was measured."]
     lines += ["", "### Stragglers", ""]
     lines += stragglers(rows) or ["No rank lagged more than 10% behind the median rank."]
+    waiting = host_bound(units)
+    if waiting:
+        lines += ["", "### Host-bound steps", "", *waiting]
     on_nodes = nodes.section(rows)
     if on_nodes:
         lines += ["", "### Nodes", "", *on_nodes]
