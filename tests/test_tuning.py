@@ -26,6 +26,7 @@ from jobs.loss import loss_fn
 from launcher.plan.grid import SweepError
 from tests.ranks import make_spec, run_ranks
 from tests.test_config import one
+from tests.test_gpu_rehearsal import cuda as fake_gpu  # noqa: F401 (the fake-CUDA fixture, under this name)
 
 GPT2 = ModelSpec(name="gpt2-small", seq_len=1024, vocab_size=50257)
 IMAGE = ModelSpec(name="cnn", input=InputKind.image, image_size=32, num_classes=10)
@@ -158,3 +159,56 @@ def _cnn() -> dict:
     from tests.ranks import TINY_CNN
 
     return dict(TINY_CNN)
+
+
+# ---- the CUDA branch, rehearsed on fake CUDA (tests/fake_cuda.py; forward and backward cannot run) ----
+
+def test_the_gpu_defaults_build_on_fake_cuda(fake_gpu):  # noqa: F811
+    """GPT-2's vocabulary padded to 50304, FSDP at one rank not resharding, fused AdamW on DTensor parameters,
+    a channels-last ResNet under DDP with a channels-last input, bf16 parameters (precision.mode=params)."""
+    from contract.spec import DataSpec, Precision, PrecisionMode, PrecisionSpec
+    from jobs import models, parallel
+    from jobs.data import input_batches
+    from tests import fake_cuda
+    from tests.test_gpu_rehearsal import CUDA0
+
+    gpt = ModelSpec(name="gpt_tiny", seq_len=16, vocab_size=50257)
+    tuning = _resolve(strategy=FSDP, model=gpt, cuda=True)
+    bf16 = PrecisionSpec(name=Precision.bf16, mode=PrecisionMode.params)
+    with fake_cuda.fake_world(1), fake_gpu.tensors():
+        built = models.build_for(resolved_model(gpt, cuda=True), CUDA0, sharded=True)
+        par = parallel.parallelize(built, FSDP, bf16, device=CUDA0, reshard_after_forward=tuning.reshard_after_forward)
+        optimizer, impl = parallel.optimizer_for(par.model, "adamw", 1e-4, tuning.optimizer_impl, auto=True)
+    assert built.wte.weight.shape[0] == 50304 and impl == "fused" and optimizer.defaults["fused"] is True
+    assert par.plan.param_dtype == "bf16"
+    states = [m._get_fsdp_state() for m in built.modules() if hasattr(m, "_get_fsdp_state")]
+    assert states and all(s._fsdp_param_group is None or s._fsdp_param_group.post_forward_mesh_info is None
+                          for s in states)  # reshard_after_forward=False everywhere
+    resnet = ModelSpec(name="resnet18", input=InputKind.image, image_size=32, num_classes=10)
+    image = _resolve(model=resnet, cuda=True)
+    assert image.channels_last and image.cudnn_benchmark
+    with fake_cuda.fake_world(1), fake_gpu.tensors():
+        built = models.build_for(resnet, CUDA0, sharded=False)
+        parallel.parallelize(built, DDP, PrecisionSpec(), device=CUDA0, channels_last=True)
+        x, _ = next(input_batches(DataSpec(), resnet, batch_size=2, accum_steps=1, seed=0, rank=0, world_size=1,
+                                  device=CUDA0, channels_last=True))
+    assert built.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.device.type == "cuda"
+
+
+def test_event_timing_queues_no_sync_inside_the_window_and_reads_after(fake_gpu):  # noqa: F811
+    """step_timing=events: a CUDA event pair per step, nothing synchronised by the loop; the times are read
+    when asked (fake CUDA: each interval is 1 ms)."""
+    from jobs.loop import EventTime, StepTrace, read_times, run_steps
+
+    class Stepper:
+        events, last_skipped = True, None
+
+        def step(self, batches):
+            return torch.zeros(()), 0.0
+
+    synced: list[int] = []
+    trace = StepTrace()
+    run_steps(Stepper(), iter(()), 3, lambda: synced.append(1), trace)  # type: ignore[arg-type]
+    assert synced == [] and all(isinstance(t, EventTime) for t in trace.step_time_s)
+    assert read_times(trace.step_time_s) == [0.001] * 3 and trace.step_time_s == [0.001] * 3
