@@ -23,10 +23,13 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor, *, vocab: int | None = 
     """Mean cross-entropy of ``logits`` [..., width] against ``targets`` [...], over the first ``vocab``
     columns (all when None)."""
     flat = logits.flatten(0, -2)
-    if vocab is not None and vocab < flat.shape[-1]:
-        flat = flat[:, :vocab]
+    width = flat.shape[-1] if vocab is None else min(vocab, flat.shape[-1])
     if chunked:
-        return _ChunkedCrossEntropy.apply(flat, targets.flatten(), chunk_rows(flat.shape[-1]))
+        # The whole width goes in: the gradient is written in place, padded columns zero, with no
+        # slice whose backward would allocate and copy a logits-sized tensor.
+        return _ChunkedCrossEntropy.apply(flat, targets.flatten(), chunk_rows(width), width)
+    if width < flat.shape[-1]:
+        flat = flat[:, :width]
     # fp32 whatever the compute dtype: a bf16 softmax over a 50k vocabulary loses digits.
     # A padded vocabulary's slice is strided: made contiguous once (log-softmax's strided path is slow).
     return F.cross_entropy(flat.float().contiguous(), targets.flatten())
@@ -36,23 +39,27 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy whose gradient is computed in forward, chunk by chunk, in the logits' dtype."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int, width: int) -> torch.Tensor:
         n = logits.shape[0]
-        grad = torch.empty_like(logits) if logits.requires_grad else None
+        grad = None
+        if logits.requires_grad:
+            grad = torch.empty_like(logits)
+            grad[:, width:] = 0  # padded columns: in no softmax, no gradient
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         for start in range(0, n, rows):
-            chunk = logits[start : start + rows].float()
+            chunk = logits[start : start + rows, :width].float()
             target = targets[start : start + rows]
             log_probs = torch.log_softmax(chunk, dim=-1)
             total = total - log_probs.gather(1, target[:, None]).sum()
             if grad is not None:
                 probs = log_probs.exp_()  # in place: the chunk's only fp32 buffer besides `chunk`
                 probs.scatter_add_(1, target[:, None], torch.full_like(probs[:, :1], -1.0))
-                grad[start : start + rows] = probs.div_(n)
+                grad[start : start + rows, :width] = probs.div_(n)
         ctx.save_for_backward(grad)
         return total / n
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         (grad,) = ctx.saved_tensors
-        return grad * grad_output.to(grad.dtype), None, None
+        # In place: one backward per forward (no retain_graph here), and no second logits-sized tensor.
+        return grad.mul_(grad_output.to(grad.dtype)), None, None, None
