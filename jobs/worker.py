@@ -321,7 +321,8 @@ def communication_probe(run: Run) -> dict[str, float]:
     run.rank.heartbeat.pause()
     probe_trace = StepTrace()
     trainer, batches = run.setup.trainer, run.setup.batches
-    return anatomy.probe(lambda n: run_steps(trainer, batches, n, run.sync, probe_trace), trainer, n_steps,
+    # Synced per step whatever step_timing says: the probe's parts are read from the host's timeline.
+    return anatomy.probe(lambda n: run_steps(trainer, batches, n, run.sync, probe_trace, events=False), trainer, n_steps,
                          on_gpu=run.rank.device.type == "cuda", world_size=env.world_size)
 
 
