@@ -110,16 +110,25 @@ def resolve(train: TrainSpec, strategy: StrategySpec, model: ModelSpec, *, cuda:
         compile=train.compile if train.compile is not None else (True if cuda else CPU_COMPILE),
         reshard_after_forward=reshards_after_forward(strategy, shard_degree(strategy, world_size, tasks_per_node)),
         vocab_multiple=_vocab_multiple(model, cuda),
-        loss=(train.loss if train.loss is not LossImpl.auto
-              else LossImpl.chunked if cuda and not image else CPU_LOSS if not image else LossImpl.full).value,
+        loss=_loss(train.loss, image, cuda),
         step_timing=_step_timing(train.step_timing, cuda),
     )
+
+
+def _loss(value: LossImpl, image: bool, cuda: bool) -> str:
+    value = LossImpl(value)
+    if value is not LossImpl.auto:
+        return value.value
+    if image:  # a classifier's logits are small: nothing to chunk
+        return LossImpl.full.value
+    return (LossImpl.chunked if cuda else CPU_LOSS).value
 
 
 def _optimizer_impl(train: TrainSpec, strategy: StrategySpec) -> str:
     impl = OptimizerImpl(train.optimizer_impl)
     sharded = strategy.name is Strategy.fsdp
-    if impl is OptimizerImpl.fused and train.optimizer is Optimizer.sgd and sharded:
+    sgd = Optimizer(train.optimizer) is Optimizer.sgd
+    if impl is OptimizerImpl.fused and sgd and sharded:
         raise ConfigError("optimizer_impl", "fused", "fused SGD has no kernel for FSDP's sharded (DTensor) "
                           "parameters in torch (fused AdamW has).",
                           "use optimizer_impl=foreach (or auto) with SGD under FSDP, or optimizer=adamw.")
@@ -127,7 +136,7 @@ def _optimizer_impl(train: TrainSpec, strategy: StrategySpec) -> str:
         return impl.value
     # Fused where torch has the kernel, on CUDA and CPU alike: AdamW everywhere (DTensor too), SGD on
     # plain tensors. A torch without the CPU kernel (before 2.4) steps foreach (jobs/parallel.py).
-    return (OptimizerImpl.foreach if train.optimizer is Optimizer.sgd and sharded else OptimizerImpl.fused).value
+    return (OptimizerImpl.foreach if sgd and sharded else OptimizerImpl.fused).value
 
 
 def _channels_last(value: bool | None, image: bool, cuda: bool) -> bool:
