@@ -212,3 +212,16 @@ def test_event_timing_queues_no_sync_inside_the_window_and_reads_after(fake_gpu)
     run_steps(Stepper(), iter(()), 3, lambda: synced.append(1), trace)  # type: ignore[arg-type]
     assert synced == [] and all(isinstance(t, EventTime) for t in trace.step_time_s)
     assert read_times(trace.step_time_s) == [0.001] * 3 and trace.step_time_s == [0.001] * 3
+
+
+def test_compile_time_is_the_warm_ups_time_above_the_steady_steps_and_how_measured_names_the_tuning():
+    from jobs.summary import compile_time_s
+    from launcher.report.report import _tuning_text
+
+    history = {"step_time_s": [30.0, 2.0, 1.1, 1.0, 1.0, 1.2], "measured": [False, False, False, True, True, True]}
+    assert compile_time_s(history) == pytest.approx(29.0 + 1.0 + 0.1)  # above the measured median, 1.0 s
+    rows = [{"tuning.compile": "true", "tuning.optimizer_impl": "fused", "compile_time_s": 41.2},
+            {"tuning.compile": "true", "tuning.optimizer_impl": "foreach", "compile_time_s": 43.0}]
+    text = _tuning_text(rows)
+    assert "compile true, optimizer_impl fused/foreach" in text and "41.2-43.0 s per run" in text
+    assert "not recorded" in _tuning_text([{"cell": "old"}])
