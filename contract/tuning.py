@@ -20,6 +20,7 @@ from contract.catalog import GPT_SIZES
 from contract.spec import (
     ConfigError,
     InputKind,
+    Layout,
     LossImpl,
     ModelSpec,
     Optimizer,
@@ -72,11 +73,14 @@ def _word(value: object) -> str:
 
 
 def shard_degree(strategy: StrategySpec, world_size: int, tasks_per_node: int) -> int:
-    """Over how many ranks FSDP shards each parameter (1: nothing is sharded; 0 under DDP)."""
+    """Over how many ranks FSDP shards each parameter (1: nothing is sharded; 0 under DDP): the
+    parallel layout's shard degree (contract/parallel.py)."""
     if strategy.name is Strategy.ddp:
         return 0
-    return {Sharding.full: world_size, Sharding.grad_op: world_size, Sharding.hybrid: tasks_per_node,
-            Sharding.none: 1}[strategy.sharding]
+    from contract.parallel import ParallelDims
+
+    layout = Layout(nodes=max(1, world_size // tasks_per_node), tasks_per_node=tasks_per_node)
+    return ParallelDims.of(strategy, layout).dp_shard
 
 
 def padded_vocab(vocab_size: int, multiple: int) -> int:

@@ -51,8 +51,10 @@ def input_batches(
     data: DataSpec, model: ModelSpec, *, batch_size: int, accum_steps: int, seed: int, rank: int, world_size: int,
     device: torch.device, channels_last: bool = False,
 ) -> Iterator[Batch]:
-    """This rank's endless stream of (input, target) micro-batches of ``batch_size`` samples;
-    ``channels_last``: images in the channels-last memory format (train.channels_last)."""
+    """This rank's endless stream of (input, target) micro-batches of ``batch_size`` samples.
+    ``rank`` and ``world_size``: its place among the ranks that read different batches (the
+    worker passes contract.parallel.ParallelDims.data_rank and .data_parallel); ``channels_last``:
+    images in the channels-last memory format (train.channels_last)."""
     if data.kind is DataKind.synthetic:
         return synthetic_batches(model, batch_size, seed, rank, device, accum_steps=accum_steps,
                                  channels_last=channels_last)
