@@ -375,7 +375,9 @@ def test_watchdog_paused_before_the_probe(monkeypatch):
     import torch
 
     def run_on(env, steps=3):
-        spec = SimpleNamespace(train=SimpleNamespace(comm_probe_steps=steps))
+        from contract.spec import Layout, StrategySpec
+
+        spec = SimpleNamespace(train=SimpleNamespace(comm_probe_steps=steps), strategy=StrategySpec(), layout=Layout())
         rank = Rank(spec, env, torch.device("cpu"), "gloo", None, FakeHeartbeat(), Observer())
         return Run(rank, SimpleNamespace(trainer=None, batches=None), None, lambda: None)
 
