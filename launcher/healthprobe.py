@@ -1,0 +1,196 @@
+"""A node health probe from asking to keeping: the nodes, the job through the backend, the verdicts,
+the ledger and the MLflow run. Shared by ``python -m launcher.health`` and a sweep's ``health=auto``.
+
+The job (jobs/nodeprobe.py) is one task per node, submitted through the backend's seam
+(``Backend.run_health``, as the fabric probe's ``start_probe``) and waited for; on Slurm a partition of
+more than ``nodes_per_job`` nodes is probed in several jobs, one after another, each its own ring.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contract.codec import to_plain
+from contract.health import RESULT_FILE, NodeProbeSpec, cost, ring_pairs
+from contract.nodelist import expand_nodelist
+from contract.spec import Layout
+from launcher.cluster.backends import backend_for
+from launcher.plan.schema import ClusterConfig
+from launcher.report import health
+
+NODES_PER_JOB = 128
+# What one node's figures and one pair's timings take, and a job's start, measured on the Slurm
+# test cluster (docs/health.md): the cost --plan states for nodes it has not probed.
+NODE_S, PAIR_S, START_S = 4.0, 1.5, 12.0
+
+
+@dataclass
+class Asked:
+    """What a probe is asked: which cluster and nodes, how many repeats, which margin."""
+
+    cluster: ClusterConfig
+    output_root: Path
+    nodes: list[str] = field(default_factory=list)  # empty: the backend's (the partition's, or this host)
+    emulated_nodes: int = 1  # the local cluster: nodes emulated on this machine
+    repeats: int = 5
+    margin: float = health.MARGIN
+    tracking_uri: str | None = None
+    nodes_per_job: int = NODES_PER_JOB
+    dcgm: bool = True
+
+
+@dataclass
+class Probed:
+    record: dict[str, Any]
+    verdicts: health.Verdicts
+    folder: Path
+    ledger: Path
+    run_id: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def cluster_key(cluster: ClusterConfig) -> str:
+    """The cluster as the fabric record and the noise floor name it (``slurm:debug``, ``local:<host>``)."""
+    return backend_for(cluster.name.value).noise_floor_key(cluster.partition, cluster.gpu_type)
+
+
+def nodes_of(asked: Asked) -> list[str]:
+    backend = backend_for(asked.cluster.name.value)
+    nodes = asked.nodes or backend.health_nodes(asked.cluster.partition, asked.cluster.nodelist)
+    excluded = set(expand_nodelist(asked.cluster.exclude)) if asked.cluster.exclude else set()
+    return [n for n in nodes if n not in excluded]
+
+
+def plan_cost(nodes: int, nodes_per_job: int, in_turn: bool) -> dict[str, Any]:
+    """What a probe of ``nodes`` costs, from the per-node, per-pair and start-up times above."""
+    c = cost(nodes, nodes_per_job, in_turn, NODE_S, PAIR_S, START_S)
+    return {"nodes": c.nodes, "jobs": c.jobs, "pairs": c.pairs, "rounds": c.rounds,
+            "measured_s": c.measured_s, "wall_s": c.wall_s * c.jobs, "in_turn": in_turn}
+
+
+def run(asked: Asked) -> Probed:
+    """Probe the nodes, judge them, append the ledger, log the MLflow run."""
+    one_machine = asked.cluster.name.one_machine
+    names = nodes_of(asked)
+    folder = asked.output_root / "health" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    chunks = [names] if one_machine else [names[i:i + asked.nodes_per_job]
+                                          for i in range(0, len(names), asked.nodes_per_job)]
+    results, errors, jobs = [], [], []
+    for i, chunk in enumerate(chunks):
+        out = folder / f"job{i}"
+        result, error, job = _one_job(asked, chunk, out)
+        jobs.append(job)
+        if result is None:
+            errors.append(f"nodes {','.join(chunk)}: {error}")
+        else:
+            results.append(result)
+    merged = _merge(results) if results else None
+    if merged is None:
+        raise RuntimeError("the health probe measured nothing: " + "; ".join(errors))
+    verdicts = health.judge(merged, asked.margin)
+    key = cluster_key(asked.cluster)
+    record = health.record(key, merged, verdicts, {"nodes": names, "jobs": jobs, "repeats": asked.repeats,
+                                                   "folder": str(folder), "errors": errors})
+    ledger = health.ledger_path(asked.output_root, key)
+    health.append(ledger, record)
+    (folder / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    probed = Probed(record, verdicts, folder, ledger, errors=errors)
+    if asked.tracking_uri:
+        probed.run_id = log_run(asked.tracking_uri, key, record, folder)
+    return probed
+
+
+def _one_job(asked: Asked, chunk: list[str], out: Path) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    c = asked.cluster
+    one_machine = c.name.one_machine
+    n = asked.emulated_nodes if one_machine else len(chunk)
+    cluster = ClusterConfig(name=c.name, partition=c.partition, account=c.account, qos=c.qos,
+                            nodelist=None if one_machine else ",".join(chunk), exclusive=True,
+                            timeout_min=c.timeout_min, setup=list(c.setup), python=c.python,
+                            additional_parameters=dict(c.additional_parameters), srun_args=list(c.srun_args))
+    layout = Layout(nodes=1 if one_machine else n, tasks_per_node=n if one_machine else 1,
+                    gpus_per_node=c.gpus_per_node, cpus_per_task=1)
+    spec = NodeProbeSpec(out_dir=str(out), nodes=n, cpus_per_task=0, gpus_per_node=c.gpus_per_node,
+                         repeats=asked.repeats, emulate_nodes=one_machine, dcgm=asked.dcgm)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "asked.json").write_text(json.dumps(to_plain(spec), indent=1, sort_keys=True))
+    job, error = backend_for(c.name.value).run_health(out / "submitit", cluster, layout, spec)
+    try:
+        return json.loads((out / RESULT_FILE).read_text()), error, job
+    except (OSError, ValueError):
+        return None, error or "it left no result", job
+
+
+def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several jobs' results as one probe: nodes in order, each job's pairs renumbered."""
+    nodes, pairs, offset = [], [], 0
+    for r in results:
+        nodes += r["nodes"]
+        pairs += [{**p, "pair": [p["pair"][0] + offset, p["pair"][1] + offset]} for p in r["pairs"]]
+        offset += len(r["nodes"])
+    first = results[0]
+    return {**first, "nodes": nodes, "pairs": pairs, "node_s": sum(r["node_s"] for r in results),
+            "pairs_s": sum(r["pairs_s"] for r in results), "job_s": sum(r["job_s"] for r in results)}
+
+
+def log_run(uri: str, key: str, record: dict[str, Any], folder: Path) -> str:
+    """One MLflow run per probe in the cluster's health experiment: each node's figures as metrics
+    (``<node>/<figure>``), each pair's (``pair/<a>-<b>/busbw_gb_per_s``), the verdicts as tags."""
+    from mlflow.entities import Metric
+
+    from launcher.track.tracking import SweepTracker, attach
+
+    tracker = SweepTracker(uri, f"health-{key}")
+    now_ms = int(time.time() * 1000)
+    verdicts = record["verdicts"]
+    run = tracker.client.create_run(tracker.experiment_id, run_name=f"health {record['measured_at']}",
+                                    tags={"health_flagged": ",".join(verdicts["flagged"]) or "none",
+                                          "health_judged": str(verdicts["judged"]), "cluster": key})
+    metrics = [Metric(f"{node}/{figure}", value, now_ms, 0) for node, n in record["nodes"].items()
+               for figure, value in n["figures"].items() if value]
+    metrics += [Metric(f"pair/{pair}/busbw_gb_per_s", value, now_ms, 0) for pair, value in record["pairs"].items()
+                if value]
+    metrics += [Metric("health_flagged_nodes", float(len(verdicts["flagged"])), now_ms, 0)]
+    for i in range(0, len(metrics), 900):  # MLflow takes at most 1000 metrics per batch
+        tracker.client.log_batch(run.info.run_id, metrics=metrics[i:i + 900])
+    attach(uri, run.info.run_id, [folder / "record.json"])
+    tracker.client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def said(probed: Probed) -> list[str]:
+    """What the command prints: the cost, the verdicts with their false-alarm rate, what to do."""
+    r, v = probed.record, probed.verdicts
+    nodes = len(r["nodes"])
+    pairs = len(r["pairs"])
+    lines = [f"health probe of {nodes} node(s), {pairs} pair(s) (a ring: {len(ring_pairs(nodes))} for {nodes} "
+             f"nodes), {len(r['asked']['jobs'])} job(s) ({', '.join(str(j) for j in r['asked']['jobs'])}); "
+             f"{r['cost']['node_s']:.1f} s of node figures and {r['cost']['pairs_s']:.1f} s of pairs in "
+             f"{r['cost']['job_s']:.1f} s of job" + (" (the nodes share one machine: measured in turn)"
+                                                      if r["cost"]["in_turn"] else "")]
+    lines += [f"  {e}" for e in probed.errors]
+    if not v.judged:
+        lines.append(f"no verdict: {v.note}")
+    else:
+        lines.append(f"verdicts: {health.false_alarm_text(v)}")
+    for node in r["nodes"]:
+        mine = r["nodes"][node]
+        figs = ", ".join(f"{f} {x:.3g}" for f, x in mine["figures"].items() if x)
+        dcgm = mine["dcgm"].get("verdict")
+        flag = ("SLOW: " + "; ".join(v.slow_nodes.get(node, []) or [v.dcgm_failed.get(node, "its network")])
+                if node in v.flagged else "ok")
+        lines.append(f"  {node}: {figs}; dcgm {dcgm}" + (f" ({mine['dcgm'].get('reason')})" if dcgm != "pass" else "")
+                     + f": {flag}")
+    for pair, why in v.slow_links.items():
+        lines.append(f"  pair {pair}: {why}")
+    if v.judged and not v.flagged and not v.slow_links:
+        lines.append("  nothing flagged")
+    lines.append(f"ledger: {probed.ledger}" + (f"; MLflow run {probed.run_id}" if probed.run_id else ""))
+    for line in health.drain_lines(v):
+        lines.append(f"  to drain it (not run): {line}")
+    return lines
+
