@@ -79,7 +79,7 @@ def main(spec: NodeProbeSpec) -> dict[str, Any]:
         pairs = time_pairs(spec, env.rank, env.world_size, device, in_turn)
         pairs_s = time.perf_counter() - started - node_s
         mine = {**me, "figures": figures, "dcgm": dcgm,
-                "cores": rank_cores(env.rank, env.node_rank, me["host"], torch.get_num_threads())}
+                "cores": rank_cores(env.rank, env.node_rank, str(me["host"]), torch.get_num_threads())}
         nodes = _gathered(mine)
     result = {"nodes": nodes, "pairs": pairs, "in_turn": in_turn, "device": device.type, "backend": backend,
               "torch": torch.__version__, "repeats": spec.repeats, "node_s": node_s, "pairs_s": pairs_s,

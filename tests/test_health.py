@@ -44,7 +44,7 @@ def fleet(rng, nodes=6, repeats=5, noise=0.15, slow=None, slow_link=None, factor
     names = [f"n{i}" for i in range(nodes)]
     out = {"nodes": [], "pairs": [], "in_turn": False, "node_s": 1.0, "pairs_s": 1.0, "job_s": 3.0,
            "measured_at": "2026-11-27T20:00:00"}
-    for i, name in enumerate(names):
+    for name in names:
         scale = factor if name == slow else 1.0
         out["nodes"].append({"host": name, "figures": {f: draws(scale * base) for f, base in
                                                         (("matmul_gflops", 30), ("copy_gb_per_s", 10),
@@ -111,13 +111,12 @@ def test_the_ledger_appends_under_its_lock_and_show_prints_each_nodes_trend_and_
     records = health.read(ledger)
     assert len(records) == 3 and all(len(r["nodes"]) == 4 for r in records)
     assert sum(r["verdicts"]["flagged"] == ["n1"] for r in records) == 1
-    shown = "\n".join(health.show(records))
-    assert "| n0 |" in shown and "1 of 3" in shown or "0 of 3" in shown
     records.sort(key=lambda r: r["verdicts"]["flagged"] == ["n1"])  # the slow probe last, as the latest
     shown = "\n".join(health.show(records))
     assert "| n1 |" in shown and "slow: " in shown and "1 of 3" in shown
     lines = health.drain_lines(health.judge(results[2]))
-    assert lines == [l for l in lines if l.startswith('scontrol update nodename=n1 state=drain reason="launcher.health:')]
+    assert lines and all(line.startswith('scontrol update nodename=n1 state=drain reason="launcher.health:')
+                         for line in lines)
 
 
 def test_the_check_command_fits_health_check_program_and_plan_states_a_thousand_nodes_cost(tmp_path, capsys):

@@ -107,7 +107,7 @@ def _u_counts(m: int, n: int) -> tuple[float, ...]:
     return tuple(max(0.0, c) for c in poly)
 
 
-def judge_units(units: dict[str, list[float]], figure: str, margin: float, exclude: set[str] = frozenset()
+def judge_units(units: dict[str, list[float]], figure: str, margin: float, exclude: frozenset[str] | set[str] = frozenset()
                 ) -> list[Test]:
     """Every unit's repeats against the others' (leave one out, units in ``exclude`` not among them),
     the others' taken ``margin`` lower: a unit is tested for lying below the fleet by more than the margin."""
