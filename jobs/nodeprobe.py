@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +63,18 @@ def main(spec: NodeProbeSpec) -> dict[str, Any]:
         in_turn = spec.in_turn if spec.in_turn is not None else len({e["kernel"] for e in everyone}) < len(everyone)
         started = time.perf_counter()
         dcgm = dcgm_diag() if spec.dcgm else {"verdict": "skipped", "reason": "health.dcgm=false"}
-        step = _step_runner(spec, device)
-        figures: dict[str, list[float]] = {"matmul_gflops": [], "copy_gb_per_s": [], "step_samples_per_s": []}
-        dist.barrier()  # a sync point: every node has built its step before the first timing
+        runners = {"matmul_gflops": matmul_runner(device, spec.matmul_n, spec.min_time_s),
+                   "copy_gb_per_s": copy_runner(device, spec.copy_bytes, spec.min_time_s),
+                   "step_samples_per_s": step_runner(spec, device)}
+        figures: dict[str, list[float]] = {name: [] for name in runners}
+        dist.barrier()  # a sync point: every node has built its buffers and its step before the first timing
         # Repeats interleaved across the nodes (in turn: node 0's first, node 1's first, ...), so a
         # drift of a shared machine reaches every node alike.
         for _ in range(spec.repeats):
             for turn in range(env.world_size) if in_turn else [None]:
                 if turn is None or turn == env.rank:
-                    figures["matmul_gflops"].append(matmul_gflops(device, spec.matmul_n, spec.min_time_s))
-                    figures["copy_gb_per_s"].append(copy_gb_per_s(device, spec.copy_bytes, spec.min_time_s))
-                    figures["step_samples_per_s"].append(step())
+                    for name, measure in runners.items():
+                        figures[name].append(measure())
                 if turn is not None:
                     dist.barrier()  # a sync point: the next node measures on idle cores
         node_s = time.perf_counter() - started
@@ -113,36 +115,43 @@ def _timed(run, device, min_time_s: float) -> tuple[int, float]:
             return calls, elapsed
 
 
-def matmul_gflops(device, n: int, min_time_s: float) -> float:
-    """Dense float32 matmuls of n x n, 2 n^3 FLOPs each, one untimed first (on CUDA the largest that
-    fits, timed by jobs/matmul_peak.py)."""
+def matmul_runner(device, n: int, min_time_s: float) -> Callable[[], float]:
+    """GFLOP/s of dense float32 matmuls of n x n, 2 n^3 FLOPs each (buffers made and one untimed matmul
+    once; on CUDA the largest that fits, timed by jobs/matmul_peak.py)."""
     import torch
 
     if device.type == "cuda":
         from jobs import matmul_peak
 
-        found = matmul_peak.measure(device, "fp32")
-        return float(found.get("measured_matmul_tflops", 0.0)) * 1000
+        return lambda: float(matmul_peak.measure(device, "fp32").get("measured_matmul_tflops", 0.0)) * 1000
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     c = torch.empty(n, n, device=device)
     torch.matmul(a, b, out=c)
-    calls, seconds = _timed(lambda: torch.matmul(a, b, out=c), device, min_time_s)
-    return 2 * n**3 * calls / seconds / 1e9
+
+    def measure() -> float:
+        calls, seconds = _timed(lambda: torch.matmul(a, b, out=c), device, min_time_s)
+        return 2 * n**3 * calls / seconds / 1e9
+
+    return measure
 
 
-def copy_gb_per_s(device, size_bytes: int, min_time_s: float) -> float:
-    """One tensor of ``size_bytes`` copied into another (1 GiB on CUDA): bytes read + written per second."""
+def copy_runner(device, size_bytes: int, min_time_s: float) -> Callable[[], float]:
+    """GB/s of one tensor of ``size_bytes`` (1 GiB on CUDA) copied into another: bytes read + written."""
     import torch
 
     size_bytes = 1024**3 if device.type == "cuda" else size_bytes
     src = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    calls, seconds = _timed(lambda: dst.copy_(src), device, min_time_s)
-    return 2 * size_bytes * calls / seconds / 1e9
+    dst.copy_(src)  # the pages touched once, outside every timing
+
+    def measure() -> float:
+        calls, seconds = _timed(lambda: dst.copy_(src), device, min_time_s)
+        return 2 * size_bytes * calls / seconds / 1e9
+
+    return measure
 
 
-def _step_runner(spec: NodeProbeSpec, device):
+def step_runner(spec: NodeProbeSpec, device) -> Callable[[], float]:
     """A short step of the worker itself on this node alone (jobs/loop.py's Trainer, the project's
     model and synthetic batches): one untimed step when built, then steps for ``min_time_s`` per call."""
     import torch

@@ -8,6 +8,7 @@ more than ``nodes_per_job`` nodes is probed in several jobs, one after another, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from contract.health import RESULT_FILE, NodeProbeSpec, cost, ring_pairs
 from contract.nodelist import expand_nodelist
 from contract.spec import Layout
 from launcher.cluster.backends import backend_for
-from launcher.plan.schema import ClusterConfig
+from launcher.plan.cell import Cell
+from launcher.plan.schema import ClusterConfig, HealthMode
 from launcher.report import health
 
 NODES_PER_JOB = 128
@@ -194,3 +196,58 @@ def said(probed: Probed) -> list[str]:
         lines.append(f"  to drain it (not run): {line}")
     return lines
 
+
+
+# ---- health=auto: before a sweep's cells ---------------------------------------------------------
+
+def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
+    """``health=auto``: probe the nodes of the cells' partitions, keep the flagged ones out of every cell
+    (cluster.exclude, beside the user's own), and say so. A node flagged by the previous probe and
+    clean in this one comes back. A placement (a run's node list) on a flagged node is dropped: Slurm
+    places that run elsewhere. What the sweep's report says is returned (None: health=off)."""
+    cfg = cells[0].config
+    if cfg.health is HealthMode.off:
+        return None
+    notes: dict[str, Any] = {"probes": []}
+    for partition in dict.fromkeys(c.cluster.partition for c in cells):
+        first = next(c for c in cells if c.cluster.partition == partition)
+        root = Path(cfg.output_root)
+        asked = Asked(dataclasses.replace(first.cluster, nodelist=None), root,
+                      tracking_uri=(cfg.tracking.uri or f"sqlite:///{(root / 'mlflow.db').resolve()}")
+                      if cfg.tracking.enabled else None)
+        ledger = health.ledger_path(root, cluster_key(asked.cluster))
+        before = health.read(ledger)
+        print(f"health=auto: probing the nodes of partition {partition or '(default)'} before the cells", flush=True)
+        try:
+            probed = run(asked)
+        except RuntimeError as exc:  # no figures: the sweep runs on every node, and says why
+            notes["probes"].append({"partition": partition, "error": str(exc), "excluded": [], "back": []})
+            print(f"health=auto: {exc}; no node excluded", flush=True)
+            continue
+        print("\n".join(said(probed)), flush=True)
+        flagged = probed.verdicts.flagged
+        back = sorted(set(before[-1]["verdicts"]["flagged"]) - set(flagged)) if before else []
+        for cell in (c for c in cells if c.cluster.partition == partition):
+            _keep_out(cell, flagged)
+        notes["probes"].append({"partition": partition, "excluded": flagged, "back": back,
+                                "why": {n: probed.verdicts.slow_nodes.get(n) or [probed.verdicts.dcgm_failed.get(n)
+                                                                                  or "its network is slow"]
+                                        for n in flagged},
+                                "measured_at": probed.record["measured_at"], "ledger": str(probed.ledger),
+                                "run_id": probed.run_id, "judged": probed.verdicts.judged,
+                                "note": probed.verdicts.note})
+        print(f"health=auto: {'excluded ' + ', '.join(flagged) if flagged else 'no node excluded'}"
+              + (f"; back after a clean probe: {', '.join(back)}" if back else ""), flush=True)
+    return notes
+
+
+def _keep_out(cell: Cell, nodes: list[str]) -> None:
+    """``cell`` runs on none of ``nodes``: added to its exclude (on a settings object of its own)."""
+    if not nodes:
+        return
+    c = cell.cluster
+    own = expand_nodelist(c.exclude) if c.exclude else []
+    nodelist = c.nodelist
+    if nodelist and set(expand_nodelist(nodelist)) & set(nodes):
+        nodelist, cell.placed = None, None  # its placement held a flagged node: Slurm places the run elsewhere
+    cell.cluster = dataclasses.replace(c, exclude=",".join(dict.fromkeys([*own, *nodes])), nodelist=nodelist)

@@ -298,3 +298,36 @@ def drain_lines(verdicts: Verdicts) -> list[str]:
         reason = re.sub(r"[^A-Za-z0-9 .:;,_/x-]", "", f"launcher.health: {why}")[:100]
         out.append(f"scontrol update nodename={node} state=drain reason=\"{reason}\"")
     return out
+
+
+# ---- a sweep's report (health=auto) ---------------------------------------------------------------
+
+SWEEP_FILE = "health.json"  # what health=auto found before the sweep's cells, in the sweep directory
+
+
+def section(sweep_dir: Path) -> list[str]:
+    """The report's *Node health* section: what the probe before the cells found and kept out."""
+    try:
+        notes = json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    lines = ["## Node health", "", "`health=auto`: the nodes were probed before the cells (`python -m launcher.health`, "
+             "docs/health.md)."]
+    for p in notes.get("probes", []):
+        where = f"partition {p['partition'] or '(default)'}"
+        if p.get("error"):
+            lines.append(f"- {where}: the probe failed ({p['error']}); no node was excluded.")
+            continue
+        if not p.get("judged", True):
+            lines.append(f"- {where}: no verdict ({p.get('note')}); no node was excluded.")
+        elif p["excluded"]:
+            why = "; ".join(f"{n}: {', '.join(w for w in p['why'][n] if w)}" for n in p["excluded"])
+            lines.append(f"- {where}: **excluded {', '.join(p['excluded'])}** (cluster.exclude) after the probe of "
+                         f"{p['measured_at']} judged {'it' if len(p['excluded']) == 1 else 'them'} slow ({why}); "
+                         f"the cells ran without {'it' if len(p['excluded']) == 1 else 'them'}.")
+        else:
+            lines.append(f"- {where}: the probe of {p['measured_at']} flagged no node; every node could run cells.")
+        if p.get("back"):
+            lines.append(f"- back after a clean probe: {', '.join(p['back'])} (excluded by the previous probe).")
+        lines.append(f"  Ledger: `{p['ledger']}`" + (f"; MLflow run `{p['run_id']}`." if p.get("run_id") else "."))
+    return [*lines, ""]
