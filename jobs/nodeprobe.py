@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -184,58 +185,71 @@ def step_runner(spec: NodeProbeSpec, device) -> Callable[[], float]:
 # ---- the ring's pairs ---------------------------------------------------------------------------
 
 def time_pairs(spec: NodeProbeSpec, rank: int, world: int, device, in_turn: bool) -> list[dict[str, Any]]:
-    """Every pair of the ring, round by round (no node in two pairs of one round; in turn, one pair at
-    a time): ``repeats`` timings of an all-reduce of ``pair_bytes`` each. Every rank returns the same list."""
-    import torch.distributed as dist
-
-    size = (256 * 1024**2 if device.type == "cuda" else spec.pair_bytes) // 4 * 4
-    groups = {}
-    for pairs in pair_rounds(world):
-        for pair in pairs:
-            # new_group is collective over the world: every rank makes every group, in the same order.
-            groups[pair] = dist.new_group(ranks=list(pair))
-    timed: list[dict[str, Any]] = []
-    for pairs in pair_rounds(world):
-        for batch in ([[p] for p in pairs] if in_turn else [pairs]):
-            mine = next((p for p in batch if rank in p), None)
-            times = _time_pair(groups[mine], size, spec.repeats, device) if mine else []
-            dist.barrier()  # a sync point: the next pairs start on idle nodes
-            for pair in batch:
-                got = _broadcast_times(times if pair == mine else None, pair[0], spec.repeats)
-                timed.append({"pair": list(pair), "size_bytes": size,
-                              "busbw_gb_per_s": [size / t / 1e9 * bus_factor("all_reduce", 2) for t in got]})
-    return timed
-
-
-def _time_pair(group, size_bytes: int, repeats: int, device, iterations: int = 10) -> list[float]:
-    """``repeats`` averages of ``iterations`` back-to-back all-reduces (one untimed first)."""
+    """Every pair of the ring timing ``repeats`` times a loop of all-reduces of ``pair_bytes`` (long
+    enough for ``min_time_s``). At once: round by round (no node in two pairs of one round). In turn:
+    one pair at a time, the repeats interleaved across the pairs as the nodes' are. Every rank
+    returns the same list."""
     import torch
     import torch.distributed as dist
 
-    buf = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
-    dist.all_reduce(buf, group=group)
-    out = []
-    for _ in range(repeats):
-        _sync(device)
-        dist.barrier(group=group)  # a sync point: both nodes start together
-        started = time.perf_counter()
-        for _ in range(iterations):
-            dist.all_reduce(buf, group=group)
-        _sync(device)
-        out.append((time.perf_counter() - started) / iterations)
-    return out
+    size = (256 * 1024**2 if device.type == "cuda" else spec.pair_bytes) // 4 * 4
+    rounds = pair_rounds(world)
+    groups = {}
+    for pairs in rounds:
+        for pair in pairs:
+            # new_group is collective over the world: every rank makes every group, in the same order.
+            groups[pair] = dist.new_group(ranks=list(pair))
+    mine = [p for pairs in rounds for p in pairs if rank in p]
+    buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+    loops = {pair: _loop_length(groups[pair], buf, spec.min_time_s, device) for pair in mine}
+    times: dict[tuple[int, int], list[float]] = {pair: [] for pair in mine}
+    if in_turn:
+        for _ in range(spec.repeats):
+            for pairs in rounds:
+                for pair in pairs:
+                    if pair in times:
+                        times[pair].append(_time_loop(groups[pair], buf, loops[pair], device))
+                    dist.barrier()  # a sync point: the next pair starts on idle cores
+    else:
+        for pairs in rounds:
+            for pair in (p for p in pairs if p in times):
+                times[pair] = [_time_loop(groups[pair], buf, loops[pair], device) for _ in range(spec.repeats)]
+            dist.barrier()  # a sync point: the next round starts on idle nodes
+    found: dict[tuple[int, int], list[float]] = {}
+    for each in _gathered({pair: t for pair, t in times.items() if pair[0] == rank}):
+        found.update(each)
+    return [{"pair": list(pair), "size_bytes": size, "iterations": loops.get(pair),
+             "busbw_gb_per_s": [size / t / 1e9 * bus_factor("all_reduce", 2) for t in found[pair]]}
+            for pairs in rounds for pair in pairs]
 
 
-def _broadcast_times(times: list[float] | None, source: int, repeats: int) -> list[float]:
-    """A pair's times, from its first rank to every rank (a sync point, outside every timing)."""
+def _loop_length(group, buf, min_time_s: float, device) -> int:
+    """All-reduces per timing: enough for ``min_time_s`` at the pair's speed (one untimed, one timed),
+    the larger of the two nodes' counts so that both run the same loop."""
+    import torch
     import torch.distributed as dist
 
-    box: list[Any] = [times if times is not None else [0.0] * repeats]
-    dist.broadcast_object_list(box, src=source)
-    return list(box[0])
+    dist.all_reduce(buf, group=group)
+    one = _time_loop(group, buf, 1, device)
+    count = torch.tensor([max(3, math.ceil(min_time_s / max(one, 1e-6)))], dtype=torch.int64, device=buf.device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+    return int(count.item())  # .item(): a sync point, before any timing
 
 
-def _gathered(mine: dict[str, Any]) -> list[dict[str, Any]]:
+def _time_loop(group, buf, iterations: int, device) -> float:
+    """The average time of one all-reduce in a loop of ``iterations``."""
+    import torch.distributed as dist
+
+    _sync(device)
+    dist.barrier(group=group)  # a sync point: both nodes start together
+    started = time.perf_counter()
+    for _ in range(iterations):
+        dist.all_reduce(buf, group=group)
+    _sync(device)
+    return (time.perf_counter() - started) / iterations
+
+
+def _gathered(mine: dict[Any, Any]) -> list[dict[Any, Any]]:
     import torch.distributed as dist
 
     every: list[Any] = [None] * dist.get_world_size()

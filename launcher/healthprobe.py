@@ -178,7 +178,7 @@ def said(probed: Probed) -> list[str]:
     if not v.judged:
         lines.append(f"no verdict: {v.note}")
     else:
-        lines.append(f"verdicts: {health.false_alarm_text(v)}")
+        lines.append(f"verdicts: {health.false_alarm_text(v)}" + (f"; {v.note}" if v.note else ""))
     for node in r["nodes"]:
         mine = r["nodes"][node]
         figs = ", ".join(f"{f} {x:.3g}" for f, x in mine["figures"].items() if x)

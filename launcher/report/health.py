@@ -160,6 +160,12 @@ def judge(result: dict[str, Any], margin: float = MARGIN, alpha: float = ALPHA) 
         if slow <= excluded:
             break
         excluded |= slow
+    note = ""
+    repeats = min((len(v) for n in nodes.values() for v in n["figures"].values() if v), default=0)
+    if tests and repeats and 1 / math.comb(repeats * len(names), repeats) > alpha / len(tests):
+        note = (f"{repeats} repeats per node are too few for any verdict among {len(names)} nodes at this level "
+                f"(the smallest p-value they allow, 1/{math.comb(repeats * len(names), repeats)}, is above "
+                f"{alpha:.0%}/{len(tests)} tests): set health.repeats higher")
     slow_nodes: dict[str, list[str]] = {}
     for t in tests:
         if t.slow and t.figure != PAIR_FIGURE:
@@ -181,7 +187,7 @@ def judge(result: dict[str, Any], margin: float = MARGIN, alpha: float = ALPHA) 
             links[t.unit] = f"{node}'s network: both of its pairs are slow, its own figures are not ({why})"
         else:
             links[t.unit] = f"the link between {a} and {b}: both nodes compute normally ({why})"
-    return Verdicts(tests, slow_nodes, links, margin, alpha, True, dcgm_failed=dcgm_failed, networks=sorted(networks))
+    return Verdicts(tests, slow_nodes, links, margin, alpha, True, note, dcgm_failed, sorted(networks))
 
 
 def false_alarm_text(v: Verdicts) -> str:
