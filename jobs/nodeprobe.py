@@ -201,7 +201,12 @@ def time_pairs(spec: NodeProbeSpec, rank: int, world: int, device, in_turn: bool
             groups[pair] = dist.new_group(ranks=list(pair))
     mine = [p for pairs in rounds for p in pairs if rank in p]
     buf = torch.ones(size // 4, dtype=torch.float32, device=device)
-    loops = {pair: _loop_length(groups[pair], buf, spec.min_time_s, device) for pair in mine}
+    # One loop length for every pair (the most any pair needs): a shorter loop pays its start more often.
+    count = torch.tensor([max([_loop_length(groups[pair], buf, spec.min_time_s, device) for pair in mine] or [3])],
+                         dtype=torch.int64, device=buf.device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    loop = int(count.item())  # .item(): a sync point, before any timing
+    loops = {pair: loop for pair in mine}
     times: dict[tuple[int, int], list[float]] = {pair: [] for pair in mine}
     if in_turn:
         for _ in range(spec.repeats):
@@ -218,7 +223,7 @@ def time_pairs(spec: NodeProbeSpec, rank: int, world: int, device, in_turn: bool
     found: dict[tuple[int, int], list[float]] = {}
     for each in _gathered({pair: t for pair, t in times.items() if pair[0] == rank}):
         found.update(each)
-    return [{"pair": list(pair), "size_bytes": size, "iterations": loops.get(pair),
+    return [{"pair": list(pair), "size_bytes": size, "iterations": loop,
              "busbw_gb_per_s": [size / t / 1e9 * bus_factor("all_reduce", 2) for t in found[pair]]}
             for pairs in rounds for pair in pairs]
 

@@ -201,10 +201,12 @@ def said(probed: Probed) -> list[str]:
 # ---- health=auto: before a sweep's cells ---------------------------------------------------------
 
 def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
-    """``health=auto``: probe the nodes of the cells' partitions, keep the flagged ones out of every cell
-    (cluster.exclude, beside the user's own), and say so. A node flagged by the previous probe and
-    clean in this one comes back. A placement (a run's node list) on a flagged node is dropped: Slurm
-    places that run elsewhere. What the sweep's report says is returned (None: health=off)."""
+    """``health=auto|always``: judge the nodes of the cells' partitions, keep the flagged ones out of
+    every cell (cluster.exclude, beside the user's own), and say so. ``auto`` takes the ledger's latest
+    probe when it is younger than REUSE_WITHIN_MIN and covers the partition's nodes, else probes;
+    ``always`` probes. A node flagged by the probe before and clean in this one comes back. A placement
+    (a run's node list) on a flagged node is dropped: Slurm places that run elsewhere. Returns what
+    the sweep's report says (None: health=off)."""
     cfg = cells[0].config
     if cfg.health is HealthMode.off:
         return None
@@ -216,29 +218,51 @@ def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
                       tracking_uri=(cfg.tracking.uri or f"sqlite:///{(root / 'mlflow.db').resolve()}")
                       if cfg.tracking.enabled else None)
         ledger = health.ledger_path(root, cluster_key(asked.cluster))
-        before = health.read(ledger)
-        print(f"health=auto: probing the nodes of partition {partition or '(default)'} before the cells", flush=True)
-        try:
-            probed = run(asked)
-        except RuntimeError as exc:  # no figures: the sweep runs on every node, and says why
-            notes["probes"].append({"partition": partition, "error": str(exc), "excluded": [], "back": []})
-            print(f"health=auto: {exc}; no node excluded", flush=True)
-            continue
-        print("\n".join(said(probed)), flush=True)
-        flagged = probed.verdicts.flagged
-        back = sorted(set(before[-1]["verdicts"]["flagged"]) - set(flagged)) if before else []
+        records = health.read(ledger)
+        latest = records[-1] if records and cfg.health is HealthMode.auto and _fresh(records[-1], nodes_of(asked)) else None
+        where = f"partition {partition or '(default)'}"
+        if latest is not None:
+            print(f"health=auto: the nodes of {where} as the probe of {latest['measured_at']} judged them "
+                  f"(younger than {REUSE_WITHIN_MIN} min; health=always probes again)", flush=True)
+            previous, run_id = (records[-2] if len(records) > 1 else None), None
+        else:
+            print(f"health={cfg.health.value}: probing the nodes of {where} before the cells", flush=True)
+            try:
+                probed = run(asked)
+            except RuntimeError as exc:  # no figures: the sweep runs on every node, and says why
+                notes["probes"].append({"partition": partition, "error": str(exc), "excluded": [], "back": []})
+                print(f"health: {exc}; no node excluded", flush=True)
+                continue
+            print("\n".join(said(probed)), flush=True)
+            latest, previous, run_id = probed.record, (records[-1] if records else None), probed.run_id
+        verdicts = latest["verdicts"]
+        flagged = list(verdicts["flagged"])
+        back = sorted(set(previous["verdicts"]["flagged"]) - set(flagged)) if previous else []
         for cell in (c for c in cells if c.cluster.partition == partition):
             _keep_out(cell, flagged)
         notes["probes"].append({"partition": partition, "excluded": flagged, "back": back,
-                                "why": {n: probed.verdicts.slow_nodes.get(n) or [probed.verdicts.dcgm_failed.get(n)
-                                                                                  or "its network is slow"]
+                                "why": {n: verdicts["slow_nodes"].get(n) or [verdicts["dcgm_failed"].get(n)
+                                                                              or "its network is slow"]
                                         for n in flagged},
-                                "measured_at": probed.record["measured_at"], "ledger": str(probed.ledger),
-                                "run_id": probed.run_id, "judged": probed.verdicts.judged,
-                                "note": probed.verdicts.note})
-        print(f"health=auto: {'excluded ' + ', '.join(flagged) if flagged else 'no node excluded'}"
+                                "measured_at": latest["measured_at"], "ledger": str(ledger), "run_id": run_id,
+                                "judged": verdicts["judged"], "note": verdicts["note"]})
+        print(f"health: {'excluded ' + ', '.join(flagged) if flagged else 'no node excluded'}"
               + (f"; back after a clean probe: {', '.join(back)}" if back else ""), flush=True)
     return notes
+
+
+REUSE_WITHIN_MIN = 30  # health=auto: a probe this recent stands for the nodes (a scrontab keeps one fresh)
+
+
+def _fresh(record: dict[str, Any], nodes: list[str]) -> bool:
+    """Whether a ledger record is recent enough and covers ``nodes``."""
+    from datetime import datetime
+
+    try:
+        age_s = (datetime.now() - datetime.fromisoformat(record["measured_at"])).total_seconds()
+    except (KeyError, ValueError):
+        return False
+    return 0 <= age_s <= REUSE_WITHIN_MIN * 60 and set(nodes) <= set(record.get("nodes", {}))
 
 
 def _keep_out(cell: Cell, nodes: list[str]) -> None:

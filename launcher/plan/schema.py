@@ -144,7 +144,9 @@ class FabricConfig:
 
 class HealthMode(enum.Enum):
     off = "off"
-    auto = "auto"  # probe the partition's nodes first (python -m launcher.health) and keep the slow ones out
+    # The partition's nodes judged before the cells (python -m launcher.health), the slow ones kept out:
+    auto = "auto"  # by the ledger's latest probe when it is recent (launcher/healthprobe.py), else a new probe
+    always = "always"  # by a new probe
 
 
 @dataclass
@@ -310,8 +312,8 @@ class Config(TrainSpec):
             _check_oci_bundle(c.container)
         if c.declared:
             _check_declared(c)
-        if self.health is HealthMode.auto and c.name is ClusterKind.local:
-            raise ConfigError("health", "auto", "excludes slow nodes with cluster.exclude, which the local cluster "
+        if self.health is not HealthMode.off and c.name is ClusterKind.local:
+            raise ConfigError("health", self.health.value, "excludes slow nodes with cluster.exclude, which the local cluster "
                               "(one machine) does not have.", "use health=auto with cluster=slurm, or probe this "
                               "machine with python -m launcher.health cluster=local health.nodes=3.")
 
