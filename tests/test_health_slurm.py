@@ -3,8 +3,8 @@
 One node is slowed on purpose: its slurmd is moved into a CPU cgroup with a small quota (cgroup v1's
 ``cpu.cfs_quota_us`` or v2's ``cpu.max``), which every job step it starts inherits (the test cluster
 runs ``proctrack/linuxproc``, no cgroup plugin of its own). One ``launcher.health`` run names it; a
-``health=auto`` sweep then runs without it and says so; with the quota lifted, a probe flags nothing
-and the next ``health=auto`` sweep has the node back.
+``health=auto`` sweep then runs without it (judged by that recent probe) and says so; with the quota
+lifted, a probe flags nothing and the next ``health=auto`` sweep has the node back. About 2 minutes.
 """
 
 import contextlib

@@ -76,7 +76,9 @@ def _log_mean(values: Sequence[float]) -> float:
     return statistics.fmean(math.log(v) for v in values)
 
 
-EXACT_UP_TO = 20_000  # m x n pairs: beyond this, the normal approximation of U
+# The exact distribution costs m x (m n) steps: beyond this, the normal approximation of U (whose far
+# tail is too thin to judge a thousand nodes' tests at Holm's levels, so the exact one goes far).
+EXACT_UP_TO = 5_000_000
 
 
 def rank_sum_p(slow: Sequence[float], others: Sequence[float]) -> float:
@@ -86,7 +88,7 @@ def rank_sum_p(slow: Sequence[float], others: Sequence[float]) -> float:
     if not m or not n:
         return 1.0
     u = sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in slow for y in others)
-    if m * n > EXACT_UP_TO:
+    if m * m * n > EXACT_UP_TO:
         mean, sd = m * n / 2, math.sqrt(m * n * (m + n + 1) / 12)
         return 1 - statistics.NormalDist().cdf((u - 0.5 - mean) / sd)
     counts = _u_counts(m, n)
