@@ -158,3 +158,11 @@ def test_the_probe_runs_on_local_emulated_nodes_and_keeps_its_run_in_mlflow(tmp_
 def test_a_bad_setting_is_refused_naming_it(bad, capsys, tmp_path):
     assert command.main([bad, f"output_root={tmp_path}"]) == 2
     assert bad.split("=")[0] in capsys.readouterr().err
+
+
+def test_health_auto_on_the_local_cluster_is_refused_before_anything_is_made(tmp_path, capsys):
+    from launcher.__main__ import main
+
+    assert main(["health=auto", f"output_root={tmp_path}", "model=gpt_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "health" in err and "cluster=slurm" in err and not list(tmp_path.iterdir())
