@@ -115,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "--check" in flags:
         return check(ledger, flags["--check"])
-    probed = run(asked)
+    try:
+        probed = run(asked)
+    except RuntimeError as exc:  # nothing measured: no node, or every job failed (each one's reason said)
+        print(f"error: {exc}", file=sys.stderr)
+        return USER_ERROR_EXIT
     print("\n".join(said(probed)), flush=True)
     return 1 if probed.verdicts.flagged or probed.verdicts.slow_links else 0
 

@@ -78,6 +78,9 @@ def run(asked: Asked) -> Probed:
     """Probe the nodes, judge them, append the ledger, log the MLflow run."""
     one_machine = asked.cluster.name.one_machine
     names = nodes_of(asked)
+    if not names:
+        raise RuntimeError(f"no node to probe: partition {asked.cluster.partition or '(default)'} has no node that "
+                           f"takes jobs (sinfo -N shows their states), or cluster.nodelist/cluster.exclude left none")
     folder = asked.output_root / "health" / time.strftime("%Y-%m-%d_%H-%M-%S")
     chunks = [names] if one_machine else [names[i:i + asked.nodes_per_job]
                                           for i in range(0, len(names), asked.nodes_per_job)]

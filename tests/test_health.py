@@ -138,9 +138,9 @@ def test_the_probe_runs_on_local_emulated_nodes_and_keeps_its_run_in_mlflow(tmp_
     measured, the ledger and the MLflow run written."""
     from mlflow.tracking import MlflowClient
 
-    code = command.main(["cluster=local", "health.nodes=3", "health.repeats=2", f"output_root={tmp_path}"])
+    code = command.main(["cluster=local", "health.nodes=3", "health.repeats=1", f"output_root={tmp_path}"])
     out = capsys.readouterr().out
-    assert code in (0, 1), out  # a loaded 2-core machine may make one emulated node look slow
+    assert code == 0 and "too few for any verdict" in out, out  # one repeat: measured, never judged
     records = health.read(health.ledger_path(tmp_path, next(iter(json.loads(line)["cluster"] for line in
                                                                   (tmp_path.glob("health-*.jsonl").__next__())
                                                                   .read_text().splitlines()))))
