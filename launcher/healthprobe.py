@@ -25,6 +25,8 @@ from launcher.plan.schema import ClusterConfig, HealthMode
 from launcher.report import health
 
 NODES_PER_JOB = 128
+TREND_PLOT = "trend.png"  # beside each probe's record, on its MLflow run, and in a health=auto sweep's report
+TREND_PROBES = 12  # the probes the trend plot shows (the latest last)
 # What one node's figures and one pair's timings take, and a job's start, measured on the Slurm
 # test cluster (docs/health.md): the cost --plan states for nodes it has not probed.
 NODE_S, PAIR_S, START_S = 4.0, 1.5, 12.0
@@ -103,6 +105,7 @@ def run(asked: Asked) -> Probed:
     ledger = health.ledger_path(asked.output_root, key)
     health.append(ledger, record)
     (folder / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    health.trend_plot(health.read(ledger)[-TREND_PROBES:], folder / TREND_PLOT)
     probed = Probed(record, verdicts, folder, ledger, errors=errors)
     if asked.tracking_uri:
         probed.run_id = log_run(asked.tracking_uri, key, record, folder)
@@ -162,7 +165,7 @@ def log_run(uri: str, key: str, record: dict[str, Any], folder: Path) -> str:
     metrics += [Metric("health_flagged_nodes", float(len(verdicts["flagged"])), now_ms, 0)]
     for i in range(0, len(metrics), 900):  # MLflow takes at most 1000 metrics per batch
         tracker.client.log_batch(run.info.run_id, metrics=metrics[i:i + 900])
-    attach(uri, run.info.run_id, [folder / "record.json"])
+    attach(uri, run.info.run_id, [p for p in (folder / "record.json", folder / TREND_PLOT) if p.exists()])
     tracker.client.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id
 
@@ -248,6 +251,7 @@ def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
                                                                               or "its network is slow"]
                                         for n in flagged},
                                 "measured_at": latest["measured_at"], "ledger": str(ledger), "run_id": run_id,
+                                "trend": str(Path(latest["asked"]["folder"]) / TREND_PLOT),
                                 "judged": verdicts["judged"], "note": verdicts["note"]})
         print(f"health: {'excluded ' + ', '.join(flagged) if flagged else 'no node excluded'}"
               + (f"; back after a clean probe: {', '.join(back)}" if back else ""), flush=True)

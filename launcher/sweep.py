@@ -36,7 +36,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     health_notes = healthprobe.before_cells(cells)  # health=auto: slow nodes kept out of every cell
     state = prepare(cells, argv, predicted or {})
     if health_notes is not None:
-        (state.path / health.SWEEP_FILE).write_text(json.dumps(health_notes, indent=1, sort_keys=True))
+        health.keep_in_sweep(state.path, health_notes)
     todo = [c for c in state.cells if c.status in (CellStatus.planned, *RUN_AGAIN)]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
     probes = probe.before_cells(state, todo, cells[0].config)  # the cells start after them

@@ -114,6 +114,17 @@ def test_the_ledger_appends_under_its_lock_and_show_prints_each_nodes_trend_and_
     records.sort(key=lambda r: r["verdicts"]["flagged"] == ["n1"])  # the slow probe last, as the latest
     shown = "\n".join(health.show(records))
     assert "| n1 |" in shown and "slow: " in shown and "1 of 3" in shown
+    png = health.trend_plot(records, tmp_path / "probe" / "trend.png")
+    assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    health.keep_in_sweep(sweep, {"probes": [{"partition": None, "excluded": ["n1"], "back": [], "judged": True,
+                                             "why": {"n1": ["copy_gb_per_s 0.30x the others"]},
+                                             "measured_at": "2026-11-27T20:00:00", "ledger": str(ledger),
+                                             "run_id": None, "note": "", "trend": str(png)}]})
+    text = "\n".join(health.section(sweep))
+    assert "**excluded n1**" in text and "](plots/health-default.png)" in text
+    assert health.sweep_plots(sweep) == [sweep / "plots" / "health-default.png"]
     lines = health.drain_lines(health.judge(results[2]))
     assert lines and all(line.startswith('scontrol update nodename=n1 state=drain reason="launcher.health:')
                          for line in lines)

@@ -89,6 +89,7 @@ def test_a_slowed_node_is_named_excluded_by_health_auto_and_back_after_a_clean_p
     assert hosts and SLOW_NODE not in hosts
     report = (state.path / "report.md").read_text()
     assert "## Node health" in report and f"**excluded {SLOW_NODE}**" in report
+    assert "](plots/health-default.png)" in report and (state.path / "plots" / "health-default.png").exists()
 
     # The quota lifted: a probe of the healthy cluster flags nothing, and the next sweep has the node back.
     code, record, out = probe(tmp_path, capsys)

@@ -311,6 +311,28 @@ def drain_lines(verdicts: Verdicts) -> list[str]:
 # ---- a sweep's report (health=auto) ---------------------------------------------------------------
 
 SWEEP_FILE = "health.json"  # what health=auto found before the sweep's cells, in the sweep directory
+PLOTS_DIR = "plots"  # the report's plots folder (launcher/report/report.py), attached to the parent run
+
+
+def keep_in_sweep(sweep_dir: Path, notes: dict[str, Any]) -> None:
+    """What health=auto found, in the sweep directory (health.json), with each probe's trend plot
+    copied among the report's plots (plots/health-<partition>.png: shown in the report, attached with
+    the others to the sweep's parent run)."""
+    import shutil
+
+    for p in notes.get("probes", []):
+        trend = Path(p.pop("trend", "") or "")
+        if trend.is_file():
+            name = f"{PLOTS_DIR}/health-{re.sub(r'[^A-Za-z0-9_.-]+', '_', p['partition'] or 'default')}.png"
+            (Path(sweep_dir) / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(trend, Path(sweep_dir) / name)
+            p["plot"] = name
+    (Path(sweep_dir) / SWEEP_FILE).write_text(json.dumps(notes, indent=1, sort_keys=True))
+
+
+def sweep_plots(sweep_dir: Path) -> list[Path]:
+    """The trend plots health=auto copied among a sweep's plots."""
+    return sorted((Path(sweep_dir) / PLOTS_DIR).glob("health-*.png"))
 
 
 def section(sweep_dir: Path) -> list[str]:
@@ -338,4 +360,37 @@ def section(sweep_dir: Path) -> list[str]:
         if p.get("back"):
             lines.append(f"- back after a clean probe: {', '.join(p['back'])} (excluded by the previous probe).")
         lines.append(f"  Ledger: `{p['ledger']}`" + (f"; MLflow run `{p['run_id']}`." if p.get("run_id") else "."))
+        if p.get("plot"):
+            lines += ["", f"![each node against the fleet, probe by probe]({p['plot']})"]
     return [*lines, ""]
+
+
+def trend_plot(records: Sequence[dict[str, Any]], out: Path) -> Path | None:
+    """Each node's figures over the fleet's median, probe by probe (one panel per figure), as a PNG:
+    the ledger's trend at a glance. None when the ledger holds no probe."""
+    if not records:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(NODE_FIGURES), 3.4), dpi=90, layout="constrained")
+    FigureCanvasAgg(fig)  # no pyplot: no global figure state, no GUI backend
+    axes = fig.subplots(1, len(NODE_FIGURES), squeeze=False)[0]
+    hosts = list(dict.fromkeys(h for r in records for h in r["nodes"]))
+    for ax, figure in zip(axes, NODE_FIGURES, strict=True):
+        for host in hosts:
+            points = [(i, ratios(r, figure).get(host)) for i, r in enumerate(records)]
+            xs = [i for i, v in points if v]
+            ax.plot(xs, [v for _, v in points if v], marker="o", label=host)
+            flagged = [i for i in xs if host in records[i]["verdicts"]["flagged"]]
+            ax.scatter(flagged, [ratios(records[i], figure)[host] for i in flagged], s=90, facecolors="none",
+                       edgecolors="red")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_title(figure, fontsize=9)
+        ax.set_xlabel("probe (oldest first)")
+        ax.set_ylabel("node / fleet median")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("node health: each node against the fleet (red rings: flagged)", fontsize=10)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    return out

@@ -521,6 +521,7 @@ def write_sweep_report(state: SweepState) -> Report:
     written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
                     [*health.section(state.path), *fabric.section(probed), *checked.section], looks_of(state))
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
+    written.plots += health.sweep_plots(state.path)  # attached with the others to the parent run
     return written
 
 
