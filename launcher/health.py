@@ -111,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR_EXIT
     ledger = health.ledger_path(asked.output_root, cluster_key(asked.cluster))
     if "--show" in flags:
-        print("\n".join(health.show(health.read(ledger), int(flags.get("--last") or 6))))
+        records = health.read(ledger)
+        last = int(flags.get("--last") or 6)
+        print("\n".join(health.show(records, last)))
+        plot = health.trend_plot(records[-last:], ledger.with_suffix(".png"))
+        if plot is not None:
+            print(f"trend plot: {plot}")
         return 0
     if "--check" in flags:
         return check(ledger, flags["--check"])

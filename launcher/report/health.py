@@ -372,6 +372,7 @@ def trend_plot(records: Sequence[dict[str, Any]], out: Path) -> Path | None:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(4.2 * len(NODE_FIGURES), 3.4), dpi=90, layout="constrained")
     FigureCanvasAgg(fig)  # no pyplot: no global figure state, no GUI backend
@@ -386,6 +387,7 @@ def trend_plot(records: Sequence[dict[str, Any]], out: Path) -> Path | None:
             ax.scatter(flagged, [ratios(records[i], figure)[host] for i in flagged], s=90, facecolors="none",
                        edgecolors="red")
         ax.axhline(1.0, color="grey", lw=0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(figure, fontsize=9)
         ax.set_xlabel("probe (oldest first)")
         ax.set_ylabel("node / fleet median")
