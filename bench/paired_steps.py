@@ -57,7 +57,8 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from contract.spec import InputKind, ModelSpec, PrecisionSpec, Strategy, StrategySpec
+    from contract.parallel import ParallelDims
+    from contract.spec import InputKind, Layout, ModelSpec, PrecisionSpec, Strategy, StrategySpec
     from jobs import memory, parallel, schedule
     from jobs.data import synthetic_batches
     from jobs.dist import DistEnv, backend_for, choose_device
@@ -116,8 +117,8 @@ def main() -> None:
     torch.manual_seed(0)
     with torch.device("meta" if strat.name is Strategy.fsdp else device):
         ours_model = build_model(spec)
-    par = parallel.parallelize(ours_model, strat, PrecisionSpec(), device=device, num_nodes=env.num_nodes,
-                               tasks_per_node=env.local_world_size)
+    par = parallel.parallelize(ours_model, strat, PrecisionSpec(), device=device, dims=ParallelDims.of(
+        strat, Layout(nodes=env.num_nodes, tasks_per_node=env.local_world_size)))
     ours_opt = parallel.build_optimizer(par.model, "adamw", 1e-4)
     trainer = Trainer(par.model, ours_opt, accum_steps=1, autocast_dtype=par.autocast_dtype, device=device,
                       no_sync=par.no_sync, scaler=par.scaler)

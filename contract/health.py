@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from contract.spec import Layout
+
 RESULT_FILE = "health.json"  # what the probe's rank 0 writes into its folder
 # The figures of one node, each higher-is-better, with its unit in words.
 NODE_FIGURES: dict[str, str] = {
@@ -56,6 +58,12 @@ class NodeProbeSpec:
     in_turn: bool | None = None
     dcgm: bool = True  # run `dcgmi diag -r 1` where dcgmi is installed
     collective_timeout_s: float = 300.0
+
+    @property
+    def layout(self) -> Layout:
+        """One task per node: the shape a backend's rank translation reads (the emulated nodes' too)."""
+        return Layout(nodes=self.nodes, tasks_per_node=1, gpus_per_node=self.gpus_per_node,
+                      cpus_per_task=max(1, self.cpus_per_task))
 
 
 def ring_pairs(nodes: int) -> list[tuple[int, int]]:

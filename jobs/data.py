@@ -51,7 +51,9 @@ def input_batches(
     data: DataSpec, model: ModelSpec, *, batch_size: int, accum_steps: int, seed: int, rank: int, world_size: int,
     device: torch.device,
 ) -> Iterator[Batch]:
-    """This rank's endless stream of (input, target) micro-batches of ``batch_size`` samples."""
+    """This rank's endless stream of (input, target) micro-batches of ``batch_size`` samples.
+    ``rank`` and ``world_size``: its place among the ranks that read different batches (the
+    worker passes contract.parallel.ParallelDims.data_rank and .data_parallel)."""
     if data.kind is DataKind.synthetic:
         return synthetic_batches(model, batch_size, seed, rank, device, accum_steps=accum_steps)
     if data.path is None:  # DataSpec.validate refuses this for every kind that reads files

@@ -1,15 +1,17 @@
 """The rank layout, read once, and the process group built from it.
 
-This module is the ONLY reader of SLURM_*, SUBMITIT_*, RANK/WORLD_SIZE/LOCAL_RANK and MASTER_*;
-everything else receives the frozen :class:`DistEnv`. Sources, in priority order:
+This module is the ONLY reader of the rank's variables; everything else receives the frozen
+:class:`DistEnv`. It reads no scheduler's own variables (no SLURM_*): a backend gives its ranks
+torchrun's (contract/rank_env.py; Slurm's are translated in launcher/cluster/slurm/ranks.py, submitit's
+local executor's in launcher/cluster/local/ranks.py).
+Sources, in priority order:
 
-1. torchrun (TORCHELASTIC_RUN_ID, or RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT all set):
-   an explicit launcher already decided the layout, even inside a Slurm allocation.
-2. Slurm (SLURM_PROCID and SLURM_NTASKS): one rank per task; MASTER_ADDR is the first host of
-   SLURM_JOB_NODELIST; MASTER_PORT derives from SLURM_JOB_ID (see :func:`port_for_job`).
-3. submitit's local executor (SUBMITIT_EXECUTOR=local): ranks are local processes; "nodes" are
-   emulated as groups of ``tasks_per_node`` consecutive ranks, as a real cluster numbers them.
-4. Nothing: a single process.
+1. torchrun's variables (TORCHELASTIC_RUN_ID, or RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT
+   all set): from torchrun, or from a backend that translated its scheduler's (``DDP_BENCH_LAUNCHER``
+   names it; its job id, node name and requeue command come beside them).
+   The local cluster's are translated too (launcher/cluster/local/ranks.py: its emulated nodes
+   are groups of ``tasks_per_node`` consecutive ranks, as a real cluster numbers them).
+2. Nothing: a single process.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import re
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from contract.nodelist import expand_nodelist, port_for_job
+from contract import rank_env
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -41,23 +43,20 @@ class DistEnv:
     master_port: int = 29500
     hostname: str = "localhost"
     job_id: str = ""
-    source: str = "single"  # torchrun | slurm | submitit-local | single
-    hosts: Sequence[str] = field(default_factory=tuple)
-    # What `scontrol requeue` takes for this job: the array task (123_4) when it is one.
-    requeue_id: str = ""
+    source: str = "single"  # torchrun | slurm (translated by its backend) | submitit-local | single
+    # The command that requeues this job (its scheduler's, from its backend); "" where none can.
+    requeue_command: str = ""
 
     @property
     def is_head(self) -> bool:
         return self.rank == 0
 
     @classmethod
-    def detect(cls, environ: Mapping[str, str], emulate_tasks_per_node: int | None = None) -> DistEnv:
+    def detect(cls, environ: Mapping[str, str]) -> DistEnv:
         """Read the layout from ``environ`` (pass ``os.environ``; tests pass tables)."""
         env = environ
-        hostname = env.get("SLURMD_NODENAME") or socket.gethostname()
-        if "TORCHELASTIC_RUN_ID" in env or all(
-            k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        ):
+        hostname = env.get(rank_env.NODE_NAME) or socket.gethostname()
+        if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in rank_env.TORCHRUN):
             world = int(env["WORLD_SIZE"])
             local_world = int(env.get("LOCAL_WORLD_SIZE", world))
             rank = int(env["RANK"])
@@ -67,35 +66,8 @@ class DistEnv:
                 node_rank=int(env.get("GROUP_RANK", rank // local_world)),
                 num_nodes=max(1, world // local_world),
                 master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
-                hostname=hostname, job_id=env.get("TORCHELASTIC_RUN_ID", env.get("SLURM_JOB_ID", "")),
-                source="torchrun",
-            )
-        if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-            hosts = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or hostname)
-            # SLURM_JOB_NUM_NODES is the allocation; SLURM_NNODES the step (same under srun).
-            num_nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or len(hosts))
-            world = int(env["SLURM_NTASKS"])
-            job_id = env.get("SLURM_JOB_ID", "0")
-            return cls(
-                rank=int(env["SLURM_PROCID"]), world_size=world,
-                local_rank=int(env.get("SLURM_LOCALID", 0)),
-                local_world_size=world // max(1, num_nodes),
-                node_rank=int(env.get("SLURM_NODEID", 0)), num_nodes=num_nodes,
-                master_addr=hosts[0], master_port=port_for_job(job_id),
-                hostname=hostname, job_id=job_id, source="slurm", hosts=tuple(hosts),
-                requeue_id=(f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-                            if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") else job_id),
-            )
-        if env.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in env:
-            world = int(env["SUBMITIT_LOCAL_NTASKS"])
-            rank = int(env["SUBMITIT_LOCAL_GLOBALID"])
-            per_node = emulate_tasks_per_node or world
-            job_id = env.get("SUBMITIT_LOCAL_JOB_ID", "0")
-            return cls(
-                rank=rank, world_size=world, local_rank=rank % per_node, local_world_size=per_node,
-                node_rank=rank // per_node, num_nodes=max(1, world // per_node),
-                master_addr="127.0.0.1", master_port=port_for_job(job_id),
-                hostname=hostname, job_id=job_id, source="submitit-local",
+                hostname=hostname, job_id=env.get(rank_env.JOB_ID) or env.get("TORCHELASTIC_RUN_ID", ""),
+                source=env.get(rank_env.LAUNCHER, "torchrun"), requeue_command=env.get(rank_env.REQUEUE, ""),
             )
         return cls(hostname=hostname, master_port=free_port(), source="single")
 
@@ -257,7 +229,7 @@ def process_group(env: DistEnv, backend: str, timeout_s: float, device=None) -> 
     import torch.distributed as dist
 
     export(env)
-    if env.is_head and env.source != "torchrun":
+    if env.is_head and env.source != "torchrun":  # torchrun's own store holds the port already
         check_port_free(env.master_port)
     if "gloo" in backend:
         problem = gloo_interface_problem(resolve_host(env.hostname), env.num_nodes, os.environ)

@@ -139,7 +139,7 @@ def main(spec: ProbeSpec) -> dict[str, Any]:
     from jobs.dist import DistEnv, backend_for, process_group
     from jobs.worker import resolve_device
 
-    env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
+    env = DistEnv.detect(os.environ)
     torch.set_num_threads(max(1, spec.layout.cpus_per_task))
     device, backend = resolve_device(spec.layout.gpus_per_node, env)
     with process_group(env, backend_for(device.type), timeout_s=spec.collective_timeout_s,

@@ -52,7 +52,7 @@ def main(spec: NodeProbeSpec) -> dict[str, Any]:
     from jobs.interference import kernel_id
     from jobs.worker import resolve_device
 
-    env = DistEnv.detect(os.environ, 1 if spec.emulate_nodes else None)
+    env = DistEnv.detect(os.environ)
     # 0: every CPU the task may use (the probe has its nodes to itself: sbatch --exclusive).
     torch.set_num_threads(spec.cpus_per_task or len(os.sched_getaffinity(0)))
     device, backend = resolve_device(spec.gpus_per_node, env)

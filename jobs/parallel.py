@@ -25,8 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.parallel import ParallelDims
 from contract.spec import (
     BatchNormUnits,
+    Layout,
     PrecisionPlan,
     PrecisionSpec,
     Sharding,
@@ -113,20 +115,13 @@ def apply_ddp(
 
 # ---- FSDP --------------------------------------------------------------------------------------
 
-def fsdp_mesh(device_type: str, sharding: Sharding, num_nodes: int, tasks_per_node: int):
-    """The device mesh a sharding mode needs.
-
-    full / grad_op: 1-D over every rank. hybrid: 2-D (replicate across nodes, shard within a
-    node). none: 2-D (replicate over every rank, shard over 1), i.e. FSDP2 running as DDP.
-    """
+def fsdp_mesh(device_type: str, dims: ParallelDims):
+    """The device mesh of a cell's parallel layout (contract/parallel.py): full / grad_op 1-D over
+    every rank; hybrid 2-D (replicate across nodes, shard within a node); none 2-D (replicate over
+    every rank, shard over 1), i.e. FSDP2 running as DDP."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    world = num_nodes * tasks_per_node
-    if sharding is Sharding.hybrid:
-        return init_device_mesh(device_type, (num_nodes, tasks_per_node), mesh_dim_names=("replicate", "shard"))
-    if sharding is Sharding.none:
-        return init_device_mesh(device_type, (world, 1), mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, dims.mesh_shape(), mesh_dim_names=dims.mesh_dims)
 
 
 def batchnorms(model: nn.Module) -> list:
@@ -288,9 +283,10 @@ def room_for_unsynced_grads(model: nn.Module, device: torch.device) -> bool:
 
 
 def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSpec, *, device: torch.device,
-                num_nodes: int = 1, tasks_per_node: int = 1, compile: bool = False) -> Parallelized:
+                dims: ParallelDims | None = None, compile: bool = False) -> Parallelized:
     """Wrap ``model`` for ``strategy``: DDP expects it built on ``device``; FSDP expects it on
-    meta (or anywhere: a materialised model is sharded as is) and materialises it after sharding."""
+    meta (or anywhere: a materialised model is sharded as is) and materialises it after sharding.
+    ``dims``: the cell's parallel layout (contract/parallel.py), which gives FSDP its mesh."""
     from jobs import models
 
     plan = precision_plan(strategy.name, precision)
@@ -303,7 +299,7 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
         no_sync = model.no_sync
     else:
         on_meta = any(p.is_meta for p in model.parameters())
-        mesh = fsdp_mesh(device.type, strategy.sharding, num_nodes, tasks_per_node)
+        mesh = fsdp_mesh(device.type, dims or ParallelDims.of(strategy, Layout()))  # None: one rank
         model = apply_fsdp(
             model, mesh, units=models.shard_units(model) if strategy.wrap.value == "block" else [],
             reshard_after_forward=strategy.sharding is not Sharding.grad_op,

@@ -19,6 +19,7 @@ the model is being built would be lost and the job run to its last step.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -159,10 +160,10 @@ class StopRequests:
         _RECEIVED.code = NONE
 
 
-def requeue(job_id: str) -> bool:
-    """Requeue this Slurm job; ``job_id`` names the array task (``123_4``) when it is one, so only
-    that task goes back to the queue, not the whole array."""
-    proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+def requeue(command: str) -> bool:
+    """Requeue this job with ``command``, its backend's (jobs.dist.DistEnv.requeue_command: on Slurm
+    ``scontrol requeue`` of the array task alone, not the whole array)."""
+    proc = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=60)
     return proc.returncode == 0
 
 

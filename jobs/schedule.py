@@ -274,6 +274,6 @@ def _save_or_stop(job: _Job, step: int, request) -> None:
                                     "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None})
     if request:
         requeued = False
-        if request == preempt.USR2 and env.is_head and env.requeue_id:
-            requeued = preempt.requeue(env.requeue_id)
+        if request == preempt.USR2 and env.is_head and env.requeue_command:
+            requeued = preempt.requeue(env.requeue_command)
         raise preempt.Preempted(preempt.NAMES[request], step, requeued, saved=save)

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from contract.parallel import ParallelDims
+
 if TYPE_CHECKING:  # types only: importing torch here would cost every importer of jobs.state
     import torch
     from torch.distributed import ProcessGroup
@@ -37,6 +39,12 @@ class Rank:
     observer: Observer
     control_group: ProcessGroup | None = None  # gloo: stop requests, health, the GPU placement check
     gpu_uuids: list[tuple[str, str]] = field(default_factory=list)  # (host, GPU UUID) per rank, CUDA only
+    # The cell's parallel layout (contract/parallel.py), made once from its spec: the FSDP mesh, the
+    # data sharding and the summary's reductions read it.
+    dims: ParallelDims = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.dims = ParallelDims.of(self.spec.strategy, self.spec.layout)
 
 
 @dataclass

@@ -38,13 +38,17 @@ def gather_ranks(obj: Any) -> list[Any]:
     return out
 
 
-def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_per_sample: int, repeats: int) -> dict[str, float]:
+def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_per_sample: int, repeats: int,
+              data_parallel: int | None = None) -> dict[str, float]:
     """Reduce per-rank measurements of the measured window into the job's summary metrics.
 
     Each rank entry holds ``step_time_s`` and ``data_time_s`` (lists over measured steps),
-    memory figures and model-state bytes.
+    memory figures and model-state bytes. ``data_parallel``: how many ranks read different batches
+    (contract.parallel.ParallelDims.data_parallel; None: every rank its own).
     """
     world = len(per_rank)
+    # Ranks of one model-parallel group step through the same samples: counted once.
+    distinct = (data_parallel or world) / world
     n_steps = len(per_rank[0]["step_time_s"])
     # The job's step time is the slowest rank's, step by step.
     slowest = [max(r["step_time_s"][i] for r in per_rank) for i in range(n_steps)]
@@ -52,7 +56,8 @@ def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_p
     windows = [range(i * window, (i + 1) * window) for i in range(repeats)]
     # Global throughput per window: sum over ranks of the rank's samples over its own time.
     per_window = [
-        sum(samples_per_step * len(w) / sum(r["step_time_s"][i] for i in w) for r in per_rank) for w in windows
+        distinct * sum(samples_per_step * len(w) / sum(r["step_time_s"][i] for i in w) for r in per_rank)
+        for w in windows
     ]
     throughput = statistics.fmean(per_window)
     out: dict[str, float] = {
@@ -192,7 +197,7 @@ def report(run: Run, outcome: Outcome, per_rank: list[dict[str, Any]]) -> Report
     missing = run.interference.missing
     system = gpu_figures(run.rank.device, per_rank, summary, tags, missing,
                          samples_in_window=train.batch_size * train.grad_accum_steps * summary["measured_steps"]
-                         * env.world_size)
+                         * run.rank.dims.data_parallel)
     if "foreign_gpu_share" not in summary and missing:
         tags["gpu_interference_missing"] = missing
     rank_medians_s, local_medians_s = straggler_figures(per_rank, summary, tags)
@@ -220,7 +225,8 @@ def job_summary(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome,
     _, per_sample = samples_unit(spec.model)
     with run.rank.observer.phase("summarize"):
         summary: dict[str, Any] = summarize(per_rank, samples_per_step=train.batch_size * train.grad_accum_steps,
-                                            tokens_per_sample=per_sample, repeats=train.repeats)
+                                            tokens_per_sample=per_sample, repeats=train.repeats,
+                                            data_parallel=run.rank.dims.data_parallel)
     summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=run.setup.lr,
                    restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
     foreign = foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])

@@ -39,7 +39,7 @@ def main(spec: RunSpec, observer: Observer | None = None) -> dict[str, Any]:
     default nothing observes."""
     started_s = time.time()  # the job's start as its MLflow run shows it (contract/cell_run.py)
     listen()  # a stop request sent while the model is built still stops the job (jobs/preempt.py)
-    env = DistEnv.detect(os.environ, spec.layout.tasks_per_node if spec.emulate_nodes else None)
+    env = DistEnv.detect(os.environ)
     import torch
 
     # Threads per rank chosen on purpose (torchrun would silently set 1): the cores of the task.
@@ -196,7 +196,7 @@ def set_up(rank: Rank) -> Setup:
     rss_before = memory.current_rss_bytes()
     memory.reset_peak_memory(device)
     par = parallel.parallelize(build_model_to_wrap(spec, device), spec.strategy, spec.precision, device=device,
-                               num_nodes=env.num_nodes, tasks_per_node=env.local_world_size, compile=train.compile)
+                               dims=rank.dims, compile=train.compile)
     setup_bytes = memory.setup_memory(device, rss_before)
     # The device's own matmul peak (CUDA only, ~a second), in the math the model's main ops run in
     # (so known only now): after the setup's memory is read, its buffers freed before the window
@@ -206,7 +206,8 @@ def set_up(rank: Rank) -> Setup:
     lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
     optimizer = parallel.build_optimizer(par.model, train.optimizer, lr)
     batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=train.grad_accum_steps,
-                            seed=train.seed, rank=env.rank, world_size=env.world_size, device=device)
+                            seed=train.seed, rank=rank.dims.data_rank(env.rank),
+                            world_size=rank.dims.data_parallel, device=device)
     trainer = Trainer(par.model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=par.autocast_dtype,
                       device=device, no_sync=par.no_sync, scaler=par.scaler)
     return Setup(par, optimizer, batches, trainer, lr, setup_bytes, matmul)

@@ -8,6 +8,8 @@ import pytest
 
 from contract.nodelist import PORT_BASE, PORT_SPAN, expand_nodelist, port_for_job
 from jobs.dist import DistEnv, check_port_free
+from launcher.cluster.local.ranks import torchrun_env as local_env
+from launcher.cluster.slurm.ranks import torchrun_env
 
 
 @pytest.mark.parametrize(
@@ -41,22 +43,33 @@ LOCAL = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": "3", "SUBMITIT
 @pytest.mark.parametrize(
     "environ, emulate, expected",
     [
-        (SLURM, None, dict(rank=5, world_size=8, local_rank=1, node_rank=2, num_nodes=4, local_world_size=2,
-                           master_addr="node1", master_port=port_for_job("12345"), source="slurm", hostname="node3")),
+        # A Slurm task's variables as its backend translates them (jobs/ reads no SLURM_*).
+        (torchrun_env(SLURM), None, dict(rank=5, world_size=8, local_rank=1, node_rank=2, num_nodes=4,
+                                         local_world_size=2, master_addr="node1", master_port=port_for_job("12345"),
+                                         source="slurm", hostname="node3", job_id="12345",
+                                         requeue_command="scontrol requeue 12345")),
+        (SLURM, None, dict(rank=0, world_size=1, source="single")),  # untranslated: not read
         (TORCHRUN, None, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, master_addr="10.0.0.1",
                               master_port=29400, source="torchrun")),
-        # torchrun inside a Slurm allocation: torchrun decided the layout, it wins.
-        ({**SLURM, **TORCHRUN}, None, dict(rank=3, world_size=4, source="torchrun")),
-        (LOCAL, 2, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, local_world_size=2,
+        # torchrun inside a Slurm allocation: torchrun decided the layout.
+        ({**SLURM, **TORCHRUN}, None, dict(rank=3, world_size=4, source="torchrun", requeue_command="")),
+        (local_env(LOCAL, 2), None, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, local_world_size=2,
                         master_addr="127.0.0.1", master_port=port_for_job("777"), source="submitit-local")),
-        (LOCAL, None, dict(rank=3, local_rank=3, node_rank=0, num_nodes=1)),
+        (local_env(LOCAL), None, dict(rank=3, local_rank=3, node_rank=0, num_nodes=1)),
+        (LOCAL, None, dict(rank=0, world_size=1, source="single")),  # untranslated: not read
         ({}, None, dict(rank=0, world_size=1, local_rank=0, node_rank=0, num_nodes=1, source="single")),
     ],
 )
 def test_detect(environ, emulate, expected):
-    env = DistEnv.detect(environ, emulate)
+    env = DistEnv.detect(environ)
     for key, value in expected.items():
         assert getattr(env, key) == value, key
+
+
+def test_an_array_task_requeues_alone():
+    env = torchrun_env({**SLURM, "SLURM_ARRAY_JOB_ID": "123", "SLURM_ARRAY_TASK_ID": "4", "SLURM_JOB_ID": "130"})
+    assert env["DDP_BENCH_REQUEUE"] == "scontrol requeue 123_4" and env["DDP_BENCH_JOB_ID"] == "130"
+    assert torchrun_env(TORCHRUN) == {}  # not a Slurm task: nothing to translate
 
 
 def test_ports_differ_for_concurrent_jobs_and_avoid_ephemeral_range():

@@ -71,11 +71,15 @@ def test_out_of_memory_errors(tmp_path, text):
 
 
 def test_slurm_states_decide_where_they_are_decisive(tmp_path):
+    """Slurm's state names are its backend's (launcher/cluster/slurm/accounting.py), mapped to classes."""
+    from launcher.cluster.slurm.accounting import failure_class
+
     d = cell(tmp_path, {0: PEER_GONE}, {0: ("failed", 3), 1: ("running", 3)})
-    assert classify(d, "OUT_OF_MEMORY", None) == "oom"
-    assert classify(d, "NODE_FAIL", None) == "node_failure"
-    assert classify(d, "PREEMPTED", None) == "preempted"
-    assert classify(cell(tmp_path / "t"), "TIMEOUT", None) == "hang"  # no progress to the time limit
+    assert failure_class(d, "OUT_OF_MEMORY", None) == classify(d, "oom", None) == "oom"
+    assert failure_class(d, "NODE_FAIL", None) == "node_failure"
+    assert failure_class(d, "PREEMPTED", None) == "preempted"
+    assert failure_class(cell(tmp_path / "t"), "TIMEOUT", None) == "hang"  # no progress to the time limit
+    assert classify(cell(tmp_path / "u"), None, None, timed_out=True) == "hang"
 
 
 def test_collective_timeouts(tmp_path):

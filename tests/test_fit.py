@@ -107,6 +107,7 @@ def _stepped(spec_by_optimizer: dict, env, device) -> dict:
     """The worker's build, wrap and first step; its model-state bytes per optimizer, max over ranks."""
     import torch
 
+    from contract.parallel import ParallelDims
     from jobs import memory, parallel, summary, worker
     from jobs.data import input_batches
     from jobs.loop import Trainer
@@ -114,7 +115,7 @@ def _stepped(spec_by_optimizer: dict, env, device) -> dict:
     spec = next(iter(spec_by_optimizer.values()))
     train = spec.train
     par = parallel.parallelize(worker.build_model_to_wrap(spec, device), spec.strategy, spec.precision, device=device,
-                               num_nodes=env.num_nodes, tasks_per_node=env.local_world_size)
+                               dims=ParallelDims.of(spec.strategy, spec.layout))
     optimizers = {name: parallel.build_optimizer(par.model, s.train.optimizer, s.train.lr)
                   for name, s in spec_by_optimizer.items()}
     batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=1, seed=train.seed,
@@ -135,13 +136,14 @@ def _sharded_on_meta(spec, env) -> dict:
     """Parameter bytes of each rank's local shards, sharded on meta with the worker's units."""
     import torch
 
+    from contract.parallel import ParallelDims
     from contract.spec import Strategy
     from jobs import memory, models, parallel, summary
 
     with torch.device("meta"):
         model = models.build_model(spec.model)
     if spec.strategy.name is Strategy.fsdp:
-        mesh = parallel.fsdp_mesh("cpu", spec.strategy.sharding, env.num_nodes, env.local_world_size)
+        mesh = parallel.fsdp_mesh("cpu", ParallelDims.of(spec.strategy, spec.layout))
         parallel.apply_fsdp(model, mesh, units=models.shard_units(model), reshard_after_forward=True,
                             param_dtype=None, reduce_dtype=None, cpu_offload=False, prefetch=0)
     mine = {"param_bytes": sum(memory.local_bytes(p) for p in model.parameters())}

@@ -38,9 +38,11 @@ import torch
 import yaml
 from torch import nn
 
+from contract.parallel import ParallelDims
 from contract.spec import (
     DataSpec,
     InputKind,
+    Layout,
     ModelSpec,
     Precision,
     PrecisionMode,
@@ -156,7 +158,8 @@ def run_cell(cuda: fake_cuda.FakeCuda, model: str, strategy: str, precision: str
     with fake_cuda.fake_world(nodes * per_node), cuda.tensors():
         torch.manual_seed(0)
         built = models.build_for(spec, CUDA0, sharded=strat.name is Strategy.fsdp)
-        par = parallel.parallelize(built, strat, prec, device=CUDA0, num_nodes=nodes, tasks_per_node=per_node)
+        par = parallel.parallelize(built, strat, prec, device=CUDA0,
+                                   dims=ParallelDims.of(strat, Layout(nodes=nodes, tasks_per_node=per_node)))
         draws = [d for _, d in cuda.recorder.draws if d is not None and d.type != "meta"]
         x, y = next(iter(_batches(spec)))  # synthetic data: drawn on the host, then copied to the device
     return built, par, draws, (x, y)
@@ -374,9 +377,19 @@ def test_deferred_init_writes_every_tensor(model):
 # ---- device, backend and visible devices: 1 GPU, one box of 8, 2 nodes x 8 --------------------
 
 def _slurm_env(rank: int, nodes: int, per_node: int) -> dict[str, str]:
-    return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(nodes * per_node), "SLURM_LOCALID": str(rank % per_node),
+    """A Slurm task's variables, as its backend translates them for the rank (launcher/cluster/slurm/ranks.py)."""
+    from launcher.cluster.slurm.ranks import torchrun_env
+
+    return torchrun_env({"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(nodes * per_node), "SLURM_LOCALID": str(rank % per_node),
             "SLURM_NODEID": str(rank // per_node), "SLURM_NNODES": str(nodes), "SLURM_JOB_ID": "4242",
-            "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]", "SLURMD_NODENAME": f"gpu{rank // per_node + 1}"}
+            "SLURM_JOB_NODELIST": f"gpu[1-{nodes}]", "SLURMD_NODENAME": f"gpu{rank // per_node + 1}"})
+
+
+def _local_env(task: dict[str, str]) -> dict[str, str]:
+    """A local task's variables, as its backend translates them (launcher/cluster/local/ranks.py)."""
+    from launcher.cluster.local.ranks import torchrun_env
+
+    return torchrun_env(task)
 
 
 def _torchrun_env(rank: int, world: int) -> dict[str, str]:
@@ -389,8 +402,9 @@ LAYOUTS = {
     "1 GPU (submitit sets CUDA_VISIBLE_DEVICES=0)": (1, 1, lambda r: _slurm_env(r, 1, 1), lambda r: [0]),
     "8 GPUs, one box, torchrun": (8, 8, lambda r: _torchrun_env(r, 8), lambda r: list(range(8))),
     "8 GPUs, one box, cluster=local": (
-        8, 8, lambda r: {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": str(r), "SUBMITIT_LOCAL_NTASKS": "8",
-                         "SUBMITIT_LOCAL_JOB_ID": "77"}, lambda r: list(range(8))),
+        8, 8, lambda r: _local_env({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": str(r),
+                                    "SUBMITIT_LOCAL_NTASKS": "8", "SUBMITIT_LOCAL_JOB_ID": "77"}),
+        lambda r: list(range(8))),
     "2 nodes x 8, per-task binding": (16, 8, lambda r: _slurm_env(r, 2, 8), lambda r: [r % 8]),
     "2 nodes x 8, the node's 8 visible": (16, 8, lambda r: _slurm_env(r, 2, 8), lambda r: list(range(8))),
 }
@@ -405,7 +419,7 @@ def test_device_backend_and_metric_names_per_layout(monkeypatch, name):
     world, gpus_per_node, environ, visible = LAYOUTS[name]
     placements, prefixes = [], []
     for rank in range(world):
-        env = DistEnv.detect(environ(rank), GPUS_PER_NODE if "local" in name else None)
+        env = DistEnv.detect(environ(rank))
         state = fake_cuda.install(monkeypatch, visible=visible(rank), node=env.node_rank)
         device, backend = resolve_device(gpus_per_node, env)
         assert device.type == "cuda" and backend == "nccl", name
@@ -489,7 +503,8 @@ def test_the_straggler_probe_needs_room_for_the_unsharded_gradients(cuda, strate
     prec = PrecisionSpec(name=Precision.bf16, mode=PrecisionMode.autocast)
     with fake_cuda.fake_world(GPUS_PER_NODE), cuda.tensors():
         built = models.build_for(spec, CUDA0, sharded=strat.name is Strategy.fsdp)
-        par = parallel.parallelize(built, strat, prec, device=CUDA0, num_nodes=1, tasks_per_node=GPUS_PER_NODE)
+        par = parallel.parallelize(built, strat, prec, device=CUDA0,
+                                   dims=ParallelDims.of(strat, Layout(tasks_per_node=GPUS_PER_NODE)))
         full_bytes = sum(p.numel() * p.element_size() for p in par.model.parameters())
         cuda.free_bytes = 2 * full_bytes
         assert parallel.room_for_unsynced_grads(par.model, CUDA0)

@@ -129,6 +129,7 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
 LAUNCHER_USES_OF_JOBS = {
     "jobs": "its files, hashed into the fit cache's key",
     "jobs.worker": "the entry point every rank runs",
+    "jobs.__main__": "one cell's rank by hand under srun, once Slurm's variables are translated",
     "jobs.fabric": "the fabric probe's entry point, submitted like the worker's",
     "jobs.nodeprobe": "the node health probe's entry point, submitted like the fabric probe's",
     "jobs.models": "building a model on the meta device before launch (preflight's fit)",
@@ -206,11 +207,20 @@ def test_one_submission_path():
 
 
 def test_a_backend_is_a_folder_and_one_registry_line():
-    """The registry (launcher/cluster/backends.py) names exactly the backend folders, each by its name."""
-    from launcher.cluster.backends import BACKENDS
+    """The registry (launcher/cluster/backends.py) names exactly the backend folders, each by its name,
+    and imports none of them until asked (the report and decide never import Slurm's)."""
+    import subprocess
+    import sys
+
+    from launcher.cluster.backends import BACKENDS, backend_class
 
     assert sorted(BACKENDS) == _backend_folders()
-    assert all(cls.__module__ == f"launcher.cluster.{name}.backend" for name, cls in BACKENDS.items())
+    assert all(backend_class(name).__module__ == f"launcher.cluster.{name}.backend" and backend_class(name).name == name
+               for name in BACKENDS)
+    probe = ("import sys, launcher.cluster.backends, launcher.report.report, launcher.decide; "
+             "print(sorted(m for m in sys.modules if m.startswith('launcher.cluster.') and m.endswith('.backend')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
 
 
 BACKEND_NAMES = set(_backend_folders())

@@ -363,3 +363,17 @@ def test_resource_checks_resolve_without_changing_the_cell():
                cluster=ClusterConfig(gpus_per_node=8, tasks_per_node=8, cpus_per_task=2, mem_gb=64, gpu_mem_gib=40),
                layout=Layout(tasks_per_node=8, gpus_per_node=8, cpus_per_task=2))
     assert resolve(own, part) == type(resolved)()
+
+
+def test_a_slurm_cells_reproduce_sh_runs_its_ranks_under_srun_translated(tmp_path):
+    """reproduce.sh on Slurm: one task per rank in an allocation of the cell's shape, each translating
+    Slurm's variables before python -m jobs (launcher/cluster/slurm/ranks.py)."""
+    from launcher.cluster.base import write_reproduce
+    from launcher.cluster.slurm.backend import SlurmBackend
+
+    cell = _planned("nodes=2", "cluster.tasks_per_node=2", "cluster.cpus_per_task=3")
+    launch = SlurmBackend().rank_launch(cell)
+    assert launch.startswith("srun --nodes=2 --ntasks-per-node=2 --cpus-per-task=3 ")
+    assert launch.endswith(" -m launcher.cluster.slurm.ranks")
+    text = write_reproduce(tmp_path, launch).read_text()
+    assert f'exec {launch} "$cell/spec.json" --out "${{1:-$cell/reproduced}}"' in text

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 JobTimes = dict[str, tuple[float, float, list[str]]]
 
 CANCELLED_BY_LAUNCHER = "cancelled by launcher.status --cancel"
+# Written into each cell's directory at submission: the command that runs its ranks again by hand.
+REPRODUCE_FILE = "reproduce.sh"
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class Backend(ABC):
         for cell in cells:
             for stale in state.cell_dir(cell).glob("error-rank*.txt"):
                 stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
+            write_reproduce(state.cell_dir(cell), self.rank_launch(cell))
         state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
         self._start(state, cells, after_each_cell, interrupts, after)
 
@@ -171,6 +174,13 @@ class Backend(ABC):
     def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
         """Where a measured noise floor holds (launcher.report.noisefloor)."""
 
+    def rank_launch(self, cell: Cell) -> str:
+        """How to start ``cell``'s ranks by hand, the command before its spec.json (reproduce.sh:
+        :func:`write_reproduce`): ``python -m jobs`` under torchrun on one machine, the default; a
+        backend whose ranks run elsewhere says how (Slurm: srun, its variables translated first)."""
+        return (f"{python_command(cell.cluster)} -m torch.distributed.run --standalone --nnodes 1 "
+                f"--nproc-per-node {cell.world_size} -m jobs")
+
     def worker_tracking_uri(self, state: SweepState) -> str | None:
         """The MLflow store the ranks log to, None when the launcher logs for them."""
         return state.tracking_uri if self.ranks_log_to_tracking else None
@@ -190,6 +200,19 @@ def python_command(cluster: ClusterConfig) -> str:
     if cluster.container.runtime in (ContainerRuntime.pyxis, ContainerRuntime.oci):
         return cluster.python or "python"
     return python
+
+
+def write_reproduce(cell_dir: Path, launch: str) -> Path:
+    """``reproduce.sh`` in the cell's directory: its ranks again by hand, from its spec.json, with no
+    pickle and no sweep (``python -m jobs``); results go to ``reproduced/`` beside it (or the
+    directory given), never over the sweep's, and no MLflow run is touched."""
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    path = cell_dir / REPRODUCE_FILE
+    path.write_text("#!/bin/sh\n# This cell's ranks again, by hand: sh reproduce.sh [OUT_DIR]\n"
+                    f"cell={shlex.quote(str(cell_dir.resolve()))}\n"
+                    f'exec {launch} "$cell/spec.json" --out "${{1:-$cell/reproduced}}"\n')
+    path.chmod(0o755)
+    return path
 
 
 def alive(pid: str | None) -> bool:

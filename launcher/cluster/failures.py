@@ -123,25 +123,25 @@ def _first_lines(paths: list[Path]) -> list[str]:
     return out
 
 
-def classify(cell_dir: Path, slurm_state: str | None = None, error: str | None = None) -> str:
+def classify(cell_dir: Path, decided: str | None = None, error: str | None = None, *, timed_out: bool = False) -> str:
     """One of :data:`CLASSES` for a cell that ended without a result.
 
-    Evidence, strongest first: the Slurm state where it is decisive (OUT_OF_MEMORY, NODE_FAIL,
-    BOOT_FAIL, PREEMPTED); a preemption record (``preempted.txt``); a busy port and out-of-memory
+    ``decided``: the class the cluster's own record settles (each backend maps its states: Slurm's
+    OUT_OF_MEMORY -> oom in launcher/cluster/slurm/accounting.py, a local memory cgroup's OOM kill);
+    ``timed_out``: the job reached its time limit, which says less (no progress to the limit).
+    Evidence, strongest first: the decided class where it is decisive (oom, node_failure,
+    preempted); a preemption record (``preempted.txt``); a busy port and out-of-memory
     texts in any rank's error (the cause, whichever rank saw it); the stall watchdog's marker
     (``ranks/stalled-rank<R>.txt``); a rank's own error (not a communication error): a settings
     error raised before the first step is ``config_error``, anything else ``runtime_error``; a rank
     that died without a word while its heartbeat said running (SIGKILL, mostly the OOM killer);
-    communication errors only (timeouts, or a peer whose connection vanished); Slurm's TIMEOUT
-    (no progress to the time limit); else ``runtime_error``.
+    communication errors only (timeouts, or a peer whose connection vanished); the time limit (no
+    progress to it); else ``runtime_error``.
     """
     cell_dir = Path(cell_dir)
-    state = (slurm_state or "").split()[0].rstrip("+").upper() if (slurm_state or "").strip() else ""
-    if state == "OUT_OF_MEMORY":
-        return OOM
-    if state in ("NODE_FAIL", "BOOT_FAIL"):
-        return NODE_FAILURE
-    if state == "PREEMPTED" or (cell_dir / "preempted.txt").exists():
+    if decided in (OOM, NODE_FAILURE, PREEMPTED):
+        return decided
+    if (cell_dir / "preempted.txt").exists():
         return PREEMPTED
     errors = sorted(cell_dir.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
     lines = _first_lines(errors)
@@ -167,7 +167,7 @@ def classify(cell_dir: Path, slurm_state: str | None = None, error: str | None =
         return COLLECTIVE_TIMEOUT
     if lines and any(_VANISHED_TEXT.search(line) for line in lines):
         return NODE_FAILURE
-    if state == "TIMEOUT":
+    if timed_out:
         return HANG
     if error and _KILLED_TEXT.search(error):
         return OOM

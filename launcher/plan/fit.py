@@ -29,7 +29,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from contract.spec import InputKind, Layout, ModelSpec, Optimizer, Sharding, Strategy, StrategySpec
+from contract.parallel import ParallelDims
+from contract.spec import InputKind, Layout, ModelSpec, Optimizer, StrategySpec
 
 GIB = 1024**3
 
@@ -205,12 +206,8 @@ def _to_fake_cpu(module) -> None:
 
 
 def shard_count(strategy: StrategySpec, layout: Layout) -> int:
-    """Over how many ranks each parameter is split."""
-    if strategy.name is Strategy.ddp or strategy.sharding is Sharding.none:
-        return 1
-    if strategy.sharding is Sharding.hybrid:
-        return layout.tasks_per_node
-    return layout.world_size
+    """Over how many ranks each parameter is split (contract/parallel.py)."""
+    return ParallelDims.of(strategy, layout).dp_shard
 
 
 def _rows_on_busiest_rank(shape: tuple[int, ...], shards: int) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from contract.parallel import ParallelDims
 from contract.spec import ConfigError, Layout, RunSpec, TrainSpec
 from launcher.plan.cell import Cell
 from launcher.plan.schema import (
@@ -369,13 +370,18 @@ def _slug(text: str) -> str:
 
 
 def layout_for(config: Config) -> Layout:
+    """The cell's resources; its parallel layout made from them here first (contract/parallel.py), so
+    a strategy the layout cannot hold is refused before anything is created."""
     c = config.cluster
     ranks_per_machine = c.tasks_per_node * (config.nodes if c.name.one_machine else 1)
     cpus = c.cpus_per_task
     if cpus is None:
         # Local: share this machine's cores among all its ranks. Slurm: 1 unless asked.
         cpus = max(1, (os.cpu_count() or 1) // ranks_per_machine) if c.name.one_machine else 1
-    return Layout(nodes=config.nodes, tasks_per_node=c.tasks_per_node, gpus_per_node=c.gpus_per_node, cpus_per_task=cpus)
+    layout = Layout(nodes=config.nodes, tasks_per_node=c.tasks_per_node, gpus_per_node=c.gpus_per_node,
+                    cpus_per_task=cpus)
+    ParallelDims.of(config.strategy, layout)
+    return layout
 
 
 def plan(points: list[Point]) -> list[Cell]:

@@ -30,7 +30,6 @@ from contract.spec import (
     Precision,
     PrecisionMode,
     PrecisionSpec,
-    Sharding,
     Strategy,
     StrategySpec,
     TrainSpec,
@@ -44,13 +43,14 @@ from launcher.plan.shellsafe import check_cluster
 class ClusterKind(enum.Enum):
     local = "local"  # submitit's LocalExecutor: real processes on this machine
     slurm = "slurm"
+    torchrun = "torchrun"  # one machine, each cell's ranks under torchrun (python -m jobs spec.json)
 
     @property
     def one_machine(self) -> bool:
         """Whether every node of a cell is a group of ranks on this machine: planning emulates the nodes
         and shares the machine's cores among all ranks. (What else differs is the backend's:
         launcher/cluster/base.py.)"""
-        return self is ClusterKind.local
+        return self in (ClusterKind.local, ClusterKind.torchrun)
 
 
 class ContainerRuntime(enum.Enum):
@@ -260,12 +260,6 @@ class Config(TrainSpec):
         """Settings that need nodes of a kind: several nodes, or GPUs (the device follows gpus_per_node)."""
         c, s = self.cluster, self.strategy
         on_cpu = c.gpus_per_node == 0
-        if s.name is Strategy.fsdp and s.sharding is Sharding.hybrid:
-            if self.nodes < 2:
-                raise ConfigError(
-                    "strategy", "hsdp", f"hybrid sharding replicates across nodes, and nodes={self.nodes}.",
-                    "use nodes=2 or more, or strategy=fsdp for one node.",
-                )
         if s.cpu_offload and on_cpu:
             raise ConfigError(
                 "strategy.cpu_offload", True,
@@ -293,7 +287,7 @@ class Config(TrainSpec):
         """What reaches sbatch or MLflow: plain values, ranges, an image for a container runtime."""
         c = self.cluster
         check_cluster(c)
-        if c.name is ClusterKind.local:
+        if c.name.one_machine:
             _refuse_slurm_only(c)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
         for key in ("cost_per_device_hour", "cost_per_node_hour", "gpu_mem_gib"):

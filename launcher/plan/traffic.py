@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from contract.parallel import ParallelDims
 from contract.spec import Layout, PrecisionSpec, Sharding, Strategy, StrategySpec, WrapPolicy, precision_plan
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -47,14 +48,6 @@ def _padded(shape: tuple[int, ...], shards: int) -> int:
     return math.ceil(shape[0] / shards) * shards * math.prod(shape[1:])
 
 
-def shard_group(strategy: StrategySpec, layout: Layout) -> int:
-    if strategy.sharding is Sharding.none:
-        return 1
-    if strategy.sharding is Sharding.hybrid:
-        return layout.tasks_per_node
-    return layout.world_size
-
-
 def bytes_per_step(params: list[Param], strategy: StrategySpec, precision: PrecisionSpec, layout: Layout,
                    accum_steps: int = 1) -> dict[str, int]:
     """Bytes per optimizer step by collective kind (kinds that move nothing are left out)."""
@@ -65,7 +58,8 @@ def bytes_per_step(params: list[Param], strategy: StrategySpec, precision: Preci
         return {"all_reduce": sum(math.prod(p.shape) for p in params) * 4}
     gather = DTYPE_BYTES[plan.param_dtype or "fp32"]
     reduce = DTYPE_BYTES[plan.reduce_dtype or plan.param_dtype or "fp32"]
-    shards = shard_group(strategy, layout)
+    dims = ParallelDims.of(strategy, layout)
+    shards = dims.dp_shard
     if shards == 1:
         return {"all_reduce": sum(math.prod(p.shape) for p in params) * reduce}
     padded = sum(_padded(p.shape, shards) for p in params)
@@ -74,7 +68,7 @@ def bytes_per_step(params: list[Param], strategy: StrategySpec, precision: Preci
     regathered = sum(_padded(p.shape, shards) for p in params if p.in_unit) if (
         strategy.sharding is not Sharding.grad_op and strategy.wrap is WrapPolicy.block) else 0
     out = {"all_gather": (padded + regathered) * gather * accum_steps, "reduce_scatter": padded * reduce}
-    if strategy.sharding is Sharding.hybrid and layout.nodes > 1:
+    if dims.hybrid:  # each replica's shard all-reduced across the replicas
         out["all_reduce"] = padded // shards * reduce
     return out
 

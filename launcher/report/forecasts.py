@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import metrics
-from contract.spec import RunSpec, Sharding, Strategy
+from contract.parallel import ParallelDims
+from contract.spec import RunSpec
 from launcher.plan import fitcache, perfmodel
 from launcher.plan.perfmodel import INTER, INTRA, Collective, Observed, Work
 from launcher.report import fabric, forecastrecord
@@ -64,15 +65,14 @@ def cores_per_rank(spec: RunSpec, cpus: float, one_machine_cpus: float | None = 
 
 
 def collectives(spec: RunSpec, moved: dict[str, float], calls: dict[str, float]) -> tuple[Collective, ...]:
-    """The cell's collectives with their groups and scopes: hsdp gathers and reduce-scatters within
-    a node and all-reduces its shard across nodes; every other strategy spans all ranks."""
-    lay = spec.layout
+    """The cell's collectives with their groups and scopes, as its parallel layout says
+    (contract.parallel.ParallelDims.group: hsdp gathers and reduce-scatters within a node and
+    all-reduces its shard across nodes)."""
+    dims = ParallelDims.of(spec.strategy, spec.layout)
     out = []
     for kind, size in moved.items():
-        if spec.strategy.name is Strategy.fsdp and spec.strategy.sharding is Sharding.hybrid:
-            ranks, scope = (lay.nodes, INTER) if kind == "all_reduce" else (lay.tasks_per_node, INTRA)
-        else:
-            ranks, scope = lay.world_size, INTER if lay.nodes > 1 else INTRA
+        ranks, spans_nodes = dims.group(kind)
+        scope = INTER if spans_nodes else INTRA
         out.append(Collective(kind, float(size), ranks, scope, float(calls.get(kind) or 1.0)))
     return tuple(out)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
+from launcher.cluster.base import REPRODUCE_FILE
 from launcher.cluster.failures import FIXES
 from launcher.report import fabric, findings, forecasts, health, noisefloor, plots, sequential, stats
 from launcher.report.rows import (
@@ -92,6 +93,8 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
         if cell.predicted_activation_bytes is not None:
             row["predicted_activation_bytes"] = cell.predicted_activation_bytes
         row.update({metrics.predicted_comm_bytes(k): v for k, v in cell.predicted_comm_bytes.items()})
+        if (state.cell_dir(cell) / REPRODUCE_FILE).exists():  # its ranks again by hand (python -m jobs)
+            row["reproduce"] = str((state.cell_dir(cell) / REPRODUCE_FILE).relative_to(state.path))
         if cell.interference:  # launcher/cluster/colocation.py: the cell measured something else too
             row["interference"] = cell.interference
         rows.append(row)

@@ -25,9 +25,10 @@ from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
-from launcher.cluster.failures import classify, first_failure
+from launcher.cluster.failures import OOM, classify, first_failure
 from launcher.cluster.interrupt import NOT_STARTED, Interrupts
 from launcher.cluster.local import memlimit
+from launcher.cluster.local.ranks import OnLocal
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig
 from launcher.state import SweepState
@@ -65,7 +66,7 @@ def _run_cell(state: SweepState, cell: Cell, stops: Interrupts) -> None:
     # The cell's own memory limit (cluster.mem_gb per emulated node), as sbatch --mem would set.
     cgroup = memlimit.create(cell.cluster.mem_gb * cell.layout.nodes) if cell.cluster.mem_gb else None
     executor = local_executor(state.path / "submitit", cell.cluster, cell.layout, cgroup)
-    job = executor.submit(Worker(), state.load_spec(cell))
+    job = executor.submit(OnLocal(Worker()), state.load_spec(cell))
     stops.watch(int(job.job_id), f"[{cell.index + 1}/{len(state.cells)}] {cell.name}", cell.cluster.signal_delay_s)
     cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.running, None, None
     cell.submitted_at = time.time()
@@ -135,7 +136,7 @@ def _record_local_failure(state: SweepState, cell: Cell, exc: Exception, cgroup:
     if kills:
         cell.error = (f"out of memory: the kernel's OOM killer ended {kills} process(es) at the cell's memory limit "
                       f"(cluster.mem_gb={cell.cluster.mem_gb:g} per node); {cell.error}")
-    cell.failure_class = classify(cell_dir, "OUT_OF_MEMORY" if kills else None, f"{cell.error}\n{exc}")
+    cell.failure_class = classify(cell_dir, OOM if kills else None, f"{cell.error}\n{exc}")
 
 
 def _show_progress(job, cell_dir: Path, steps: int, poll_s: float = 0.2, plain_every_s: float = 30.0,
@@ -177,7 +178,7 @@ def run_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: ProbeS
     """The fabric probe on this machine, to its end, before any cell starts: (job id, why it failed)."""
     from jobs.fabric import Probe
 
-    return _to_its_end(local_executor(folder, cluster, layout).submit(Probe(), spec))
+    return _to_its_end(local_executor(folder, cluster, layout).submit(OnLocal(Probe()), spec))
 
 
 def run_node_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
@@ -185,7 +186,7 @@ def run_node_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: N
     """The node health probe on this machine's emulated nodes (one process each), to its end."""
     from jobs.nodeprobe import NodeProbe
 
-    return _to_its_end(local_executor(folder, cluster, layout).submit(NodeProbe(), spec))
+    return _to_its_end(local_executor(folder, cluster, layout).submit(OnLocal(NodeProbe()), spec))
 
 
 def _to_its_end(job) -> tuple[str | None, str | None]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from contract.nodelist import expand_nodelist
+from launcher.cluster import failures
 from launcher.cluster.slurm.commands import call, run
 from launcher.plan.cell import CellStatus
 
@@ -23,6 +25,17 @@ SLURM_STATUS = {
     "TIMEOUT": CellStatus.failed, "NODE_FAIL": CellStatus.failed, "OUT_OF_MEMORY": CellStatus.failed,
     "BOOT_FAIL": CellStatus.failed, "DEADLINE": CellStatus.failed,
 }
+
+
+# The Slurm states that settle a failed job's class, and the one that says its time ran out.
+SLURM_FAILURE = {"OUT_OF_MEMORY": failures.OOM, "NODE_FAIL": failures.NODE_FAILURE,
+                 "BOOT_FAIL": failures.NODE_FAILURE, "PREEMPTED": failures.PREEMPTED}
+
+
+def failure_class(cell_dir: Path, state: str | None, error: str | None) -> str:
+    """The failure class of a cell whose job ended in Slurm ``state`` (sacct's, or None)."""
+    word = first_word(state or "")
+    return failures.classify(cell_dir, SLURM_FAILURE.get(word), error, timed_out=word == "TIMEOUT")
 
 
 def slurm_status(state: str) -> CellStatus:

@@ -16,6 +16,7 @@ pending, running, then done. The rules:
 from __future__ import annotations
 
 import pwd
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,8 +30,9 @@ from launcher.cluster.base import (
     Resolved,
     ResourceCheck,
     Wording,
+    python_command,
 )
-from launcher.cluster.failures import classify, first_failure
+from launcher.cluster.failures import first_failure
 from launcher.cluster.slurm import accounting, resources, submit
 from launcher.cluster.slurm.accounting import JobRecord, first_word, slurm_status
 from launcher.plan import spread
@@ -61,6 +63,15 @@ class SlurmBackend(Backend):
     def _start(self, state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
                interrupts: Interrupts | None, after: Sequence[str]) -> None:
         submit.submit(state, cells, self.max_array_size(cells), after)
+
+    def rank_launch(self, cell: Cell) -> str:
+        """One task per rank in an allocation of the cell's shape (salloc, or an sbatch script), each
+        translating Slurm's variables before ``python -m jobs`` (launcher/cluster/slurm/ranks.py)."""
+        c, lay = cell.cluster, cell.layout
+        gpus = f" --gpus-per-node={c.gpus_per_node}" if c.gpus_per_node else ""
+        extra = "".join(f" {shlex.quote(a)}" for a in c.srun_args)
+        return (f"srun --nodes={lay.nodes} --ntasks-per-node={lay.tasks_per_node} "
+                f"--cpus-per-task={lay.cpus_per_task}{gpus}{extra} {python_command(c)} -m launcher.cluster.slurm.ranks")
 
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
         return submit.submit_probe(state.path / "submitit", cell.cluster, cell.layout, f"{state.name}-fabric", spec)
@@ -167,7 +178,7 @@ def _set(state: SweepState, cell: Cell, status: CellStatus, record: JobRecord | 
                    f"job {cell.job_id} completed without writing result.json" if first_word(raw or "") == "COMPLETED"
                    else f"job {cell.job_id} ended ({raw or 'unknown'}) without a result")
         cell.error = first_failure(state.cell_dir(cell)) or default
-        cell.failure_class = classify(state.cell_dir(cell), raw, cell.error)
+        cell.failure_class = accounting.failure_class(state.cell_dir(cell), raw, cell.error)
 
 
 def _cancel_reason(cell: Cell, record: JobRecord | None) -> str:

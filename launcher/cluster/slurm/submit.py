@@ -21,6 +21,7 @@ from contract.health import NodeProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import SUBMIT_REFUSED
+from launcher.cluster.slurm.ranks import OnSlurm
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.schema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState
@@ -82,7 +83,7 @@ def submit(state: SweepState, cells: Sequence[Cell], max_array_size: int | None,
         executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name, after)
         try:
             with executor.batch():
-                jobs = [executor.submit(Worker(), state.load_spec(cell)) for cell in group]
+                jobs = [executor.submit(OnSlurm(Worker()), state.load_spec(cell)) for cell in group]
         except Exception as exc:  # sbatch said no (submitit's FailedJobError holds its stderr): a fact about these cells
             _refused(state, group, exc)
             refused += len(group)
@@ -147,7 +148,7 @@ def submit_probe(folder: Path, cluster: ClusterConfig, layout: Layout, job_name:
     from jobs.fabric import Probe
 
     try:
-        return slurm_executor(folder, cluster, layout, job_name).submit(Probe(), spec).job_id, None
+        return slurm_executor(folder, cluster, layout, job_name).submit(OnSlurm(Probe()), spec).job_id, None
     except Exception as exc:  # sbatch said no: the cells are submitted anyway, without fabric figures
         lines = str(exc).strip().splitlines()
         return None, lines[-1] if lines else type(exc).__name__
@@ -160,7 +161,7 @@ def run_node_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: N
     from jobs.nodeprobe import NodeProbe
 
     try:
-        job = slurm_executor(folder, cluster, layout, "health-probe").submit(NodeProbe(), spec)
+        job = slurm_executor(folder, cluster, layout, "health-probe").submit(OnSlurm(NodeProbe()), spec)
     except Exception as exc:  # sbatch said no
         lines = str(exc).strip().splitlines()
         return None, f"sbatch refused the probe: {lines[-1] if lines else type(exc).__name__}"

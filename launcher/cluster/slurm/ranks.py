@@ -1,0 +1,60 @@
+"""Slurm's own variables as the ones every rank reads (contract/rank_env.py: torchrun's, and the
+project's few): the translation lives with the backend, so the ranks (jobs/) never read SLURM_*.
+
+Two ways in: :class:`OnSlurm` wraps what submitit pickles (the worker, the fabric probe) and
+translates in each task before it runs; ``python -m launcher.cluster.slurm.ranks SPEC.json [--out
+DIR]`` does the same for one cell run by hand under srun (its reproduce.sh), then runs
+``python -m jobs``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from contract import rank_env
+from contract.nodelist import expand_nodelist, port_for_job
+
+
+def torchrun_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The rank's variables from a Slurm task's (SLURM_PROCID and SLURM_NTASKS: one rank per task);
+    {} outside a Slurm task. MASTER_ADDR is the first host of the job's node list; MASTER_PORT
+    derives from the job id (contract.nodelist.port_for_job), the same on every task."""
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return {}
+    hosts = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost")
+    # SLURM_JOB_NUM_NODES is the allocation; SLURM_NNODES the step (the same under srun).
+    nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or len(hosts))
+    world = int(env["SLURM_NTASKS"])
+    job_id = env.get("SLURM_JOB_ID", "0")
+    # What `scontrol requeue` takes: the array task (123_4) when it is one, never the whole array.
+    array = (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+             if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") else job_id)
+    out = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": str(world), "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+           "LOCAL_WORLD_SIZE": str(world // max(1, nodes)), "GROUP_RANK": env.get("SLURM_NODEID", "0"),
+           "MASTER_ADDR": hosts[0], "MASTER_PORT": str(port_for_job(job_id)),
+           rank_env.LAUNCHER: "slurm", rank_env.JOB_ID: job_id, rank_env.REQUEUE: f"scontrol requeue {array}"}
+    if env.get("SLURMD_NODENAME"):
+        out[rank_env.NODE_NAME] = env["SLURMD_NODENAME"]
+    return out
+
+
+class OnSlurm:
+    """``target`` (what submitit pickles: jobs.worker.Worker, jobs.fabric.Probe) run in a Slurm task
+    after its variables are translated."""
+
+    def __init__(self, target: Callable[..., Any]) -> None:
+        self.target = target
+
+    def __call__(self, *args: Any) -> Any:
+        os.environ.update(torchrun_env(os.environ))
+        return self.target(*args)
+
+
+if __name__ == "__main__":
+    os.environ.update(torchrun_env(os.environ))
+    from jobs.__main__ import main
+
+    main(sys.argv[1:])

@@ -1,0 +1,102 @@
+"""Each cell to its end under torchrun, one after another (every run, resume and resubmission of
+cells reaches this through ``Backend.submit``).
+
+A cell is one process group in a session of its own (``start_new_session``): a Ctrl-C at the
+terminal reaches only the launcher, which sends torchrun one SIGTERM (launcher/cluster/interrupt.py);
+torchrun passes it to each rank, which saves its checkpoint at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from launcher.cluster.failures import classify, first_failure
+from launcher.cluster.interrupt import NOT_STARTED, Interrupts
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import SPEC_FILE, SweepState
+
+LOG_FILE = "torchrun.log"  # torchrun's and the ranks' output, in the cell's directory
+POLL_S = 0.2
+
+
+def run(state: SweepState, cells: Sequence[Cell], launch: Callable[[Cell], str],
+        after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None = None) -> None:
+    """Each cell to its end, then ``after_each_cell``; ``launch``: the cell's ranks' command before its
+    spec.json (the backend's ``rank_launch``, as in its reproduce.sh). A stop request ends the
+    running cell at a step boundary and cancels the cells not started."""
+    own = interrupts is None
+    stops = interrupts if interrupts is not None else Interrupts()
+    if stops.on_abort is None:
+        stops.on_abort = lambda reason: _cancel_rest(state, cells, reason)
+    with stops if own else contextlib.nullcontext():
+        for cell in cells:
+            if stops.requested:
+                break
+            ranks = f"{launch(cell)} {shlex.quote(str(state.cell_dir(cell) / SPEC_FILE))}"
+            # cluster.setup's lines first, in the shell that then becomes torchrun (its pid the cell's job id)
+            _run_cell(state, cell, ["sh", "-c", " && ".join([*cell.cluster.setup, f"exec {ranks}"])], stops)
+            if after_each_cell is not None:
+                after_each_cell(cell)
+        if stops.requested:
+            for cell in _cancel_rest(state, cells, stops.reason):
+                if after_each_cell is not None:
+                    after_each_cell(cell)
+            print(f"{stops.reason}: the sweep stopped. Resume with: python -m launcher.status {state.sweep_dir} "
+                  f"--resubmit-failed", file=sys.stderr, flush=True)
+
+
+def _run_cell(state: SweepState, cell: Cell, argv: list[str], stops: Interrupts) -> None:
+    """One cell's ranks (``argv``: torchrun's command line), to their end or a stop."""
+    cell_dir = state.cell_dir(cell)
+    log = (cell_dir / LOG_FILE).open("w")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    stops.watch(process.pid, f"[{cell.index + 1}/{len(state.cells)}] {cell.name}", cell.cluster.signal_delay_s)
+    cell.job_id, cell.status, cell.error, cell.failure_class = str(process.pid), CellStatus.running, None, None
+    cell.submitted_at = time.time()
+    state.save()
+    print(f"[{cell.index + 1}/{len(state.cells)}] {cell.name}: torchrun pid {process.pid}, {cell.world_size} rank(s), "
+          f"{cell_dir}", flush=True)
+    deadline, timed_out = time.monotonic() + 60 * cell.cluster.timeout_min, False
+    try:
+        while process.poll() is None:
+            time.sleep(POLL_S)
+            stops.enforce()
+            if not timed_out and time.monotonic() > deadline:  # cluster.timeout_min, as a scheduler's limit
+                timed_out = True
+                process.terminate()  # torchrun passes SIGTERM to each rank: a checkpoint at the next step
+            if timed_out and time.monotonic() > deadline + cell.cluster.signal_delay_s:
+                os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        stops.release()
+        log.close()
+    if process.returncode == 0 and (cell_dir / "result.json").exists():
+        cell.status = CellStatus.done
+    elif stops.requested:
+        cell.status, cell.failure_class = CellStatus.cancelled, None
+        cell.error = f"interrupted by {stops.reason} before its measured window completed"
+    elif timed_out:
+        cell.status = CellStatus.failed
+        cell.error = f"cluster.timeout_min={cell.cluster.timeout_min} passed before its ranks ended"
+        cell.failure_class = classify(cell_dir, None, cell.error, timed_out=True)
+    else:
+        cell.status = CellStatus.failed
+        cell.error = first_failure(cell_dir) or f"torchrun exited with {process.returncode}: see {cell_dir / LOG_FILE}"
+        cell.failure_class = classify(cell_dir, None, cell.error)
+    state.save()
+
+
+def _cancel_rest(state: SweepState, cells: Sequence[Cell], reason: str) -> list[Cell]:
+    changed = [c for c in cells if not c.status.terminal]
+    for cell in changed:
+        started = cell.status is not CellStatus.planned
+        cell.status = CellStatus.cancelled
+        cell.error = f"killed at once by {reason}" if started else f"{NOT_STARTED}{reason}"
+    state.save()
+    return changed

@@ -1,0 +1,117 @@
+"""The parallel layout as one value (contract/parallel.py): the rule per strategy, its checks, and
+the proof that the rule exists once: changed in one place, every consumer follows (the fit, the
+traffic model, the forecasts' collectives, the FSDP mesh on a `fake` process group of 4 ranks,
+data sharding and the summary's throughput)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.parallel import REPLICATE, SHARD, ParallelDims
+from contract.spec import ConfigError, Layout, Sharding, Strategy, StrategySpec
+
+FSDP = StrategySpec(name=Strategy.fsdp)
+ONE_NODE_OF_4 = Layout(nodes=1, tasks_per_node=4)
+SHAPES = [((10, 3), 4), ((7,), 4)]  # a 10x3 and a 7-element fp32 parameter
+
+
+@pytest.mark.parametrize(("strategy", "nodes", "expect"), [
+    (StrategySpec(), 2, (4, 1, ())),
+    (FSDP, 2, (1, 4, (SHARD,))),
+    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.grad_op), 2, (1, 4, (SHARD,))),
+    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.hybrid), 2, (2, 2, (REPLICATE, SHARD))),
+    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.none), 2, (4, 1, (REPLICATE, SHARD))),
+])
+def test_the_rule_per_strategy(strategy, nodes, expect):
+    dims = ParallelDims.of(strategy, Layout(nodes=nodes, tasks_per_node=2))
+    assert (dims.dp_replicate, dims.dp_shard, dims.mesh_dims) == expect
+    assert dims.data_parallel == dims.world_size == 4
+    assert dims.holds().params == dims.holds().optimizer == 1 / expect[1]
+    assert dims.mesh_shape() == tuple({REPLICATE: expect[0], SHARD: expect[1]}[d] for d in expect[2])
+
+
+def test_refused_at_construction_naming_the_setting():
+    with pytest.raises(ConfigError) as bad_nodes:
+        ParallelDims.of(FSDP, Layout(nodes=0, tasks_per_node=2))
+    assert bad_nodes.value.setting == "nodes"
+    with pytest.raises(ConfigError) as bad_tasks:
+        ParallelDims.of(FSDP, Layout(nodes=1, tasks_per_node=0))
+    assert bad_tasks.value.setting == "cluster.tasks_per_node"
+    with pytest.raises(ConfigError) as uncovered:
+        ParallelDims(dp_replicate=2, dp_shard=3, nodes=1, tasks_per_node=4)
+    assert uncovered.value.setting == "strategy.sharding" and "4 rank" in str(uncovered.value)
+    with pytest.raises(ConfigError) as one_node:
+        ParallelDims.of(StrategySpec(name=Strategy.fsdp, sharding=Sharding.hybrid), Layout(nodes=1, tasks_per_node=4))
+    assert (one_node.value.setting, one_node.value.value) == ("strategy", "hsdp")
+
+
+def _pairs_rule(cls, strategy, layout):
+    """A changed rule: every second rank a model-parallel peer of the one before it (it reads the
+    same batch), the data-parallel ranks sharded."""
+    return cls(dp_replicate=1, dp_shard=layout.world_size // 2, nodes=layout.nodes,
+               tasks_per_node=layout.tasks_per_node, model_parallel=2, mesh_dims=(SHARD,))
+
+
+def _hsdp_rule(cls, strategy, layout):
+    """A changed rule: full sharding over half the ranks, the halves replicated (HSDP in a node)."""
+    return cls(dp_replicate=2, dp_shard=layout.world_size // 2, nodes=layout.nodes,
+               tasks_per_node=layout.tasks_per_node, mesh_dims=(REPLICATE, SHARD))
+
+
+def test_a_changed_rule_reaches_the_launchers_consumers(monkeypatch, tmp_path):
+    from contract.spec import Optimizer, PrecisionSpec
+    from launcher.plan import fit, traffic
+    from launcher.report import forecasts
+    from tests.ranks import make_spec
+
+    params = [traffic.Param((10, 3), True), traffic.Param((7,), False)]
+    before = (fit.predict(SHAPES, FSDP, ONE_NODE_OF_4, Optimizer.adamw).params,
+              traffic.bytes_per_step(params, FSDP, PrecisionSpec(), ONE_NODE_OF_4))
+    assert before[0] == (3 * 3 + 2) * 4 and "all_reduce" not in before[1]  # ceil(10/4)=3 rows, ceil(7/4)=2
+
+    monkeypatch.setattr(ParallelDims, "of", classmethod(_hsdp_rule))
+    assert fit.predict(SHAPES, FSDP, ONE_NODE_OF_4, Optimizer.adamw).params == (5 * 3 + 4) * 4  # halves: 5, 4
+    moved = traffic.bytes_per_step(params, FSDP, PrecisionSpec(), ONE_NODE_OF_4)
+    assert moved["all_reduce"] == (10 * 3 + 8) // 2 * 4  # each replica's shard, across the replicas
+    spec = make_spec(tmp_path, strategy="fsdp", world_size=4)
+    groups = {c.kind: c.ranks for c in forecasts.collectives(spec, moved, {})}
+    assert groups == {"all_gather": 2, "reduce_scatter": 2, "all_reduce": 2}
+
+
+def test_a_changed_rule_reaches_the_workers_consumers(monkeypatch, tmp_path):
+    import torch
+
+    from jobs import parallel, summary
+    from jobs.data import input_batches
+    from jobs.dist import DistEnv
+    from jobs.state import Rank
+    from tests import fake_cuda
+    from tests.ranks import make_spec
+
+    spec = make_spec(tmp_path, strategy="fsdp", world_size=4)
+
+    def ranks() -> list[Rank]:  # a Rank makes its layout once, from its spec
+        return [Rank(spec, DistEnv(rank=r, world_size=4), torch.device("cpu"), "gloo", None, None, None)  # type: ignore[arg-type]
+                for r in range(4)]
+
+    monkeypatch.setattr(ParallelDims, "of", classmethod(_hsdp_rule))
+    with fake_cuda.fake_world(4):
+        mesh = parallel.fsdp_mesh("cpu", ranks()[0].dims)
+    assert (mesh.mesh_dim_names, tuple(mesh.shape)) == ((REPLICATE, SHARD), (2, 2))
+
+    monkeypatch.setattr(ParallelDims, "of", classmethod(_pairs_rule))
+    four = ranks()
+    dims = four[0].dims
+    assert (dims.data_parallel, [dims.data_rank(r.env.rank) for r in four]) == (2, [0, 0, 1, 1])
+
+    def first(rank: Rank) -> torch.Tensor:  # the worker's call (jobs.worker.set_up)
+        return next(input_batches(spec.data, spec.model, batch_size=2, accum_steps=1, seed=0,
+                                  rank=rank.dims.data_rank(rank.env.rank), world_size=rank.dims.data_parallel,
+                                  device=torch.device("cpu")))[0]
+    batches = [first(r) for r in four]
+    assert torch.equal(batches[0], batches[1]) and not torch.equal(batches[0], batches[2])
+
+    per_rank = [{"step_time_s": [0.5, 0.5], "data_time_s": [0.0, 0.0]} for _ in four]
+    out = summary.summarize(per_rank, samples_per_step=2, tokens_per_sample=1, repeats=1,
+                            data_parallel=dims.data_parallel)
+    assert out["throughput_samples_per_s"] == pytest.approx(2 * 2 / 0.5)  # 2 distinct replicas, not 4 ranks
