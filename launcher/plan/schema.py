@@ -142,6 +142,13 @@ class FabricConfig:
     full: bool = False
 
 
+class HealthMode(enum.Enum):
+    off = "off"
+    # The partition's nodes judged before the cells (python -m launcher.health), the slow ones kept out:
+    auto = "auto"  # by the ledger's latest probe when it is recent (launcher/healthprobe.py), else a new probe
+    always = "always"  # by a new probe
+
+
 @dataclass
 class TrackingConfig:
     enabled: bool = True
@@ -160,6 +167,7 @@ class Config(TrainSpec):
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
+    health: HealthMode = HealthMode.off  # auto: the nodes probed before the cells, slow ones excluded (docs/health.md)
     output_root: str = "outputs"
     sweep_dir: str | None = None  # default: <output_root>/<date>_<time>
     # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
@@ -308,6 +316,10 @@ class Config(TrainSpec):
             _check_oci_bundle(c.container)
         if c.declared:
             _check_declared(c)
+        if self.health is not HealthMode.off and c.name is ClusterKind.local:
+            raise ConfigError("health", self.health.value, "excludes slow nodes with cluster.exclude, which the local cluster "
+                              "(one machine) does not have.", "use health=auto with cluster=slurm, or probe this "
+                              "machine with python -m launcher.health cluster=local health.nodes=3.")
 
     def _validate_precision_mode(self) -> None:
         """Settings that only FSDP's parameter casting reads."""

@@ -23,7 +23,7 @@ from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import REPRODUCE_FILE
 from launcher.cluster.failures import FIXES
-from launcher.report import fabric, findings, forecasts, noisefloor, plots, sequential, stats
+from launcher.report import fabric, findings, forecasts, health, noisefloor, plots, sequential, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -541,8 +541,9 @@ def write_sweep_report(state: SweepState) -> Report:
         fabric.keep(state.path.parent, one, state.name)
     checked = _forecasts_checked(state, rows, key)
     written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
-                    [*fabric.section(probed), *checked.section], looks_of(state))
+                    [*health.section(state.path), *fabric.section(probed), *checked.section], looks_of(state))
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
+    written.plots += health.sweep_plots(state.path)  # attached with the others to the parent run
     return written
 
 
