@@ -76,7 +76,7 @@ FLOW = [
     ("launcher.finish",),  # a sweep's finish, which every command below reaches
     ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.healthprobe", "launcher.status",
      "launcher.sync", "launcher.sweep", "launcher.__main__", "launcher.report.__main__", "launcher.forecast",
-     "launcher.health"),  # the commands
+     "launcher.health", "launcher.history"),  # the commands
 ]
 
 
@@ -100,7 +100,8 @@ def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
 # module or its command line: no command imports another for its finishing step.
 COMMANDS = ("launcher.status", "launcher.sweep", "launcher.sync")
 # The modules with a command line of their own: no module of the launcher imports one.
-COMMAND_LINES = ("launcher.__main__", "launcher.status", "launcher.sync", "launcher.report.__main__", "launcher.health")
+COMMAND_LINES = ("launcher.__main__", "launcher.status", "launcher.sync", "launcher.report.__main__", "launcher.health",
+                 "launcher.history")
 
 
 def test_status_sweep_and_sync_do_not_import_the_report_module():

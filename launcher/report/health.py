@@ -206,6 +206,12 @@ def ledger_path(root: Path, cluster_key: str) -> Path:
     return Path(root) / f"health-{re.sub(r'[^A-Za-z0-9_.-]+', '_', cluster_key)}.jsonl"
 
 
+def history_dir(ledger: Path) -> Path:
+    """Where ``python -m launcher.history --ledger`` writes the ledger's history: report.md and
+    history.png in ``health-<cluster>-history/`` beside the ledger."""
+    return Path(ledger).with_name(Path(ledger).stem + "-history")
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -322,16 +328,20 @@ def keep_in_sweep(sweep_dir: Path, notes: dict[str, Any]) -> None:
 
     for p in notes.get("probes", []):
         trend = Path(p.pop("trend", "") or "")
-        if trend.is_file():
-            name = f"{PLOTS_DIR}/health-{re.sub(r'[^A-Za-z0-9_.-]+', '_', p['partition'] or 'default')}.png"
-            (Path(sweep_dir) / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(trend, Path(sweep_dir) / name)
-            p["plot"] = name
+        where = re.sub(r'[^A-Za-z0-9_.-]+', '_', p['partition'] or 'default')
+        # the ledger's history (python -m launcher.history --ledger), where one was written
+        past = history_dir(Path(p["ledger"])) / "history.png" if p.get("ledger") else None
+        for key, source, name in (("plot", trend, f"{PLOTS_DIR}/health-{where}.png"),
+                                  ("history", past, f"{PLOTS_DIR}/health-history-{where}.png")):
+            if source is not None and source.is_file():
+                (Path(sweep_dir) / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, Path(sweep_dir) / name)
+                p[key] = name
     (Path(sweep_dir) / SWEEP_FILE).write_text(json.dumps(notes, indent=1, sort_keys=True))
 
 
 def sweep_plots(sweep_dir: Path) -> list[Path]:
-    """The trend plots health=auto copied among a sweep's plots."""
+    """The trend plots (and the ledger's history plots) health=auto copied among a sweep's plots."""
     return sorted((Path(sweep_dir) / PLOTS_DIR).glob("health-*.png"))
 
 
@@ -360,6 +370,12 @@ def section(sweep_dir: Path) -> list[str]:
         if p.get("back"):
             lines.append(f"- back after a clean probe: {', '.join(p['back'])} (excluded by the previous probe).")
         lines.append(f"  Ledger: `{p['ledger']}`" + (f"; MLflow run `{p['run_id']}`." if p.get("run_id") else "."))
+        if p.get("history"):
+            lines.append(f"  Its history and change points ([plot]({p['history']}); the report: "
+                         f"`{history_dir(Path(p['ledger'])) / 'report.md'}`, also on the latest probe's MLflow run "
+                         f"under history/), as of the last `python -m launcher.history --ledger {p['ledger']}`.")
+        else:
+            lines.append(f"  Its history and change points: `python -m launcher.history --ledger {p['ledger']}`.")
         if p.get("plot"):
             lines += ["", f"![each node against the fleet, probe by probe]({p['plot']})"]
     return [*lines, ""]
