@@ -109,17 +109,24 @@ def _probe(rng, probe, slow_from=None, repeats=8):
             "measured_at": f"2026-11-{20 + probe:02d}T03:00:00"}
 
 
-def _ledger(path, probes, slow_from=None, repeats=8):
+def _ledger(path, probes, slow_from=None, repeats=8, uri=None):
+    """A ledger of ``probes`` probes as launcher.health keeps them (and, with ``uri``, their MLflow runs)."""
+    from launcher.healthprobe import log_run
+
     rng = random.Random(11)
     for i in range(probes):
         result = _probe(rng, i, slow_from, repeats)
-        health.append(path, health.record("local", result, health.judge(result), {}))
+        record = health.record("local", result, health.judge(result), {})
+        health.append(path, record)
+        if uri:
+            log_run(uri, "local", record, path.parent)
     return path
 
 
 def test_the_node_ledger_dates_a_node_slowed_from_the_fourth_probe_and_nothing_else(tmp_path, capsys):
     pytest.importorskip("signal_processing_algorithms", reason=hist.INSTALL)
-    ledger = _ledger(tmp_path / "health-local.jsonl", 6, slow_from=SLOW_FROM)
+    uri = f"sqlite:///{existing_store(tmp_path)}"  # beside the ledger, where launcher.health keeps its runs
+    ledger = _ledger(tmp_path / "health-local.jsonl", 6, slow_from=SLOW_FROM, uri=uri)
     assert command.main(["--ledger", str(ledger)]) == 0
     found = {h.name: h for h in hist.ledger_histories(ledger)}
     changed = {name: h.changes for name, h in found.items() if h.changes}
@@ -128,14 +135,21 @@ def test_the_node_ledger_dates_a_node_slowed_from_the_fourth_probe_and_nothing_e
                for cs in changed.values())
     out = health.history_dir(ledger)
     assert (out / "report.md").exists() and (out / "history.png").exists()
-    assert "no MLflow run to attach it to" in capsys.readouterr().out  # no store beside this ledger
+    from contract import mlflow_client
+
+    client = mlflow_client.client(uri)
+    [latest] = client.search_runs([client.get_experiment_by_name("health-local").experiment_id], "", max_results=1,
+                                  order_by=["attributes.start_time DESC"])
+    assert {f.path for f in client.list_artifacts(latest.info.run_id, "history")} == {"history/report.md",
+                                                                                       "history/history.png"}
+    assert f"attached to MLflow run {latest.info.run_id}" in capsys.readouterr().out
     # a health=auto sweep keeps the ledger's history plot among its plots and its Node health section links it
     sweep_dir = tmp_path / "sweep"
     health.keep_in_sweep(sweep_dir, {"probes": [{"partition": None, "judged": True, "excluded": [],
                                                  "measured_at": "2026-11-25T03:00:00", "ledger": str(ledger)}]})
     assert "[plot](plots/health-history-default.png)" in "\n".join(health.section(sweep_dir))
     assert (sweep_dir / "plots" / "health-history-default.png").read_bytes() == (out / "history.png").read_bytes()
-    healthy = _ledger(tmp_path / "health-healthy.jsonl", 6)
+    healthy = _ledger(tmp_path / "healthy" / "health-local.jsonl", 6)
     assert all(not h.changes and h.verdict.verdict == "same" for h in hist.ledger_histories(healthy))
 
 
