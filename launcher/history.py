@@ -70,8 +70,8 @@ def _refuse_if_short(histories: list[hist.History], what: str) -> int | None:
 def _experiment(name: str, uri: str, out: str | None) -> int:
     try:
         series = hist.experiment_series(uri, name)
-    except ReportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ReportError as exc:  # its fix names the report's --experiment: here it is the first argument
+        print(f"error: {str(exc).replace('pass --experiment with', 'pass as EXPERIMENT')}", file=sys.stderr)
         return USER_ERROR_EXIT
     histories = [hist.analyse(label, "samples/s", points) for label, points in series]
     refused = _refuse_if_short(histories, f"experiment {name!r}")
