@@ -119,7 +119,8 @@ def main() -> None:
         ours_model = build_model(spec)
     par = parallel.parallelize(ours_model, strat, PrecisionSpec(), device=device, dims=ParallelDims.of(
         strat, Layout(nodes=env.num_nodes, tasks_per_node=env.local_world_size)))
-    ours_opt = parallel.build_optimizer(par.model, "adamw", 1e-4)
+    # The optimizer the worker's default resolves to (contract/tuning.py: fused where torch has the kernel).
+    ours_opt, _ = parallel.optimizer_for(par.model, "adamw", 1e-4, "fused", auto=True)
     trainer = Trainer(par.model, ours_opt, accum_steps=1, autocast_dtype=par.autocast_dtype, device=device,
                       no_sync=par.no_sync, scaler=par.scaler)
     ours_batches = synthetic_batches(spec, args.batch_size, 0, env.rank, device)

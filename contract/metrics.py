@@ -162,6 +162,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("lr", "learning rate", _SAME, _FLAT),
     Metric("restarts", "restarts", _SAME, _DOWN),
     Metric("warmup_steps_extended", "steps", _SAME, _FLAT),
+    # torch.compile's cost, outside every figure: the warm-up's extra time over its steady steps.
+    Metric("compile_time_s", "s (the warm-up's time above its steady steps)", _X, _DOWN),
     Metric("foreign_cpu_share", "share of the job's cores", _X, _DOWN),
     Metric("foreign_gpu_share", "share of the job's GPUs", _X, _DOWN),
     Metric("gpu_util_mean", "percent", _M, _FLAT),

@@ -83,6 +83,27 @@ class Optimizer(enum.Enum):
     adamw = "adamw"
 
 
+class OptimizerImpl(enum.Enum):
+    """How the optimizer steps over the parameters (torch.optim's ``fused`` / ``foreach`` flags)."""
+
+    auto = "auto"  # the device's default (contract/tuning.py)
+    fused = "fused"  # one kernel over all parameters (fused=True)
+    foreach = "foreach"  # a few multi-tensor kernels (foreach=True)
+    for_loop = "for_loop"  # one kernel sequence per parameter (foreach=False, fused=False)
+
+
+class LossImpl(enum.Enum):
+    auto = "auto"  # the device's default (contract/tuning.py)
+    full = "full"  # cross-entropy over an fp32 copy of the whole logits
+    chunked = "chunked"  # fp32 per chunk of rows; the gradient written in the logits' dtype (jobs/loss.py)
+
+
+class StepTiming(enum.Enum):
+    auto = "auto"  # events on CUDA, sync on CPU
+    sync = "sync"  # wall clock, the device synchronised after every step (a no-op on CPU)
+    events = "events"  # CUDA events around each step, read after the window (CUDA only)
+
+
 class LrScaling(enum.Enum):
     none = "none"
     linear = "linear"
@@ -115,6 +136,10 @@ class StrategySpec:
     # implicit prefetch of the next unit only).
     prefetch: int = 0
     wrap: WrapPolicy = WrapPolicy.block
+    # Whether each FSDP unit frees its gathered parameters after forward (FSDP2's
+    # reshard_after_forward). None: auto, i.e. not where resharding frees nothing (a shard degree of
+    # 1, e.g. one rank) and not under sharding=grad_op; contract/tuning.py resolves and checks it.
+    reshard_after_forward: bool | None = None
 
     def validate(self) -> None:
         _positive("strategy.bucket_cap_mb", self.bucket_cap_mb, "use a bucket size in MiB such as 25.")
@@ -259,6 +284,10 @@ class ModelSpec:
     # model=hf: a local directory written by save_pretrained; its weights are loaded (no hub access).
     pretrained_path: str | None = None
     head: LMHead = LMHead.auto
+    # The project's GPT models: the embedding and output rows padded up to a multiple of this
+    # (50257 -> 50304 for 64); padded ids never occur in the data nor count in the loss. None:
+    # the device's default (contract/tuning.py: 64 on CUDA).
+    vocab_multiple: int | None = None
 
     @property
     def target_path(self) -> str | None:
@@ -423,8 +452,17 @@ class TrainSpec:
     lr: float = 1e-4
     lr_scaling: LrScaling = LrScaling.none
     activation_checkpointing: bool = False
-    compile: bool = False
+    # torch.compile of the wrapped model; None: the device's default (contract/tuning.py). Its
+    # compile time falls in the warm-up and is reported as compile_time_s.
+    compile: bool | None = None
     sync_batchnorm: bool = False
+    # The step's tuning settings, each with a device default (contract/tuning.py resolves and checks
+    # them; the resolved values are the run's tuning.* tags).
+    optimizer_impl: OptimizerImpl = OptimizerImpl.auto
+    channels_last: bool | None = None  # image models: input and weights channels-last
+    cudnn_benchmark: bool | None = None  # torch.backends.cudnn.benchmark (CUDA only)
+    loss: LossImpl = LossImpl.auto
+    step_timing: StepTiming = StepTiming.auto
     # Extra steps after the measured window, run under the profiler to measure communication
     # time (jobs/comm.py); not part of any throughput figure. 0 turns the probe off.
     comm_probe_steps: int = 3

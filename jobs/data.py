@@ -49,13 +49,15 @@ IMAGE_STD = (0.229, 0.224, 0.225)
 
 def input_batches(
     data: DataSpec, model: ModelSpec, *, batch_size: int, accum_steps: int, seed: int, rank: int, world_size: int,
-    device: torch.device,
+    device: torch.device, channels_last: bool = False,
 ) -> Iterator[Batch]:
     """This rank's endless stream of (input, target) micro-batches of ``batch_size`` samples.
     ``rank`` and ``world_size``: its place among the ranks that read different batches (the
-    worker passes contract.parallel.ParallelDims.data_rank and .data_parallel)."""
+    worker passes contract.parallel.ParallelDims.data_rank and .data_parallel); ``channels_last``:
+    images in the channels-last memory format (train.channels_last)."""
     if data.kind is DataKind.synthetic:
-        return synthetic_batches(model, batch_size, seed, rank, device, accum_steps=accum_steps)
+        return synthetic_batches(model, batch_size, seed, rank, device, accum_steps=accum_steps,
+                                 channels_last=channels_last)
     if data.path is None:  # DataSpec.validate refuses this for every kind that reads files
         raise ValueError(f"data.kind={data.kind.value} reads files, and data.path is not set.")
     if data.kind is DataKind.token_file:
@@ -63,11 +65,12 @@ def input_batches(
     else:
         dataset = ImageFolderDataset(data.path, model.image_size)
     return loader_batches(dataset, data, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
-                          device=device)
+                          device=device, channels_last=channels_last)
 
 
 def synthetic_batches(
-    model: ModelSpec, batch_size: int, seed: int, rank: int, device: torch.device, *, accum_steps: int = 1
+    model: ModelSpec, batch_size: int, seed: int, rank: int, device: torch.device, *, accum_steps: int = 1,
+    channels_last: bool = False,
 ) -> Iterator[Batch]:
     # The pool is drawn in one call and cut into micro-batches in order, so the sample stream
     # depends on (seed, rank, samples per optimizer step) only: batch_size=2 with
@@ -80,8 +83,9 @@ def synthetic_batches(
     else:
         x = torch.randn(n_samples, 3, model.image_size, model.image_size, generator=gen)
         y = torch.randint(0, model.num_classes, (n_samples,), generator=gen)
-    pool = [(x[i : i + batch_size].contiguous().to(device), y[i : i + batch_size].contiguous().to(device))
-            for i in range(0, n_samples, batch_size)]
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    pool = [(x[i : i + batch_size].contiguous(memory_format=layout).to(device),
+             y[i : i + batch_size].contiguous().to(device)) for i in range(0, n_samples, batch_size)]
     return itertools.cycle(pool)
 
 
@@ -175,9 +179,10 @@ def _read_array(file: str) -> torch.Tensor:
 
 def loader_batches(
     dataset: TokenFileDataset | ImageFolderDataset, data: DataSpec, *, batch_size: int, seed: int, rank: int,
-    world_size: int, device: torch.device,
+    world_size: int, device: torch.device, channels_last: bool = False,
 ) -> Iterator[Batch]:
-    """Endless batches of this rank's share of ``dataset``, epoch after epoch."""
+    """Endless batches of this rank's share of ``dataset``, epoch after epoch (images channels-last
+    on the device when ``channels_last``)."""
     from torch.utils.data import DataLoader, DistributedSampler
 
     # drop_last: every rank gets the same number of samples (a rank with one batch more would
@@ -194,12 +199,15 @@ def loader_batches(
         # Both are refused by DataLoader without worker processes.
         prefetch_factor=data.prefetch_factor if workers > 0 else None, persistent_workers=workers > 0,
     )
-    return _epochs(loader, sampler, device, non_blocking=pin)
+    layout = torch.channels_last if channels_last else torch.preserve_format
+    return _epochs(loader, sampler, device, non_blocking=pin, layout=layout)
 
 
-def _epochs(loader, sampler, device: torch.device, non_blocking: bool) -> Iterator[Batch]:
+def _epochs(loader, sampler, device: torch.device, non_blocking: bool,
+            layout: torch.memory_format = torch.preserve_format) -> Iterator[Batch]:
     for epoch in itertools.count():
         # A new shuffle each epoch, the same permutation on every rank, so shares stay disjoint.
         sampler.set_epoch(epoch)
         for x, y in loader:
-            yield x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+            yield (x.to(device, non_blocking=non_blocking, memory_format=layout),
+                   y.to(device, non_blocking=non_blocking))

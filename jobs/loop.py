@@ -1,8 +1,10 @@
 """The training step and the step loop: no I/O, no Slurm, no MLflow.
 
-The loop records, per step, wall time and time spent waiting for data as Python floats and keeps
-the loss as a detached tensor: reading a loss (``.item()``) would force a device sync on every
-step, so losses are read once, after the measured window.
+The loop records, per step, its time and the time spent waiting for data, and keeps the loss as a
+detached tensor: reading a loss (``.item()``) would force a device sync on every step, so losses are
+read once, after the measured window. A step's time is wall clock after a device sync
+(``step_timing=sync``), or a pair of CUDA events around the step (``step_timing=events``), which
+queue without waiting and are read after the window (:class:`EventTime`, :func:`read_times`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from contract.spec import LrScaling
 from jobs.data import Batch
+from jobs.loss import loss_fn
 from jobs.memory import local_bytes
 
 
@@ -34,14 +36,37 @@ def scaled_lr(lr: float, scaling: LrScaling, world_size: int) -> float:
     return lr * factor[scaling]
 
 
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    # Loss in fp32 whatever the compute dtype: bf16 softmax over a 50k vocabulary loses digits.
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+__all__ = ["EventTime", "StepTrace", "Trainer", "loss_fn", "read_times", "run_steps", "scaled_lr"]
+
+
+class EventTime:
+    """A step's time as two CUDA events, recorded around the step without waiting; read (a sync
+    point, on the end event only) when :func:`read_times` asks, after the window."""
+
+    def __init__(self, start) -> None:
+        self.start, self.end = start, torch.cuda.Event(enable_timing=True)
+
+    def stop(self) -> EventTime:
+        self.end.record()
+        return self
+
+    def seconds(self) -> float:
+        self.end.synchronize()  # sync point: read after the window, never inside it
+        return self.start.elapsed_time(self.end) / 1e3
+
+
+def read_times(times: list) -> list[float]:
+    """Step times as seconds: event pairs are read in place (once), floats kept."""
+    for i, t in enumerate(times):
+        if isinstance(t, EventTime):
+            times[i] = t.seconds()
+    return times
 
 
 @dataclass
 class StepTrace:
-    step_time_s: list[float] = field(default_factory=list)
+    # Seconds, or EventTime under step_timing=events until read_times reads them (after the window).
+    step_time_s: list = field(default_factory=list)
     data_time_s: list[float] = field(default_factory=list)
     losses: list[torch.Tensor] = field(default_factory=list)
     # fp16 only: per step, whether the GradScaler skipped the optimizer step (inf/NaN gradients),
@@ -62,10 +87,16 @@ class Trainer:
         device: torch.device,
         no_sync: Callable[[], AbstractContextManager],
         scaler=None,
+        vocab: int | None = None,
+        chunked_loss: bool = False,
+        events: bool = False,
     ) -> None:
         self.model, self.optimizer, self.accum_steps = model, optimizer, accum_steps
         self.device, self.no_sync, self.scaler = device, no_sync, scaler
         self.autocast_dtype = autocast_dtype
+        # The loss: over the first `vocab` columns (a padded vocabulary's real ones), chunked or not
+        # (jobs/loss.py); `events`: steps timed by CUDA events (step_timing=events).
+        self.vocab, self.chunked_loss, self.events = vocab, chunked_loss, events
         # Gradient bytes this rank holds after a backward (local shards under FSDP), read once on
         # the first step: gradients are freed after every step, so they cannot be read afterwards.
         self.grad_bytes: int | None = None
@@ -99,7 +130,7 @@ class Trainer:
             # micro-batch communicates (DDP no_sync, FSDP2 set_requires_gradient_sync).
             with contextlib.nullcontext() if last else self.no_sync():
                 with self._part("forward"), self._autocast():
-                    loss = loss_fn(self.model(x), y) / self.accum_steps
+                    loss = self.loss(self.model(x), y) / self.accum_steps
                 with self._part("backward"):
                     (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
@@ -110,6 +141,9 @@ class Trainer:
         with self._part("optimizer"):
             self._optimizer_step()
         return total, data_time_s
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_fn(logits, targets, vocab=self.vocab, chunked=self.chunked_loss)
 
     def _optimizer_step(self) -> None:
         if self.scaler:
@@ -124,15 +158,25 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def run_steps(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Callable[[], None], trace: StepTrace) -> None:
-    """Run ``n_steps`` steps, appending each one's timing and loss to ``trace``."""
+def run_steps(trainer: Trainer, batches: Iterator[Batch], n_steps: int, sync: Callable[[], None], trace: StepTrace,
+              events: bool | None = None) -> None:
+    """Run ``n_steps`` steps, appending each one's timing and loss to ``trace``. ``events`` (default:
+    the trainer's step_timing) times them by CUDA events, with no sync point."""
+    events = trainer.events if events is None else events
     for _ in range(n_steps):
-        t0 = time.perf_counter()
-        loss, data_time_s = trainer.step(batches)
-        # Sync point: on CUDA the step's kernels are queued, not done; the step time is only
-        # true once the device has finished. On CPU this is a no-op.
-        sync()
-        trace.step_time_s.append(time.perf_counter() - t0)
+        if events:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss, data_time_s = trainer.step(batches)
+            # No sync: the events are queued with the step's kernels and read after the window.
+            trace.step_time_s.append(EventTime(start).stop())
+        else:
+            t0 = time.perf_counter()
+            loss, data_time_s = trainer.step(batches)
+            # Sync point: on CUDA the step's kernels are queued, not done; the step time is only
+            # true once the device has finished. On CPU this is a no-op.
+            sync()
+            trace.step_time_s.append(time.perf_counter() - t0)
         trace.data_time_s.append(data_time_s)
         trace.losses.append(loss)
         if trainer.last_skipped is not None:
@@ -162,7 +206,7 @@ def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, s
         x, y = next(batches)
         with trainer.no_sync():
             with trainer._autocast():
-                loss = loss_fn(trainer.model(x), y)
+                loss = trainer.loss(trainer.model(x), y)
             loss.backward()
         sync()
         times.append(time.perf_counter() - t0)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs import checkpoint, preempt
-from jobs.loop import StepTrace, Trainer, run_steps
+from jobs.loop import StepTrace, Trainer, read_times, run_steps
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,7 @@ class History:
         return known[1]
 
     def portable(self) -> dict[str, Any]:
-        return {"steps": self.steps, "step_time_s": self.trace.step_time_s, "data_time_s": self.trace.data_time_s,
+        return {"steps": self.steps, "step_time_s": read_times(self.trace.step_time_s), "data_time_s": self.trace.data_time_s,
                 "losses": self.losses(), "measured": self.measured, "skipped": self.skipped()}
 
     @classmethod
@@ -67,6 +67,7 @@ class History:
                    list(d["measured"]))
 
     def measured_only(self, key: str) -> list[float]:
+        read_times(self.trace.step_time_s)  # CUDA events (step_timing=events) read here, after the window
         return [v for v, m in zip(getattr(self.trace, key), self.measured, strict=True) if m]
 
 
@@ -191,6 +192,8 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
                     deciding = False
             is_measured = step >= schedule.warmup_steps + progress.extended and step >= rewarm_until
             if is_measured and not measuring:
+                # Sync point (CUDA): the warm-up's queued work ends before the window opens.
+                hooks.sync()
                 hooks.reset_peak_memory()
                 # Sync point: every rank starts the measured window together, so no rank's window
                 # includes waiting for a slower rank to finish its warm-up.
@@ -208,6 +211,9 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
             if request or periodic:
                 saved_in_window += bool(periodic and measuring)
                 _save_or_stop(job, step, request)
+        # Sync point (CUDA): the window ends when the device has finished its last step, not when the
+        # host queued it (under step_timing=events nothing inside the window waited).
+        hooks.sync()
         hooks.on_window("end")
         stop.finish()
     finally:
@@ -228,7 +234,8 @@ def _agree_still_falling(history: History, control_group) -> bool:
 
     from contract.stats import still_falling
 
-    mine = still_falling([t for t, m in zip(history.trace.step_time_s, history.measured, strict=True) if not m])
+    times = read_times(history.trace.step_time_s)  # under step_timing=events a sync point, before the window
+    mine = still_falling([t for t, m in zip(times, history.measured, strict=True) if not m])
     if not (dist.is_available() and dist.is_initialized()):
         return mine
     flag = torch.tensor([int(mine)], dtype=torch.int64)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # types only: importing torch here would cost every importer 
     from torch.distributed import ProcessGroup
 
     from contract.spec import RunSpec
+    from contract.tuning import Tuning
     from jobs.data import Batch
     from jobs.dist import DistEnv
     from jobs.heartbeat import Heartbeat
@@ -58,6 +59,7 @@ class Setup:
     lr: float
     memory: dict[str, float]  # jobs.memory.setup_memory: what building and wrapping cost
     matmul: dict[str, Any]  # the device's measured matmul peak (jobs.matmul_peak.measure)
+    tuning: Tuning | None = None  # the step's tuning settings as resolved on this rank (contract/tuning.py)
 
 
 @dataclass

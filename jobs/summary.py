@@ -229,6 +229,8 @@ def job_summary(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome,
                                             data_parallel=run.rank.dims.data_parallel)
     summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=run.setup.lr,
                    restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
+    if run.setup.tuning is not None and run.setup.tuning.compile:
+        summary["compile_time_s"] = max(compile_time_s(r["history"]) for r in per_rank)
     foreign = foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
     if foreign is not None:
         summary["foreign_cpu_share"] = foreign
@@ -244,6 +246,18 @@ def job_summary(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome,
         if price is not None:
             summary[f"cost_per_1m_{unit}"] = price
     return summary
+
+
+def compile_time_s(history: dict[str, Any]) -> float:
+    """torch.compile's cost on one rank: how much longer the warm-up's steps took than the measured
+    steps' median, summed (compiling happens in the first steps; the window holds none of it).
+    Measured on the rank's portable history (jobs.schedule.History.portable)."""
+    steady = [t for t, m in zip(history["step_time_s"], history["measured"], strict=True) if m]
+    if not steady:
+        return 0.0
+    median = percentile(steady, 50)
+    return sum(max(0.0, t - median) for t, m in zip(history["step_time_s"], history["measured"], strict=True)
+               if not m)
 
 
 def straggler_figures(per_rank: list[dict[str, Any]], summary: dict[str, Any],
@@ -278,6 +292,8 @@ def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary
             "num_threads": str(torch.get_num_threads()), "layout_source": env.source, "master_addr": env.master_addr,
             "master_port": str(env.master_port), "job_id": env.job_id, "restarts": str(outcome.restarts),
             **provenance(torch, device), **extra_tags}
+    if run.setup.tuning is not None:
+        tags.update(run.setup.tuning.tags())
     tags.update(mfu_figures(run, summary, [r.get("matmul_peak") for r in per_rank]))
     if rank.gpu_uuids:
         tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in rank.gpu_uuids)[:TAG_MAX_CHARS]

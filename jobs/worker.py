@@ -10,6 +10,7 @@ observes the named points through jobs/hooks.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contract.cell_run import METRICS_FILE
-from contract.spec import Precision, RunSpec, Strategy
+from contract.spec import InputKind, OptimizerImpl, Precision, RunSpec, Strategy
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
 from jobs.heartbeat import Heartbeat
 from jobs.hooks import Observer
@@ -29,6 +30,7 @@ from jobs.state import Rank, Run, Setup
 from jobs.summary import Report, gather_ranks, rank_figures, report, step_records
 
 if TYPE_CHECKING:
+    from contract.tuning import Tuning
     from jobs.schedule import Outcome
 
 RESULT_FILE = "result.json"
@@ -141,10 +143,20 @@ def refuse_unsupported(spec: RunSpec, device) -> None:
             raise ValueError(problem)
 
 
-def build_model_to_wrap(spec: RunSpec, device):
+def resolve_tuning(spec: RunSpec, env: DistEnv, device) -> Tuning:
+    """The step's tuning settings resolved for the device this rank got (contract/tuning.py: the
+    launcher resolved them for the device it planned); a value it cannot run fails the rank with the
+    setting's own message, before anything is built."""
+    from contract.tuning import resolve
+
+    return resolve(spec.train, spec.strategy, spec.model, cuda=device.type == "cuda", world_size=env.world_size,
+                   tasks_per_node=env.local_world_size)
+
+
+def build_model_to_wrap(spec: RunSpec, device, tuning: Tuning | None = None):
     """The model, ready for :func:`jobs.parallel.parallelize`: on ``device`` for DDP, on meta for
     FSDP (sharded before any memory is allocated; see jobs/parallel.py); a ``_target_`` model
-    eagerly on the host for both (jobs.models.build_for)."""
+    eagerly on the host for both (jobs.models.build_for). Its vocabulary padded as ``tuning`` says."""
     import torch
 
     from jobs import models
@@ -152,7 +164,8 @@ def build_model_to_wrap(spec: RunSpec, device):
     # Same seed on every rank: identical initial weights (DDP broadcasts them anyway, FSDP
     # initialises its shards from the same draws; jobs.parallel.exact_sharded_init).
     torch.manual_seed(spec.train.seed)
-    model = models.build_for(spec.model, device, sharded=spec.strategy.name is Strategy.fsdp)
+    model_spec = spec.model if tuning is None else dataclasses.replace(spec.model, vocab_multiple=tuning.vocab_multiple)
+    model = models.build_for(model_spec, device, sharded=spec.strategy.name is Strategy.fsdp)
     if spec.train.sync_batchnorm:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if spec.train.activation_checkpointing:
@@ -193,10 +206,14 @@ def set_up(rank: Rank) -> Setup:
 
     spec, env, device = rank.spec, rank.env, rank.device
     train = spec.train
+    tuning = resolve_tuning(spec, env, device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = tuning.cudnn_benchmark
     rss_before = memory.current_rss_bytes()
     memory.reset_peak_memory(device)
-    par = parallel.parallelize(build_model_to_wrap(spec, device), spec.strategy, spec.precision, device=device,
-                               dims=rank.dims, compile=train.compile)
+    par = parallel.parallelize(build_model_to_wrap(spec, device, tuning), spec.strategy, spec.precision, device=device,
+                               dims=rank.dims, compile=tuning.compile,
+                               reshard_after_forward=tuning.reshard_after_forward, channels_last=tuning.channels_last)
     setup_bytes = memory.setup_memory(device, rss_before)
     # The device's own matmul peak (CUDA only, ~a second), in the math the model's main ops run in
     # (so known only now): after the setup's memory is read, its buffers freed before the window
@@ -204,13 +221,18 @@ def set_up(rank: Rank) -> Setup:
     matmul = matmul_peak.measure(device, spec.precision.name.value,
                                  matmul_peak.math_mode(torch, par.model, spec.precision.name.value))
     lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
-    optimizer = parallel.build_optimizer(par.model, train.optimizer, lr)
+    optimizer, impl = parallel.optimizer_for(par.model, train.optimizer, lr, tuning.optimizer_impl,
+                                             auto=OptimizerImpl(train.optimizer_impl) is OptimizerImpl.auto)
+    tuning = dataclasses.replace(tuning, optimizer_impl=impl)
     batches = input_batches(spec.data, spec.model, batch_size=train.batch_size, accum_steps=train.grad_accum_steps,
                             seed=train.seed, rank=rank.dims.data_rank(env.rank),
-                            world_size=rank.dims.data_parallel, device=device)
+                            world_size=rank.dims.data_parallel, device=device, channels_last=tuning.channels_last)
+    padded = tuning.vocab_multiple > 1 and spec.model.input is InputKind.tokens
     trainer = Trainer(par.model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=par.autocast_dtype,
-                      device=device, no_sync=par.no_sync, scaler=par.scaler)
-    return Setup(par, optimizer, batches, trainer, lr, setup_bytes, matmul)
+                      device=device, no_sync=par.no_sync, scaler=par.scaler,
+                      vocab=spec.model.vocab_size if padded else None, chunked_loss=tuning.loss == "chunked",
+                      events=tuning.step_timing == "events")
+    return Setup(par, optimizer, batches, trainer, lr, setup_bytes, matmul, tuning)
 
 
 def window_hook(run: Run) -> Callable[[str], None]:
@@ -287,10 +309,11 @@ def after_window(run: Run, outcome: Outcome) -> dict[str, Any]:
 
 def communication_probe(run: Run) -> dict[str, float]:
     """The profiled steps after the window (jobs/anatomy.py: communication figures and the step's
-    anatomy), with the stall watchdog paused: parsing the trace can take longer than the stall
+    anatomy; at every world size, one rank included), with the stall watchdog paused: parsing the trace can take longer than the stall
     timeout, and it is not a stall."""
     n_steps, env = run.rank.spec.train.comm_probe_steps, run.rank.env
-    if not n_steps or env.world_size <= 1:
+    # At one rank too: nothing is communicated, and the anatomy shows where a wrapper's time goes.
+    if not n_steps:
         return {}
     from jobs import anatomy
     from jobs.loop import StepTrace, run_steps
@@ -298,7 +321,8 @@ def communication_probe(run: Run) -> dict[str, float]:
     run.rank.heartbeat.pause()
     probe_trace = StepTrace()
     trainer, batches = run.setup.trainer, run.setup.batches
-    return anatomy.probe(lambda n: run_steps(trainer, batches, n, run.sync, probe_trace), trainer, n_steps,
+    # Synced per step whatever step_timing says: the probe's parts are read from the host's timeline.
+    return anatomy.probe(lambda n: run_steps(trainer, batches, n, run.sync, probe_trace, events=False), trainer, n_steps,
                          on_gpu=run.rank.device.type == "cuda", world_size=env.world_size)
 
 

@@ -29,7 +29,9 @@ config groups (launcher/conf/):
 top-level settings: nodes, batch_size (per device), steps, warmup_steps, runs (N or auto: runs_min,
   runs_max, runs_budget_min, baseline; docs/deciding.md), repeats, grad_accum_steps,
   seed, optimizer (adamw|sgd), lr, lr_scaling (none|linear|sqrt), activation_checkpointing,
-  compile, sync_batchnorm, output_root, sweep_dir, wait, collective_timeout_s, allow_oom
+  sync_batchnorm, output_root, sweep_dir, wait, collective_timeout_s, allow_oom; the step's tuning,
+  each auto by device (docs/configuration.md): compile, optimizer_impl, channels_last,
+  cudnn_benchmark, loss, step_timing
 named experiments: +experiment=NAME (the grid comes with it), e.g.
   python -m launcher -m +experiment=resnet50_ddp_vs_fsdp_cpu
 any value: group.key=value, e.g. cluster.tasks_per_node=2 strategy.bucket_cap_mb=50

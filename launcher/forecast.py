@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from contract.tuning import resolved_model
 from launcher.cli import guarded
 from launcher.plan import fit, fitcache, perfmodel
 from launcher.plan.cell import Cell
@@ -162,7 +163,7 @@ def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, point
     spec = run_spec(cell, Path("."), None, None)
     settings = forecasts.point_settings(_row_of(cell))
     measured = next((p for p in points if p.settings == settings), None)
-    flops = fitcache.flops_per_sample(spec.model)
+    flops = fitcache.flops_per_sample(resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
     if not flops:
         return Forecast(cell, None, None, state, f"no FLOP count for model {cell.model}")
     moved = state.comm_bytes_per_step if state else {}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from contract.codec import to_plain
 from contract.spec import ConfigError, ModelSpec
+from contract.tuning import resolved_model
 from launcher.cluster.backends import backend_for
 from launcher.plan import fit, fitcache, traffic
 from launcher.plan.cell import Cell
@@ -108,8 +109,8 @@ def analyse(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     errors: list[str] = []
     predicted = _models(cells, errors)
     _refuse(errors)
-    for model in {json.dumps(to_plain(c.config.model), sort_keys=True, default=str): c.config.model
-                  for c in cells}.values():
+    built = [resolved_model(c.config.model, cuda=c.layout.gpus_per_node > 0) for c in cells]
+    for model in {json.dumps(to_plain(m), sort_keys=True, default=str): m for m in built}.values():
         fitcache.flops_per_sample(model)
     return predicted
 
@@ -131,25 +132,35 @@ def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
     predicted = {}
     for cell in cells:
         cfg = cell.config
-        model = to_plain(cfg.model)
+        # What the ranks build: the vocabulary padded as on the cell's device (contract/tuning.py).
+        built = resolved_model(cfg.model, cuda=cell.layout.gpus_per_node > 0)
+        model = to_plain(built)
         shape = {"batch_size": cfg.batch_size, "low_dtype": LOW_DTYPE.get(cfg.precision.name.value),
                  "checkpointing": cfg.activation_checkpointing}
         key = json.dumps([model, shape], sort_keys=True, default=str)
         if key not in analyses:
-            analyses[key] = _analyse(cfg.model, model, shape, cell.name, errors)
+            analyses[key] = _analyse(built, model, shape, cell.name, errors)
         found = analyses[key]
         if found is not None:
             shapes, activations, in_unit = found
             state = fit.predict(shapes, cfg.strategy, cell.layout, cfg.optimizer)
             params = [traffic.Param(shape, inside) for (shape, _), inside in zip(shapes, in_unit, strict=True)]
             predicted[cell.index] = dataclasses.replace(
-                state, activations=activations, loss_grads=fit.loss_grad_bytes(cfg.model, cfg.batch_size),
+                state, activations=activations, loss_grads=fit.loss_grad_bytes(built, cfg.batch_size, cfg.tuning().loss,
+                                                                               LOW_DTYPE.get(cfg.precision.name.value)),
                 comm_bytes_per_step=traffic.bytes_per_step(params, cfg.strategy, cfg.precision, cell.layout,
-                                                           cfg.grad_accum_steps))
+                                                           cfg.grad_accum_steps, _buffer_bytes(built, cfg)))
     return predicted
 
 
 LOW_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _buffer_bytes(model: ModelSpec, cfg: Config) -> int:
+    """The model's buffer bytes where DDP broadcasts them (else 0: nothing is built for it)."""
+    if cfg.strategy.name.value != "ddp" or not cfg.strategy.broadcast_buffers:
+        return 0
+    return fitcache.buffer_bytes(model)
 
 
 def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,

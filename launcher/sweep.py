@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from contract.codec import to_plain
-from launcher import decide, finish, probe
+from launcher import decide, finish, healthprobe, probe
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.cluster.interrupt import NOT_STARTED, Interrupts, stop_waiting
@@ -22,6 +22,7 @@ from launcher.masking import mask
 from launcher.plan import fit
 from launcher.plan.cell import RUN_AGAIN, Cell, CellStatus
 from launcher.plan.grid import SweepError, run_spec
+from launcher.report import health
 from launcher.state import STATE_FILE, StateError, SweepState, this_process
 from launcher.track import reconcile, runs, tracking
 
@@ -32,7 +33,10 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     refuse_declared(cells)
     if not allow_concurrent:
         check_not_running(cells, argv)
+    health_notes = healthprobe.before_cells(cells)  # health=auto: slow nodes kept out of every cell
     state = prepare(cells, argv, predicted or {})
+    if health_notes is not None:
+        health.keep_in_sweep(state.path, health_notes)
     todo = [c for c in state.cells if c.status in (CellStatus.planned, *RUN_AGAIN)]
     print(f"sweep {state.name}: {len(todo)} of {len(cells)} cell(s) to run -> {state.sweep_dir}", flush=True)
     probes = probe.before_cells(state, todo, cells[0].config)  # the cells start after them

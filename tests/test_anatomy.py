@@ -14,7 +14,7 @@ from contract.spec import Layout
 from jobs import anatomy
 from launcher.plan import fit, traffic
 from launcher.report.explain import explain
-from tests.ranks import TINY_GPT, make_spec, run_ranks
+from tests.ranks import TINY_CNN, TINY_GPT, make_spec, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -185,3 +185,17 @@ def test_the_next_sweep_is_a_command_plan_accepts_as_printed(capsys, part, strat
     assert command.startswith("python -m launcher --plan -m ")
     assert main(command.split()[3:]) == 0, capsys.readouterr()
     assert "cell(s):" in capsys.readouterr().out
+
+
+def test_ddp_broadcasts_batchnorm_buffers_as_the_theory_says(tmp_path):
+    """DDP with broadcast_buffers (its default) broadcasts the BatchNorm statistics once per optimizer
+    step (accumulation adds none); the theory counts them, so they are no mismatch."""
+    spec = make_spec(tmp_path / "cnn", world_size=2, model=TINY_CNN, steps=2, warmup_steps=1, comm_probe_steps=2,
+                     local_probe_steps=0, optimizer="sgd", grad_accum_steps=2)
+    (summary,) = _summaries(tmp_path, [spec], 2)
+    shapes, _, in_unit = fit.analyse(spec.model, spec.train.batch_size, None, False)
+    params = [traffic.Param(shape, inside) for (shape, _), inside in zip(shapes, in_unit, strict=True)]
+    buffers = fit.count_buffer_bytes(spec.model)
+    theory = traffic.bytes_per_step(params, spec.strategy, spec.precision, spec.layout, 2, buffers)
+    assert buffers > 0 and theory["broadcast"] == buffers
+    assert summary[metrics.comm_bytes("broadcast")] == pytest.approx(buffers, rel=traffic.TOLERANCE)

@@ -235,3 +235,63 @@ def test_a_straggler_is_named_in_the_findings():
     md = findings.findings([slow, one("fsdp", tp=900.0)])
     assert "### Stragglers" in md and "rank 1 on node2 is a straggler: 1.94x the median rank's step time" in md
     assert "No rank lagged" in findings.findings([one("ddp", tp=1000.0), one("fsdp", tp=900.0)])
+
+
+def test_at_one_rank_ddp_against_fsdp_is_worded_as_the_wrappers_cost_not_a_strategy_result():
+    """The README's default sweep at one rank: FSDP 0.72x DDP. At one rank nothing is sharded or sent,
+    so the finding names the wrappers, shows where their time goes (the anatomy), and claims no strategy."""
+    parts = {"anatomy_step_time_ms": 60.0, "anatomy_forward_ms": 20.0, "anatomy_backward_ms": 30.0,
+             "anatomy_optimizer_ms": 10.0}
+    slower = {**parts, "anatomy_step_time_ms": 83.0, "anatomy_optimizer_ms": 33.0}
+    rows = rows_of(row("ddp", tp=118.6, cv=0.02, world=1, **parts), row("fsdp", tp=85.4, cv=0.02, world=1, **slower))
+    (c,) = findings.comparisons(grouped(rows), "strategy")
+    assert c.wrappers_only and c.claimed
+    md = findings.findings(rows)
+    assert "slower than **ddp**" not in md
+    assert ("- 1 rank(s), precision=fp32: **fsdp** against **ddp**: at one rank nothing is sharded and nothing is "
+            "communicated, so the two differ only in their wrappers; fsdp's wrapper makes the step 28.0% slower "
+            "than ddp's (0.72×, 95% CI") in md
+    assert "This is not a strategy result: compare strategies at two ranks or more." in md
+    assert "+23.0 ms optimizer" in md  # where the wrapper's time goes
+    assert "(one rank: the wrappers' cost, not a strategy result)" in md
+    assert "(one rank: strategies differ here only in their wrappers)" in md.split("### Recommendation")[1]
+    # At two ranks the same difference is a strategy result, worded as before.
+    two = rows_of(row("ddp", tp=118.6, cv=0.02, world=2), row("fsdp", tp=85.4, cv=0.02, world=2))
+    assert "**fsdp** is 28.0% slower than **ddp**" in findings.findings(two)
+
+
+def test_a_bytes_finding_is_said_once_per_configuration_and_ddps_buffer_broadcast_is_theory():
+    """Seed 000's CPU twin printed "broadcast moved 213 kB per step where the strategy's theory moves none"
+    once per DDP run: DDP broadcasting BatchNorm's buffers. Said once per configuration, and expected."""
+    from launcher.plan import traffic
+    from launcher.report.explain import traffic_findings
+
+    extra = {"comm_broadcast_bytes_per_step": 213e3, "comm_all_reduce_bytes_per_step": 1.02e8,
+             "predicted_comm_all_reduce_bytes_per_step": 1.02e8}
+    runs = row("ddp", world=2, runs=6, **extra)
+    (line,) = traffic_findings(runs)
+    assert line.startswith("- strategy=ddp precision=fp32 nodes=1 (6 runs): broadcast moved 213 kB per step where")
+    expected = [{**r, "predicted_comm_broadcast_bytes_per_step": 213e3} for r in runs]
+    assert traffic_findings(expected) == []
+    from contract import spec
+
+    layout = spec.Layout(tasks_per_node=2)
+    params = [traffic.Param((10, 4), True)]
+    assert traffic.bytes_per_step(params, spec.StrategySpec(), spec.PrecisionSpec(), layout, buffer_bytes=213_000) == {
+        "all_reduce": 160, "broadcast": 213_000}
+    no_broadcast = spec.StrategySpec(broadcast_buffers=False)
+    assert "broadcast" not in traffic.bytes_per_step(params, no_broadcast, spec.PrecisionSpec(), layout, buffer_bytes=1)
+
+
+def test_a_gpu_idle_for_much_of_the_window_is_called_host_bound_naming_what_kept_it_waiting():
+    """The GPU check's FSDP at one rank: busy 59-60% (NVML), an unfused optimizer over DTensor parameters."""
+    waiting = {"gpu_util_mean": 59.5, "anatomy_step_time_ms": 83.0, "anatomy_forward_ms": 20.0,
+               "anatomy_backward_ms": 25.0, "anatomy_optimizer_ms": 38.0, "tuning.optimizer_impl": "for_loop"}
+    rows = rows_of(row("ddp", world=1, gpu_util_mean=89.0), row("fsdp", world=1, tp=700.0, **waiting))
+    md = findings.findings(rows)
+    (line,) = md.split("### Host-bound steps\n\n")[1].split("\n\n")[0].splitlines()
+    assert line == ("- strategy=fsdp precision=fp32 nodes=1 (3 runs): the step was host-bound: the GPU was busy 60% of "
+                    "the measured window (NVML), idle the rest; what kept it waiting: the optimizer, 38.0 of the "
+                    "profiled step's 83.0 ms on the host (an unfused optimizer: optimizer_impl=fused steps every "
+                    "parameter in one kernel).")
+    assert "### Host-bound steps" not in findings.findings(rows_of(row("ddp", world=1, gpu_util_mean=89.0)))

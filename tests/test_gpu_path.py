@@ -374,15 +374,19 @@ def test_watchdog_paused_before_the_probe(monkeypatch):
 
     import torch
 
-    def run_on(env):
-        spec = SimpleNamespace(train=SimpleNamespace(comm_probe_steps=3))
+    def run_on(env, steps=3):
+        from contract.spec import Layout, StrategySpec
+
+        spec = SimpleNamespace(train=SimpleNamespace(comm_probe_steps=steps), strategy=StrategySpec(), layout=Layout())
         rank = Rank(spec, env, torch.device("cpu"), "gloo", None, FakeHeartbeat(), Observer())
         return Run(rank, SimpleNamespace(trainer=None, batches=None), None, lambda: None)
 
     monkeypatch.setattr(anatomy, "probe", fake_probe)
     out = worker.communication_probe(run_on(DistEnv(world_size=2)))
     assert out == {"comm_time_ms": 1.0} and events == ["pause", ("probe", 3, False)]
-    assert worker.communication_probe(run_on(DistEnv())) == {}
+    # One rank too (the anatomy shows where a wrapper's time goes); comm_probe_steps=0 turns it off.
+    assert worker.communication_probe(run_on(DistEnv())) == {"comm_time_ms": 1.0}
+    assert worker.communication_probe(run_on(DistEnv(), steps=0)) == {}
 
 
 # ---- M1: built on meta, sharded, then materialised ----------------------------------------------

@@ -74,8 +74,9 @@ FLOW = [
     ("launcher.report",),  # runs -> rows, findings, the report
     ("launcher.decide",),  # runs=auto: the comparisons still open -> the next round's cells
     ("launcher.finish",),  # a sweep's finish, which every command below reaches
-    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.status", "launcher.sync", "launcher.sweep",
-     "launcher.__main__", "launcher.report.__main__", "launcher.forecast"),  # the commands
+    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.healthprobe", "launcher.status",
+     "launcher.sync", "launcher.sweep", "launcher.__main__", "launcher.report.__main__", "launcher.forecast",
+     "launcher.health", "launcher.history"),  # the commands
 ]
 
 
@@ -99,7 +100,8 @@ def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
 # module or its command line: no command imports another for its finishing step.
 COMMANDS = ("launcher.status", "launcher.sweep", "launcher.sync")
 # The modules with a command line of their own: no module of the launcher imports one.
-COMMAND_LINES = ("launcher.__main__", "launcher.status", "launcher.sync", "launcher.report.__main__")
+COMMAND_LINES = ("launcher.__main__", "launcher.status", "launcher.sync", "launcher.report.__main__", "launcher.health",
+                 "launcher.history")
 
 
 def test_status_sweep_and_sync_do_not_import_the_report_module():
@@ -130,6 +132,7 @@ LAUNCHER_USES_OF_JOBS = {
     "jobs.worker": "the entry point every rank runs",
     "jobs.__main__": "one cell's rank by hand under srun, once Slurm's variables are translated",
     "jobs.fabric": "the fabric probe's entry point, submitted like the worker's",
+    "jobs.nodeprobe": "the node health probe's entry point, submitted like the fabric probe's",
     "jobs.models": "building a model on the meta device before launch (preflight's fit)",
     "jobs.loop": "the loss a cell trains with, for the activation estimate before launch",
 }

@@ -21,6 +21,7 @@ from torch import nn
 
 from contract.catalog import BERT_SIZES, GPT_SIZES, RESNET_DEPTHS
 from contract.spec import ConfigError, InputKind, ModelSpec
+from contract.tuning import padded_vocab
 from jobs.models.bert import Bert, BertConfig
 from jobs.models.gpt import GPT, GPTConfig
 from jobs.models.init import init_weights
@@ -125,8 +126,10 @@ def _build_gpt(sizes: tuple[int, int, int], spec: ModelSpec) -> nn.Module:
     n_layer, n_head, d_model = sizes
     params = _params(spec, {"n_layer": n_layer, "n_head": n_head, "d_model": d_model,
                             "dropout": 0.0, "bias": True})
-    # The position table is exactly seq_len long: gpt2-* match GPT-2's counts at seq_len=1024.
-    cfg = GPTConfig(vocab_size=spec.vocab_size, block_size=spec.seq_len, **params)
+    # The position table is exactly seq_len long: gpt2-* match GPT-2's counts at seq_len=1024. The
+    # vocabulary rows padded up to model.vocab_multiple (resolved: contract.tuning.resolved_model).
+    vocab = padded_vocab(spec.vocab_size, spec.vocab_multiple or 1)
+    cfg = GPTConfig(vocab_size=vocab, block_size=spec.seq_len, **params)
     return _materialize(lambda: GPT(cfg))
 
 

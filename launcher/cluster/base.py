@@ -24,6 +24,8 @@ from launcher.state import SweepState, this_process
 
 if TYPE_CHECKING:
     from contract.fabric import ProbeSpec
+    from contract.health import NodeProbeSpec
+    from contract.spec import Layout
     from launcher.cluster.interrupt import Interrupts
 
 # {job id: (start s, end s, hosts)} of jobs whose start and end the cluster recorded.
@@ -121,6 +123,17 @@ class Backend(ABC):
         """Start the fabric probe (jobs/fabric.py) on ``cell``'s shape, submitted as the cell would be:
         (its job id, or None; why it did not start or failed, or None). A foreground backend returns
         once it has ended; its result is then in ``spec.out_dir``."""
+
+    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
+                   ) -> tuple[str | None, str | None]:
+        """The node health probe (jobs/nodeprobe.py), one task per node of ``layout`` on the nodes
+        ``cluster`` names, run to its end: (its job id, or None; why it failed, or None). Its result
+        is then in ``spec.out_dir``. A backend that cannot run it says so here."""
+        return None, f"the {self.name} backend has no node health probe"
+
+    def health_nodes(self, partition: str | None, nodelist: str | None) -> list[str]:
+        """The nodes a health probe covers: ``nodelist``, else the partition's nodes that take jobs."""
+        return []
 
     @abstractmethod
     def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:

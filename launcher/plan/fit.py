@@ -64,14 +64,23 @@ class StateBytes:
         return self.total + (self.activations or 0) + self.loss_grads
 
 
-def loss_grad_bytes(model: ModelSpec, batch_size: int) -> int:
-    """The loss's gradients at the start of backward: the loss takes the model's output in fp32
-    (jobs.loop.loss_fn), and cross-entropy's backward holds two fp32 tensors of its size at once
-    (nll_loss's gradient and log-softmax's) while every saved tensor still lives. Next to a 50k
-    vocabulary this is gigabytes: GPT-2 small at batch 16 x 1024 tokens, 6.6 GB. The first GPU
-    check measured 16.5 GiB where model state and saved tensors made 10.3 (docs/gpu/run1)."""
-    per_sample = model.seq_len * model.vocab_size if model.input is InputKind.tokens else model.num_classes
-    return 2 * 4 * batch_size * per_sample
+def loss_grad_bytes(model: ModelSpec, batch_size: int, loss: str = "full", low_dtype: str | None = None) -> int:
+    """The loss's gradients at the start of backward. ``loss=full`` (jobs/loss.py) takes the model's
+    output in fp32, and cross-entropy's backward holds two fp32 tensors of its size at once (nll_loss's
+    gradient and log-softmax's) while every saved tensor still lives. Next to a 50k vocabulary this is
+    gigabytes: GPT-2 small at batch 16 x 1024 tokens, 6.6 GB. The first GPU check measured 16.5 GiB
+    where model state and saved tensors made 10.3 (docs/gpu/run1). ``loss=chunked`` holds one
+    gradient in the logits' dtype (computed in forward) and two fp32 tensors of one chunk's size.
+    ``model`` as the ranks build it (its vocabulary padded: contract.tuning.resolved_model)."""
+    from contract.tuning import chunk_rows, padded_vocab
+
+    vocab = padded_vocab(model.vocab_size, model.vocab_multiple or 1)
+    per_sample = model.seq_len * vocab if model.input is InputKind.tokens else model.num_classes
+    if loss != "chunked":
+        return 2 * 4 * batch_size * per_sample
+    width = vocab if model.input is InputKind.tokens else model.num_classes
+    logit_bytes = 2 if low_dtype else 4
+    return logit_bytes * batch_size * per_sample + 2 * 4 * min(chunk_rows(width), batch_size * model.seq_len) * width
 
 
 def analyse(model: ModelSpec, batch_size: int, low_dtype: str | None,
@@ -89,6 +98,12 @@ def count_flops(model: ModelSpec) -> float | None:
     from jobs.models import flops_per_sample
 
     return flops_per_sample(_meta_build(model), model)
+
+
+def count_buffer_bytes(model: ModelSpec) -> int:
+    """Bytes of the model's buffers (BatchNorm's running statistics and counters): what DDP broadcasts
+    from rank 0 before a forward when strategy.broadcast_buffers is on (launcher/plan/traffic.py)."""
+    return sum(b.numel() * b.element_size() for b in _meta_build(model).buffers())
 
 
 def _meta_build(model: ModelSpec):

@@ -80,6 +80,20 @@ def flops_per_sample(model: spec.ModelSpec) -> float | None:
     return value
 
 
+def buffer_bytes(model: spec.ModelSpec) -> int:
+    """Bytes of ``model``'s buffers (launcher/plan/fit.py, count_buffer_bytes), kept like the FLOPs."""
+    from contract.codec import to_plain
+    from launcher.plan import fit
+
+    cache_key = key(to_plain(model), {"count": "buffer_bytes"})
+    hit = read(cache_key)
+    if hit is not None:
+        return int(hit.get("buffer_bytes") or 0)
+    value = fit.count_buffer_bytes(model)
+    write(cache_key, {"buffer_bytes": value})
+    return value
+
+
 def _has_target(value: Any) -> bool:
     if isinstance(value, dict):
         return any((k in ("_target_", "target") and v) or _has_target(v) for k, v in value.items())

@@ -454,8 +454,8 @@ def _check_uniform(cells: list[Cell]) -> None:
     """Sweep-level settings must not vary across cells (one cluster, one tracking store, one directory)."""
     first = cells[0].config if cells else None
     for c in cells[1:]:
-        for key in ("cluster.name", "cluster.declared", "tracking", "fabric", "output_root", "sweep_dir", "wait", "runs",
-                    "runs_min", "runs_max", "runs_budget_min", "baseline", "limits"):
+        for key in ("cluster.name", "cluster.declared", "tracking", "fabric", "health", "output_root", "sweep_dir", "wait",
+                    "runs", "runs_min", "runs_max", "runs_budget_min", "baseline", "limits"):
             mine, theirs = c.config, first
             for part in key.split("."):
                 mine, theirs = getattr(mine, part), getattr(theirs, part)

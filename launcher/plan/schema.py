@@ -142,6 +142,13 @@ class FabricConfig:
     full: bool = False
 
 
+class HealthMode(enum.Enum):
+    off = "off"
+    # The partition's nodes judged before the cells (python -m launcher.health), the slow ones kept out:
+    auto = "auto"  # by the ledger's latest probe when it is recent (launcher/healthprobe.py), else a new probe
+    always = "always"  # by a new probe
+
+
 @dataclass
 class LimitsConfig:
     """Bounds on the work one command may start, checked before anything runs (docs/configuration.md,
@@ -174,6 +181,7 @@ class Config(TrainSpec):
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    health: HealthMode = HealthMode.off  # auto: the nodes probed before the cells, slow ones excluded (docs/health.md)
     output_root: str = "outputs"
     sweep_dir: str | None = None  # default: <output_root>/<date>_<time>
     # Block until every job ends. None: yes on the local cluster, no on Slurm (fire-and-forget).
@@ -228,8 +236,18 @@ class Config(TrainSpec):
             )
         self._validate_precision_mode()
         self._validate_devices()
+        self.tuning()
         self._validate_data()
         self._validate_cluster_settings()
+
+    def tuning(self):
+        """The step's tuning settings resolved for this cell's device (contract/tuning.py): a value
+        the device cannot run is refused here, before submission."""
+        from contract import tuning
+
+        return tuning.resolve(self, self.strategy, self.model, cuda=self.cluster.gpus_per_node > 0,
+                              world_size=self.nodes * self.cluster.tasks_per_node,
+                              tasks_per_node=self.cluster.tasks_per_node)
 
     def _validate_runs(self) -> None:
         """runs: a positive int or auto; the auto settings only with auto, and a plan they can keep."""
@@ -352,6 +370,10 @@ class Config(TrainSpec):
             _check_oci_bundle(c.container)
         if c.declared:
             _check_declared(c)
+        if self.health is not HealthMode.off and c.name is ClusterKind.local:
+            raise ConfigError("health", self.health.value, "excludes slow nodes with cluster.exclude, which the local cluster "
+                              "(one machine) does not have.", "use health=auto with cluster=slurm, or probe this "
+                              "machine with python -m launcher.health cluster=local health.nodes=3.")
 
     def _validate_precision_mode(self) -> None:
         """Settings that only FSDP's parameter casting reads."""

@@ -19,8 +19,12 @@ buffer, the all-gathered output, the reduce-scattered input), in the dtype that 
   rank.
 
 Gathers travel in ``param_dtype`` (fp32 unless ``precision.mode=params``), reductions in
-``reduce_dtype`` (else ``param_dtype``, else fp32). Not counted: DDP's buffer broadcast, BatchNorm's
-fp32 units under a low ``param_dtype``, the optimizer's and health checks' scalars.
+``reduce_dtype`` (else ``param_dtype``, else fp32). DDP with ``broadcast_buffers`` (its default)
+broadcasts the model's buffers (BatchNorm's running statistics) from rank 0 before the first forward
+of each optimizer step (a forward under ``no_sync`` clears the flag, so accumulation adds none): that
+is expected traffic, counted. FSDP units resharded after forward are those ``reshard_after_forward``
+resolves to (contract/tuning.py). Not counted: BatchNorm's fp32 units under a low ``param_dtype``,
+the optimizer's and health checks' scalars.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import math
 from dataclasses import dataclass
 
 from contract.parallel import ParallelDims
-from contract.spec import Layout, PrecisionSpec, Sharding, Strategy, StrategySpec, WrapPolicy, precision_plan
+from contract.spec import Layout, PrecisionSpec, Strategy, StrategySpec, WrapPolicy, precision_plan
+from contract.tuning import reshards_after_forward
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 TOLERANCE = 0.10  # measured bytes further than this from the theory are a finding
@@ -49,13 +54,17 @@ def _padded(shape: tuple[int, ...], shards: int) -> int:
 
 
 def bytes_per_step(params: list[Param], strategy: StrategySpec, precision: PrecisionSpec, layout: Layout,
-                   accum_steps: int = 1) -> dict[str, int]:
-    """Bytes per optimizer step by collective kind (kinds that move nothing are left out)."""
+                   accum_steps: int = 1, buffer_bytes: int = 0) -> dict[str, int]:
+    """Bytes per optimizer step by collective kind (kinds that move nothing are left out);
+    ``buffer_bytes``: the model's buffers (DDP broadcasts them)."""
     if layout.world_size <= 1:
         return {}
     plan = precision_plan(strategy.name, precision)
     if strategy.name is Strategy.ddp:
-        return {"all_reduce": sum(math.prod(p.shape) for p in params) * 4}
+        out = {"all_reduce": sum(math.prod(p.shape) for p in params) * 4}
+        if strategy.broadcast_buffers and buffer_bytes:
+            out["broadcast"] = buffer_bytes
+        return out
     gather = DTYPE_BYTES[plan.param_dtype or "fp32"]
     reduce = DTYPE_BYTES[plan.reduce_dtype or plan.param_dtype or "fp32"]
     dims = ParallelDims.of(strategy, layout)
@@ -65,8 +74,9 @@ def bytes_per_step(params: list[Param], strategy: StrategySpec, precision: Preci
     padded = sum(_padded(p.shape, shards) for p in params)
     # Units re-gather in backward only when resharded after forward; without units (wrap=none)
     # everything is the root's, kept after forward.
+    reshard = reshards_after_forward(strategy, shards)
     regathered = sum(_padded(p.shape, shards) for p in params if p.in_unit) if (
-        strategy.sharding is not Sharding.grad_op and strategy.wrap is WrapPolicy.block) else 0
+        reshard and strategy.wrap is WrapPolicy.block) else 0
     out = {"all_gather": (padded + regathered) * gather * accum_steps, "reduce_scatter": padded * reduce}
     if dims.hybrid:  # each replica's shard all-reduced across the replicas
         out["all_reduce"] = padded // shards * reduce

@@ -19,7 +19,7 @@ from typing import Any
 
 from contract import metrics
 from launcher.plan import traffic
-from launcher.report.rows import num, settings
+from launcher.report.rows import grouped, num, settings
 from launcher.report.stats import Estimate, Floor, estimate_of, welch_interval
 
 STEP = metrics.ANATOMY_STEP
@@ -199,9 +199,10 @@ def follow_up(row: dict[str, Any], sweep: dict[str, str]) -> str:
 # ---- bytes against the theory ------------------------------------------------------------------
 
 def traffic_findings(rows: list[dict[str, Any]]) -> list[str]:
-    """Cells whose measured bytes per step are more than 10% from their strategy's theory."""
+    """Configurations whose measured bytes per step (the mean over their runs) are more than 10% from
+    their strategy's theory: said once per configuration, not once per run."""
     out = []
-    for row in rows:
+    for row in grouped(rows):
         for kind in metrics.COLLECTIVE_KINDS:
             theory = num(row.get(metrics.predicted_comm_bytes(kind)))
             measured = num(row.get(metrics.comm_bytes(kind)))

@@ -89,6 +89,12 @@ class Comparison:
         return self.caveat is None and self.throughput is not None and self.throughput.claimed
 
     @property
+    def wrappers_only(self) -> bool:
+        """Strategies at one rank: nothing to shard and nothing to communicate, so what differs is the
+        wrapper (its hooks, its parameter type, its optimizer step), never the strategy."""
+        return self.axis == "strategy" and self.world_size == 1
+
+    @property
     def peak_ratio(self) -> float | None:
         return None if self.peak is None else self.peak.ratio
 
@@ -187,7 +193,8 @@ def verdict_text(c: Comparison) -> str:
     d = c.throughput
     if d is None or c.caveat:
         return f"not claimed: {c.caveat}" + (sequence_text(d, c.looks) if d is not None else "")
-    return _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
+    words = _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
+    return words + (" (one rank: the wrappers' cost, not a strategy result)" if c.wrappers_only else "")
 
 
 def _verdict_words(a_label: str, d: Diff) -> str:
@@ -253,6 +260,10 @@ def _bullets(comps: list[Comparison]) -> list[str]:
         if c.state_ratio is not None and abs(c.state_ratio - 1) > STATE_TOLERANCE:
             mem.append(f"{c.state_ratio:.2f}× the model state per rank")
         where = f"{c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
+        if c.wrappers_only:
+            out.append(wrappers_sentence(c, where))
+            out += why_lines(c.why)
+            continue
         out.append(f"- {where}: **{c.a_label}** is {abs(d.ratio - 1):.1%} "
                    f"{'faster' if d.verdict == HIGHER else 'slower'} than **{c.b_label}** "
                    f"({d.ratio:.2f}×, {1 - d.alpha:.0%} CI {d.low:.2f}–{d.high:.2f}; {c.noise}"
@@ -260,6 +271,22 @@ def _bullets(comps: list[Comparison]) -> list[str]:
                    + (f", with {' and '.join(mem)}" if mem else "") + ".")
         out += why_lines(c.why)
     return out
+
+
+def wrappers_sentence(c: Comparison, where: str) -> str:
+    """The one-rank strategy comparison, worded as what it is: the wrappers' cost, not a strategy result."""
+    d = c.throughput
+    assert d is not None
+    if d.verdict == SAME:
+        cost = f"their wrappers cost the same (within ±{d.min_effect:.0%})"
+    else:
+        cost = (f"{c.a_label}'s wrapper makes the step {abs(d.ratio - 1):.1%} "
+                f"{'faster' if d.verdict == HIGHER else 'slower'} than {c.b_label}'s")
+    interval = f" ({d.ratio:.2f}×, {1 - d.alpha:.0%} CI {d.low:.2f}–{d.high:.2f}; {c.noise})" if (
+        d.low is not None and d.high is not None) else ""
+    return (f"- {where}: **{c.a_label}** against **{c.b_label}**: at one rank nothing is sharded and nothing is "
+            f"communicated, so the two differ only in their wrappers; {cost}{interval}. This is not a strategy "
+            "result: compare strategies at two ranks or more.")
 
 
 def _unclaimed_parts(comps: list[Comparison]) -> list[str]:
@@ -279,7 +306,8 @@ def _unclaimed_parts(comps: list[Comparison]) -> list[str]:
 def why_lines(why: Explanation | None) -> list[str]:
     """The explanation of a claimed difference and what to try next, as indented bullet lines."""
     if why is None:
-        return ["  - Why: not measured (no anatomy: comm_probe_steps=0, or one rank)."]
+        return ["  - Why: not measured (no anatomy: comm_probe_steps=0, or runs from before the anatomy ran at one "
+                "rank)."]
     lines = [f"  - Why: {why.text()}"]
     if why.next_step:
         lines.append(f"  - Next: {why.next_step}")
@@ -335,6 +363,8 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
         ef = est[id(fastest)]
         where = f"{ws} rank(s)" + (f", {model}" if multi_model else "")
         text = f"- **{where}**: fastest **{md_cell(_name(fastest))}** at {ef.mean:,.1f} samples/s"
+        if ws == 1 and len({u.get("strategy") for u in members}) > 1:
+            text += " (one rank: strategies differ here only in their wrappers)"
         if ef.half_width is not None:
             text += f" (±{ef.half_width / ef.mean:.1%})"
         verdicts = {id(u): difference(est[id(u)], ef, MIN_EFFECT["throughput"]).verdict
@@ -390,6 +420,36 @@ def stragglers(rows: list[dict[str, Any]]) -> list[str]:
             how = f": {spread:.2f}x the median rank's step time" if isinstance(spread, (int, float)) else ""
             out.append(f"- {md_cell(row['cell'])}: rank {md_cell(rank)} is a straggler{how}. The whole job runs at its "
                        f"pace; look at that host (thermals, a noisy neighbour, a slow link).")
+    return out
+
+
+HOST_BOUND_UTIL = 75.0  # NVML's GPU busy percent below which the device waited for the host a large part of the window
+_HOST_PARTS = ("anatomy_optimizer_ms", "anatomy_data_wait_ms", "anatomy_forward_ms", "anatomy_backward_ms",
+               "anatomy_copies_ms")
+
+
+def host_bound(units: list[dict[str, Any]]) -> list[str]:
+    """Configurations whose GPUs were idle for a large part of the measured window (NVML's
+    ``gpu_util_mean`` below 75%): the step was host-bound, and the largest part of the profiled step
+    (the anatomy: what the host was doing) is named as what kept the GPU waiting."""
+    out = []
+    for u in units:
+        util = num(u.get("gpu_util_mean"))
+        if util is None or util >= HOST_BOUND_UTIL:
+            continue
+        text = (f"- {md_cell(u['cell'])}: the step was host-bound: the GPU was busy {util:.0f}% of the measured window "
+                f"(NVML), idle the rest")
+        step = num(u.get(metrics.ANATOMY_STEP))
+        parts = [(p, v) for p in _HOST_PARTS if (v := num(u.get(p)))]
+        if step and parts:
+            part, ms = max(parts, key=lambda pv: pv[1])
+            text += (f"; what kept it waiting: the {part.removeprefix('anatomy_').removesuffix('_ms').replace('_', ' ')}, "
+                     f"{ms:.1f} of the profiled step's {step:.1f} ms on the host")
+            if part == "anatomy_optimizer_ms" and u.get("tuning.optimizer_impl") not in (None, "fused"):
+                text += " (an unfused optimizer: optimizer_impl=fused steps every parameter in one kernel)"
+        else:
+            text += "; no anatomy to name the part (comm_probe_steps=0)"
+        out.append(text + ".")
     return out
 
 
@@ -453,6 +513,9 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
                                         "strategy implies (launcher/plan/traffic.py), or nothing was measured."]
     lines += ["", "### Stragglers", ""]
     lines += stragglers(rows) or ["No rank lagged more than 10% behind the median rank."]
+    waiting = host_bound(units)
+    if waiting:
+        lines += ["", "### Host-bound steps", "", *waiting]
     on_nodes = nodes.section(rows)
     if on_nodes:
         lines += ["", "### Nodes", "", *on_nodes]

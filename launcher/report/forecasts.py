@@ -28,6 +28,7 @@ from typing import Any
 from contract import metrics
 from contract.parallel import ParallelDims
 from contract.spec import RunSpec
+from contract.tuning import resolved_model
 from launcher.plan import fitcache, perfmodel
 from launcher.plan.perfmodel import INTER, INTRA, Collective, Observed, Work
 from launcher.report import fabric, forecastrecord
@@ -310,7 +311,7 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
             spec = state.load_spec(cells[members[0]["cell"]])
         except (KeyError, OSError, ValueError, TypeError, StateError):
             continue  # a sweep copied without its specs: the model cannot tell what it ran
-        flops = fitcache.flops_per_sample(spec.model)
+        flops = fitcache.flops_per_sample(resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
         if not flops:
             continue
         foreign = num(unit.get("foreign_cpu_share"))

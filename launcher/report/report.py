@@ -23,7 +23,7 @@ from contract import metrics, mlflow_client
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import REPRODUCE_FILE
 from launcher.cluster.failures import FIXES
-from launcher.report import fabric, findings, forecasts, noisefloor, plots, sequential, stats
+from launcher.report import fabric, findings, forecasts, health, noisefloor, plots, sequential, stats
 from launcher.report.rows import (
     GIB,
     MIB,
@@ -52,6 +52,7 @@ _NOT_MEASURED = ("nodes", *WHERE_KEYS)
 _ENV_TAGS = ("hostnames", "torch_version", "device_name", "backend", "num_threads", "precision_mode", "gpu_uuids",
              "cuda_version", "nccl_version", "float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32",
              "slowest_rank", "straggler_rank")
+TUNING_TAG = "tuning."  # the step's tuning settings as the ranks resolved them (contract/tuning.py)
 
 
 class ReportError(Exception):
@@ -86,7 +87,7 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
                                "round": looks.round_of(cell.run)}
         row.update(_train_settings(state, cell))
         tags = result.get("tags", {})
-        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS})
+        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith(TUNING_TAG)})
         row.update(result.get("summary", {}))
         if cell.predicted_state_bytes is not None:
             row["predicted_model_state_bytes"] = cell.predicted_state_bytes
@@ -182,7 +183,7 @@ def _rows_from_runs(runs: list, experiment_id: str) -> list[dict[str, Any]]:
             row["interference"] = tags["interference"]
         row.update({k: _int(params.get(k)) for k in ("batch_size", "steps", "warmup_steps", "repeats")
                     if params.get(k) is not None})
-        row.update({k: tags[k] for k in _ENV_TAGS if k in tags})
+        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith(TUNING_TAG)})
         # Per-step series (loss, step_time_ms) are logged under their own names; every summary
         # figure is a single value at step 0, so the latest value is the summary.
         row.update({k: v for k, v in run.data.metrics.items() if k not in ("loss", "step_time_ms")})
@@ -355,6 +356,8 @@ def _how_measured(rows: Sequence[dict[str, Any]]) -> str:
         "Windows share their run's processes and neighbours, so they describe a run's steadiness, never the noise "
         "of a claim.",
         "",
+        _tuning_text(rows),
+        "",
         f"**Runs are the unit of noise.** Each configuration ran {runs} time(s) as independent launches "
         "(separate processes; separate array tasks on Slurm), interleaved over the sweep. Its row shows the mean "
         "over the runs that have a result (runs, run spread = the coefficient of variation between them). ±95% CI "
@@ -362,6 +365,22 @@ def _how_measured(rows: Sequence[dict[str, Any]]) -> str:
         "Student's t with runs − 1 degrees of freedom; a configuration that ran once uses this cluster's noise "
         "floor (see Environment) or has none ('-'). Failed, cancelled and diverged runs count in no figure.",
     ])
+
+
+def _tuning_text(rows: Sequence[dict[str, Any]]) -> str:
+    """The step's tuning settings as the ranks resolved them (each setting's values over the cells), and
+    torch.compile's time, which the warm-up absorbed."""
+    keys = sorted({k for r in rows for k in r if k.startswith(TUNING_TAG)})
+    if not keys:
+        return "The step's tuning settings were not recorded (runs from before they were)."
+    words = ", ".join(f"{k.removeprefix(TUNING_TAG)} {'/'.join(_distinct(rows, k))}" for k in keys)
+    compile_s = [v for r in rows if (v := num(r.get("compile_time_s"))) is not None]
+    text = (f"The step ran tuned as the ranks resolved it for their device (docs/configuration.md, *The step's "
+            f"tuning*): {words}.")
+    if compile_s:
+        text += (f" torch.compile took {min(compile_s):.1f}-{max(compile_s):.1f} s per run (`compile_time_s`: the "
+                 "warm-up's time above its steady steps), inside the warm-up and outside every figure.")
+    return text
 
 
 def _environment(rows: Sequence[dict[str, Any]], extra: dict[str, str]) -> str:
@@ -522,8 +541,9 @@ def write_sweep_report(state: SweepState) -> Report:
         fabric.keep(state.path.parent, one, state.name)
     checked = _forecasts_checked(state, rows, key)
     written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
-                    [*fabric.section(probed), *checked.section], looks_of(state))
+                    [*health.section(state.path), *fabric.section(probed), *checked.section], looks_of(state))
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
+    written.plots += health.sweep_plots(state.path)  # attached with the others to the parent run
     return written
 
 

@@ -22,7 +22,10 @@ from launcher.state import SweepState
 
 if TYPE_CHECKING:
     from contract.fabric import ProbeSpec
+    from contract.health import NodeProbeSpec
+    from contract.spec import Layout
     from launcher.cluster.interrupt import Interrupts
+    from launcher.plan.schema import ClusterConfig
 
 
 class LocalBackend(Backend):
@@ -37,6 +40,13 @@ class LocalBackend(Backend):
 
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
         return submit.run_probe(state.path / "submitit", cell.cluster, cell.layout, spec)
+
+    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
+                   ) -> tuple[str | None, str | None]:
+        return submit.run_node_probe(folder, cluster, layout, spec)
+
+    def health_nodes(self, partition: str | None, nodelist: str | None) -> list[str]:
+        return [socket.gethostname()]  # one machine; more nodes are emulated on it (health.nodes)
 
     def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:
         """This machine and the CPUs its ranks may use."""

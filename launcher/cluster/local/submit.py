@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.fabric import ProbeSpec
+from contract.health import NodeProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import OOM, classify, first_failure
@@ -177,7 +178,18 @@ def run_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: ProbeS
     """The fabric probe on this machine, to its end, before any cell starts: (job id, why it failed)."""
     from jobs.fabric import Probe
 
-    job = local_executor(folder, cluster, layout).submit(OnLocal(Probe()), spec)
+    return _to_its_end(local_executor(folder, cluster, layout).submit(OnLocal(Probe()), spec))
+
+
+def run_node_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
+                   ) -> tuple[str | None, str | None]:
+    """The node health probe on this machine's emulated nodes (one process each), to its end."""
+    from jobs.nodeprobe import NodeProbe
+
+    return _to_its_end(local_executor(folder, cluster, layout).submit(OnLocal(NodeProbe()), spec))
+
+
+def _to_its_end(job) -> tuple[str | None, str | None]:
     try:
         job.results()
     except KeyboardInterrupt:

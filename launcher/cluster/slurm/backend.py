@@ -41,7 +41,10 @@ from launcher.state import SweepState
 
 if TYPE_CHECKING:
     from contract.fabric import ProbeSpec
+    from contract.health import NodeProbeSpec
+    from contract.spec import Layout
     from launcher.cluster.interrupt import Interrupts
+    from launcher.plan.schema import ClusterConfig
 
 # A submitted job that neither squeue nor sacct knows after this long is lost (accounting lags the
 # queue by a second or two; a purged or never-recorded job stays unknown for good).
@@ -72,6 +75,15 @@ class SlurmBackend(Backend):
 
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
         return submit.submit_probe(state.path / "submitit", cell.cluster, cell.layout, f"{state.name}-fabric", spec)
+
+    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
+                   ) -> tuple[str | None, str | None]:
+        return submit.run_node_probe(folder, cluster, layout, spec)
+
+    def health_nodes(self, partition: str | None, nodelist: str | None) -> list[str]:
+        from contract.nodelist import expand_nodelist
+
+        return expand_nodelist(nodelist) if nodelist else resources.schedulable_nodes().get(partition, [])
 
     def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:
         """The partitions' nodes, as sinfo names and describes them (CPUs, memory, GPUs)."""

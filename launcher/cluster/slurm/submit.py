@@ -17,6 +17,7 @@ from typing import Any
 
 from contract.codec import to_plain
 from contract.fabric import ProbeSpec
+from contract.health import NodeProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import SUBMIT_REFUSED
@@ -151,3 +152,25 @@ def submit_probe(folder: Path, cluster: ClusterConfig, layout: Layout, job_name:
     except Exception as exc:  # sbatch said no: the cells are submitted anyway, without fabric figures
         lines = str(exc).strip().splitlines()
         return None, lines[-1] if lines else type(exc).__name__
+
+
+def run_node_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
+                   ) -> tuple[str | None, str | None]:
+    """The node health probe as one Slurm job, one task per node on the nodes ``cluster.nodelist``
+    names, waited for (submitit polls sacct): (job id, why it failed)."""
+    from jobs.nodeprobe import NodeProbe
+
+    try:
+        job = slurm_executor(folder, cluster, layout, "health-probe").submit(OnSlurm(NodeProbe()), spec)
+    except Exception as exc:  # sbatch said no
+        lines = str(exc).strip().splitlines()
+        return None, f"sbatch refused the probe: {lines[-1] if lines else type(exc).__name__}"
+    try:
+        job.results()
+    except KeyboardInterrupt:
+        job.cancel()
+        raise
+    except Exception as exc:  # the job failed: its nodes' logs say why
+        lines = str(exc).strip().splitlines()
+        return job.job_id, lines[-1] if lines else type(exc).__name__
+    return job.job_id, None
