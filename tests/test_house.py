@@ -10,11 +10,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _imports(path: Path, package: str, modules: set[str]) -> set[str]:
-    """The ``modules`` of ``package`` that ``path`` imports, at the top or inside functions. From
-    ``from a.b import c``: ``a.b.c`` when it is a module, else ``a.b``."""
+def _type_only(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:``: imports for the type checker, never run."""
+    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+            for stmt in node.body for n in ast.walk(stmt)}
+
+
+def _imports(path: Path, package: str, modules: set[str], run_only: bool = False) -> set[str]:
+    """The ``modules`` of ``package`` that ``path`` imports, at the top or inside functions (with
+    ``run_only``, not those under ``if TYPE_CHECKING:``, which never run). From ``from a.b import c``:
+    ``a.b.c`` when it is a module, else ``a.b``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = _type_only(tree) if run_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith(package + "."):
             names = {f"{node.module}.{a.name}" for a in node.names}
             found.update(names & modules if names <= modules else {node.module, *(names & modules)})
@@ -29,11 +40,12 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph(package: str) -> dict[str, set[str]]:
-    """Every module of ``package`` and its subpackages -> the modules of ``package`` it imports.
-    A package (its __init__) counts as a module too, except the root, which imports nothing."""
+def import_graph(package: str, run_only: bool = False) -> dict[str, set[str]]:
+    """Every module of ``package`` and its subpackages -> the modules of ``package`` it imports
+    (``run_only``: those a run imports, not the type checker's). A package (its __init__) counts as a
+    module too, except the root, which imports nothing."""
     modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py") if _module_name(p) != package}
-    return {name: _imports(path, package, set(modules)) - {name} for name, path in modules.items()}
+    return {name: _imports(path, package, set(modules), run_only) - {name} for name, path in modules.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -64,8 +76,26 @@ def test_no_import_circles_in_launcher_or_jobs_even_through_function_level_impor
         assert _cycle(import_graph(package)) is None, _cycle(import_graph(package))
 
 
+def command_modules() -> tuple[str, ...]:
+    """The launcher's commands, read from the code: each module whose ``if __name__ == "__main__":``
+    block runs the ``main()`` it defines (finish's block is the background settler a command starts;
+    launcher/cluster/slurm/ranks.py's hands a rank to jobs' own ``main``)."""
+    found = []
+    for path in sorted((ROOT / "launcher").rglob("*.py")):
+        body = ast.parse(path.read_text()).body
+        defines_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in body)
+        for node in body:
+            if (defines_main and isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+                    and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "main"
+                            for n in ast.walk(node))):
+                found.append(_module_name(path))
+    return tuple(found)
+
+
+COMMAND_LINES = command_modules()
+
 # The launcher's layers in the order a sweep flows through them: a module imports its own layer and
-# the layers before it, never one after it.
+# the layers before it, never one after it. The commands are the last floor, side by side.
 FLOW = [
     ("launcher.plan",),  # the command -> cells
     ("launcher.state", "launcher.masking", "launcher.cli"),  # the sweep document; what every command shares
@@ -73,10 +103,10 @@ FLOW = [
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
     ("launcher.report",),  # runs -> rows, findings, the report
     ("launcher.decide",),  # runs=auto: the comparisons still open -> the next round's cells
-    ("launcher.finish",),  # a sweep's finish, which every command below reaches
-    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.healthprobe", "launcher.status",
-     "launcher.sync", "launcher.sweep", "launcher.__main__", "launcher.report.__main__", "launcher.forecast",
-     "launcher.health", "launcher.history"),  # the commands
+    ("launcher.finish",),  # a sweep's finish, which every command reaches
+    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.healthprobe", "launcher.sweep",
+     "launcher.forecast"),  # what two commands share: the checks, --plan, the probes, a sweep's life, forecasts
+    COMMAND_LINES,  # the commands, side by side
 ]
 
 
@@ -97,24 +127,44 @@ def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
 
 
 # The commands reach the report through the finish (launcher/finish.py), never through the report's
-# module or its command line: no command imports another for its finishing step.
-COMMANDS = ("launcher.status", "launcher.sweep", "launcher.sync")
-# The modules with a command line of their own: no module of the launcher imports one.
-COMMAND_LINES = ("launcher.__main__", "launcher.status", "launcher.sync", "launcher.report.__main__", "launcher.health",
-                 "launcher.history")
+# module or its command line.
+THROUGH_THE_FINISH = ("launcher.status", "launcher.sweep", "launcher.sync")
+
+
+def test_the_commands_are_read_from_the_code():
+    assert {"launcher.__main__", "launcher.status", "launcher.sync", "launcher.forecast.__main__",
+            "launcher.report.__main__", "launcher.health", "launcher.history"} == set(COMMAND_LINES), COMMAND_LINES
 
 
 def test_status_sweep_and_sync_do_not_import_the_report_module():
     graph = import_graph("launcher")
-    found = {m: sorted(graph[m] & {"launcher.report.report", "launcher.report.__main__"}) for m in COMMANDS}
+    found = {m: sorted(graph[m] & {"launcher.report.report", "launcher.report.__main__"}) for m in THROUGH_THE_FINISH}
     assert not any(found.values()), found
-    assert all("launcher.finish" in graph[m] for m in COMMANDS)
+    assert all("launcher.finish" in graph[m] for m in THROUGH_THE_FINISH)
 
 
 def test_commands_do_not_import_commands():
     graph = import_graph("launcher")
     found = {m: sorted(imported & set(COMMAND_LINES)) for m, imported in graph.items() if imported & set(COMMAND_LINES)}
-    assert not found, f"{found}: move what they share below the commands (launcher/finish.py, launcher/track/)"
+    assert not found, f"{found}: move what they share a floor down (launcher/finish.py, launcher/forecast/cells.py)"
+
+
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """The longest path of imports in ``graph`` (which has no circles), as the modules along it."""
+    memo: dict[str, list[str]] = {}
+
+    def down(module: str) -> list[str]:
+        if module not in memo:
+            memo[module] = [module, *max((down(n) for n in sorted(graph[module])), key=len, default=[])]
+        return memo[module]
+
+    return max((down(m) for m in sorted(graph)), key=len)
+
+
+def test_the_launchers_longest_import_chain_is_at_most_10_modules():
+    """Imports inside functions count; those under ``if TYPE_CHECKING:`` never run, and do not."""
+    chain = longest_chain(import_graph("launcher", run_only=True))
+    assert len(chain) <= 10, f"{len(chain)} modules: {' -> '.join(chain)}"
 
 
 def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():

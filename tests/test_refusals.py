@@ -240,7 +240,7 @@ def _main(command: str):
     elif command == "report":
         from launcher.report.__main__ import main
     elif command == "forecast":
-        from launcher.forecast import main
+        from launcher.forecast.__main__ import main
     else:
         from launcher.sync import main
     return main

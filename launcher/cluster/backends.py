@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib
 from functools import cache
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from launcher.cluster.base import Backend
+if TYPE_CHECKING:  # the interface for the checker only: the registry itself loads nothing until asked
+    from launcher.cluster.base import Backend
 
 BACKENDS: dict[str, str] = {
     "local": "launcher.cluster.local.backend:LocalBackend",

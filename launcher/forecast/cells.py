@@ -1,0 +1,169 @@
+"""Forecasts of cells from a sweep's measured configurations: each cell's forecast and what its
+interval rests on, shared by the forecast command (launcher/forecast/__main__.py) and --plan
+(launcher/preview.py); read from files, no torch import."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.tuning import resolved_model
+from launcher.plan import fit, fitcache, perfmodel
+from launcher.plan.cell import Cell
+from launcher.plan.grid import run_spec
+from launcher.report import forecastrecord, forecasts, report
+from launcher.report.rows import md_cell
+from launcher.state import StateError, SweepState
+
+
+@dataclass
+class Forecast:
+    cell: Cell
+    work: perfmodel.Work | None
+    prediction: perfmodel.Prediction | None
+    state: fit.StateBytes | None
+    why_not: str = ""
+    measured: float | None = None  # samples/s, where the sweep ran this configuration
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What the intervals rest on, in words, and their spread; ``ratio``: how far the ratio of two
+    forecasts has been off (the recommendation's test, launcher/report/forecastrecord.py)."""
+
+    spread: perfmodel.Spread | None
+    said: str
+    ratio: perfmodel.Spread | None = None
+
+
+def forecast_cells(cells: list[Cell], predicted: dict[int, fit.StateBytes], points: list[forecasts.Point],
+               probes: forecasts.Probes) -> tuple[list[Forecast], perfmodel.Model, float]:
+    """Each cell's forecast from a model of the measured points, and the CPUs its ranks share (the
+    probed nodes' one machine, else this host)."""
+    model = probes.fit([p.observed for p in points])
+    cpus = forecasts.host_cpus()
+    made = [_one(cell, predicted.get(cell.index), model, points, cpus, probes.one_machine_cpus) for cell in cells]
+    return made, model, probes.one_machine_cpus or cpus
+
+
+def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, points: list[forecasts.Point],
+         cpus: float, one_machine_cpus: float | None = None) -> Forecast:
+    spec = run_spec(cell, Path("."), None, None)
+    settings = forecasts.point_settings(row_of(cell))
+    measured = next((p for p in points if p.settings == settings), None)
+    flops = fitcache.flops_per_sample(resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
+    if not flops:
+        return Forecast(cell, None, None, state, f"no FLOP count for model {cell.model}")
+    moved = state.comm_bytes_per_step if state else {}
+    work = forecasts.work_of(spec, cell.strategy, flops, dict(moved), _calls(settings, cell.strategy, points), cpus,
+                             one_machine_cpus=one_machine_cpus)
+    try:
+        prediction = model.predict(work)
+    except perfmodel.CannotPredict as exc:
+        return Forecast(cell, work, None, state, str(exc))
+    return Forecast(cell, work, prediction, state, measured=throughput_of(measured.observed) if measured else None)
+
+
+def row_of(cell: Cell) -> dict:
+    return {"settings": dict(o.split("=", 1) for o in cell.overrides if "=" in o), "strategy": cell.strategy,
+            "precision": cell.precision, "model": cell.model, "nodes": cell.nodes}
+
+
+def throughput_of(o: perfmodel.Observed) -> float:
+    return 1000.0 * o.work.world_size * o.work.samples / o.step_ms
+
+
+def _calls(settings: dict[str, str], strategy: str, points: list[forecasts.Point]) -> dict[str, float]:
+    """Collectives per step of the measured cell most like this one (same strategy, most settings in
+    common): the calls do not change with the node count, and little with the batch."""
+    same = [p for p in points if p.observed.work.strategy == strategy and p.observed.work.collectives]
+    if not same:
+        return {}
+    nearest = max(same, key=lambda p: sum(p.settings.get(k) == v for k, v in settings.items()))
+    return {c.kind: c.calls_per_step for c in nearest.observed.work.collectives}
+
+
+def basis(state: SweepState, points: list[forecasts.Point], probes: forecasts.Probes) -> Basis:
+    """The intervals: from this cluster's record of checked forecasts, else this sweep's own
+    leave-one-out (the model as the forecasts fit it: with the sweep's probes), else none."""
+    root, key = state.path.parent, report.floor_key(state)
+    record = forecastrecord.errors(root, key)
+    if record:
+        return Basis(perfmodel.spread([e["log_error"] for e in record], forecasts.LEVEL),
+                     forecastrecord.said(record, key),
+                     perfmodel.spread(forecastrecord.ratio_errors(record), forecasts.LEVEL))
+    checked = forecasts.leave_one_out(points, probes.fit) if len(points) >= 2 else []
+    errors = [c.error for c in checked if c.error is not None]
+    spread = perfmodel.spread(errors, forecasts.LEVEL)
+    if spread is None:
+        return Basis(None, f"{forecastrecord.said([], key)} This sweep has too few configurations to check the model "
+                           "on: the forecasts carry no interval.")
+    ratio = perfmodel.spread(forecastrecord.ratio_errors([{"sweep": state.name, "log_error": e} for e in errors]),
+                             forecasts.LEVEL)
+    off = sorted(abs(math.expm1(e)) for e in errors)
+    return Basis(spread, f"{forecastrecord.said([], key)} Leave-one-out on this sweep's {len(errors)} configurations: "
+                         f"off by {off[len(off) // 2]:.1%} (median).", ratio)
+
+
+def notes(made: list[Forecast], cpus: float) -> list[str]:
+    notes = []
+    shared = [f for f in made if f.work and f.work.device == "cpu" and f.work.cores < f.work.threads]
+    if shared:
+        worst = min(shared, key=lambda f: f.work.cores if f.work else 1.0)
+        assert worst.work is not None
+        notes.append(f"Emulated nodes share one machine's {cpus:g} CPUs: at {worst.cell.world_size} rank(s) each rank "
+                     f"gets {worst.work.cores:.2g} of a core. The compute forecast takes ranks on a shared core as "
+                     "time-sliced (a measured rate divided among them); this tells what this machine would do, not "
+                     "what as many real nodes would.")
+    return notes
+
+
+# ---- beside --plan ------------------------------------------------------------------------------
+
+def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:
+    """The forecast of each planned cell from the newest sweep of the same cluster under its
+    output_root (nothing where there is none): read from files, no torch import."""
+    from launcher.cluster.backends import backend_for
+
+    first = cells[0].cluster
+    key = backend_for(first.name.value).noise_floor_key(first.partition, first.gpu_type)
+    found = latest_sweep(Path(cells[0].config.output_root), key)
+    if found is None:
+        return [f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]
+    state, points = found
+    probes = forecasts.probes_of(state)
+    made, _, _ = forecast_cells(cells, predicted, points, probes)
+    spread = basis(state, points, probes)
+    lines = [f"Forecast from sweep {state.name} ({len(points)} measured configuration(s); python -m launcher.forecast "
+             f"{state.sweep_dir} for the model and --verify):", "",
+             "| # | cell | samples/s (interval) | step ms | comm share |", "|---:|---|---:|---:|---:|"]
+    for f in made:
+        p = f.prediction
+        if p is None:
+            lines.append(f"| {f.cell.index} | {md_cell(f.cell.name)} | - | - | - |")
+            continue
+        interval = "" if spread.spread is None else " ({:.1f}–{:.1f})".format(
+            *spread.spread.interval(p.throughput_samples_per_s))
+        lines.append(f"| {f.cell.index} | {md_cell(f.cell.name)} | {p.throughput_samples_per_s:.1f}{interval} | "
+                     f"{p.step_ms:.1f} | {p.comm_share:.0%} |")
+    return [*lines, "", spread.said]
+
+
+def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[forecasts.Point]] | None:
+    """The newest sweep under ``root`` of the cluster ``key`` with MIN_SERIES configurations the model can
+    read, else the newest with any."""
+    documents = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    fallback = None
+    for document in documents:
+        try:
+            state = SweepState.load(document.parent)
+        except StateError:
+            continue
+        if not state.cells or report.floor_key(state) != key:
+            continue
+        points = forecasts.points_of(state, report.collect(state))
+        if len(points) >= forecasts.MIN_SERIES:
+            return state, points
+        fallback = fallback or ((state, points) if points else None)  # a --verify sweep: one point
+    return fallback
