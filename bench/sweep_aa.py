@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.report import compare, noisefloor
-from launcher.report.report import collect
+from launcher.report.collect import collect
 from launcher.report.stats import Drift
 from launcher.state import SweepState
 

@@ -27,7 +27,8 @@ from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.grid import cell_dirname
 from launcher.plan.schema import Config
 from launcher.report import compare, findings, noisefloor
-from launcher.report.report import collect, floor_key, looks_of
+from launcher.report.collect import collect, looks_of
+from launcher.report.noisefloor import floor_key
 from launcher.report.rows import grouped
 from launcher.report.stats import MIN_EFFECT, Diff, Drift, Looks, sequential_difference, stop_reason
 from launcher.state import Design, Round, SweepState

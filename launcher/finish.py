@@ -2,7 +2,7 @@
 ``launcher.status`` with or without --wait, ``launcher.report <sweep_dir>`` and ``launcher.sync``.
 
 Each cell reconciled with its backend, the finished cells' interference flagged, the report written
-(launcher/report/report.py writes it; this decides when), and the MLflow side settled: every run the
+(launcher/report/markdown.py writes it, with the records that span sweeps kept here; this decides when), and the MLflow side settled: every run the
 cells have reached exists and agrees with its cell, and the parent run is closed with the report.
 The commands call it, so none of them imports another for it.
 
@@ -26,11 +26,16 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from launcher import decide
 from launcher.cluster import colocation
 from launcher.plan.cell import Cell, CellStatus
-from launcher.report import fabric, plots, report
+from launcher.report import fabric, forecasts, health, noisefloor, plots
+from launcher.report.collect import collect, looks_of
+from launcher.report.markdown import CELLS_FILE, PLOTS_DIR, REPORT_FILE, Report, write
+from launcher.report.noisefloor import floor_key
+from launcher.report.rows import md_cell
 from launcher.state import SweepState
 from launcher.track import reconcile, runs, tracking
 
@@ -64,7 +69,7 @@ def finalize(state: SweepState, force: bool = True, background: bool = False) ->
     elif mlflow_due(state) or report_due(state):
         settle_in_background(state)
         if report_due(state):
-            return f"the sweep has ended: its report is being written in the background to {state.path / report.REPORT_FILE}"
+            return f"the sweep has ended: its report is being written in the background to {state.path / REPORT_FILE}"
     return _said(state, written) if written else None
 
 
@@ -111,17 +116,17 @@ def report_due(state: SweepState) -> bool:
             and state.outcome() not in (state.reported, state.settled().get("reported")))
 
 
-def _report(state: SweepState, force: bool) -> report.Report | None:
+def _report(state: SweepState, force: bool) -> Report | None:
     """report.md written when ``force``, or when it is due."""
     if not (force or report_due(state)):
         return None
-    written = report.write_sweep_report(state)
+    written = write_sweep_report(state)
     if state.ended():
         state.reported = state.outcome()
     return written
 
 
-def _said(state: SweepState, written: report.Report) -> str:
+def _said(state: SweepState, written: Report) -> str:
     """What the terminal shows of a report just written: the tables, the claims, where it is."""
     measured = any(c.status is CellStatus.done for c in state.cells)
     claims = _claims(written.findings) if measured else "nothing was measured: no cell finished"
@@ -177,21 +182,21 @@ def _closable(state: SweepState) -> bool:
 
 def _close_due(state: SweepState) -> bool:
     """The sweep has ended and its parent run does not show this outcome, or this report, yet."""
-    path = state.path / report.REPORT_FILE
+    path = state.path / REPORT_FILE
     written_ns = path.stat().st_mtime_ns if path.exists() else None
     return _closable(state) and (state.closed != state.outcome()
                                  or state.settled().get("report_mtime_ns") != written_ns)
 
 
-def _close_if_due(state: SweepState, written: report.Report | None) -> None:
+def _close_if_due(state: SweepState, written: Report | None) -> None:
     """The parent run closed with the report (the one just written, or report.md as it was written:
     a synced sweep's noise floor and host are those of where it ran)."""
     if not (state.tracking_uri and _closable(state) and (written is not None or _close_due(state))):
         return
-    _close_parent(state, written or report.written_report(state), state.outcome())
+    _close_parent(state, written or written_report(state), state.outcome())
 
 
-def _close_parent(state: SweepState, written: report.Report, outcome: str) -> None:
+def _close_parent(state: SweepState, written: Report, outcome: str) -> None:
     """The parent run's description (its page in the MLflow UI: links to the report and the compare
     page, the ranking table, the findings), the fabric's figures and files, the report attached, and its end: KILLED when the cells
     that did not finish were all cancelled (an interrupted sweep), as their runs."""
@@ -221,7 +226,7 @@ def _close_parent(state: SweepState, written: report.Report, outcome: str) -> No
 def attach_anatomy(state: SweepState) -> None:
     """Each finished cell's step anatomy (one stacked bar, launcher/report/plots.py) as
     ``anatomy.png`` in its directory and on its MLflow run."""
-    rows = {row["cell"]: row for row in report.collect(state)}
+    rows = {row["cell"]: row for row in collect(state)}
     for cell in state.cells:
         row = rows.get(cell.name)
         if cell.run_id and row is not None:
@@ -261,7 +266,7 @@ def settle_from_background(sweep_dir: Path) -> None:
                 print(f"[mlflow] could not settle the runs of {sweep_dir}: {type(exc).__name__}: {exc}", flush=True)
         # A report status left to this process, or one written before runs were created here (its
         # cells.csv names every cell's run).
-        written = report.write_sweep_report(state) if report_due(state) or (created and _closable(state)) else None
+        written = write_sweep_report(state) if report_due(state) or (created and _closable(state)) else None
         if written is not None and state.ended():
             state.record_settled(reported=state.outcome())
         _close_if_due(state, written)
@@ -296,6 +301,67 @@ def wait_for_settled(sweep_dir: Path, timeout_s: float = 120.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+# ---- the sweep's report and the records that span sweeps -------------------------------------
+
+def write_sweep_report(state: SweepState) -> Report:
+    """The sweep's report; its repeated runs refresh the cluster's noise floor, which in turn is the
+    noise of any configuration here that ran once."""
+    rows = collect(state)
+    source = {"cluster": state.cluster, "command": " ".join(state.argv), "sweep dir": state.sweep_dir}
+    if state.tracking_uri:
+        source.update({"MLflow": state.tracking_uri, "parent run": state.parent_run_id or "-"})
+    key = floor_key(state)
+    if all(c.status.terminal for c in state.cells):
+        noisefloor.record(state.path.parent, key, rows, state.name)
+    floor = noisefloor.load(state.path.parent, key)
+    source["noise floor"] = (f"{floor.where} ({noisefloor.FLOOR_FILE} beside the sweep directory)" if floor
+                             else "none measured on this cluster yet")
+    probed = fabric.read_sweep(state.path)
+    for one in probed:  # a Slurm sweep's probe ended after the launcher returned: kept here
+        fabric.keep(state.path.parent, one, state.name)
+    checked = _forecasts_checked(state, rows, key)
+    written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
+                    [*health.section(state.path), *fabric.section(probed), *checked.section], looks_of(state))
+    written.figures, written.cell_figures = checked.figures, checked.cell_figures
+    written.plots += health.sweep_plots(state.path)  # attached with the others to the parent run
+    return written
+
+
+def _forecasts_checked(state: SweepState, rows: list[dict[str, Any]], key: str) -> forecasts.SweepCheck:
+    """The forecasts checked (kept in the cluster's record once every cell has ended); a problem is
+    said in the section, never raised: it must not cost the measured report."""
+    try:
+        return forecasts.check(state, rows, key, keep=all(c.status.terminal for c in state.cells))
+    except Exception as exc:
+        print(f"report: forecasts not checked: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return forecasts.SweepCheck(["## Forecasts checked", "", f"Not checked: {md_cell(type(exc).__name__)}: "
+                                     f"{md_cell(exc)}", ""], {}, {})
+
+
+def written_report(state: SweepState) -> Report:
+    """The sweep's report as it was written, to close a parent run with it unchanged: it was written
+    where the sweep ran (a synced sweep's noise floor and host are that machine's, not this one's).
+    Written now only where it is gone."""
+    out_dir = state.path
+    if not (out_dir / REPORT_FILE).exists():
+        return write_sweep_report(state)
+    text = (out_dir / REPORT_FILE).read_text()
+    cells_csv = out_dir / CELLS_FILE
+    return Report(out_dir / REPORT_FILE, plots=sorted((out_dir / PLOTS_DIR).glob("*.png")),
+                  tables=_section(text, "Results"), findings=_section(text, "Findings"),
+                  cells_csv=cells_csv if cells_csv.exists() else None)
+
+
+def _section(markdown: str, heading: str) -> str:
+    """The text under ``## heading``, up to the next heading of that level."""
+    lines = markdown.splitlines()
+    if f"## {heading}" not in lines:
+        return ""
+    start = lines.index(f"## {heading}") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "\n".join(lines[start:end]).strip()
 
 
 @contextlib.contextmanager

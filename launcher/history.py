@@ -25,7 +25,7 @@ from contract import mlflow_client
 from launcher.cli import USER_ERROR_EXIT
 from launcher.report import health
 from launcher.report import history as hist
-from launcher.report.report import ReportError
+from launcher.report.collect import ReportError
 from launcher.track import tracking
 
 UNDECIDED_EXIT = 3

@@ -76,7 +76,7 @@ def _baseline(cells: list[Cell]) -> None:
     if not config.baseline:
         return
     from launcher.report import compare
-    from launcher.report.report import collect
+    from launcher.report.collect import collect
     from launcher.state import StateError, SweepState
 
     try:

@@ -23,8 +23,9 @@ import time
 import pytest
 import torch
 
-from launcher.report import compare, report
+from launcher.report import compare
 from launcher.report.__main__ import main as report_main
+from launcher.report.collect import collect, looks_of
 from launcher.state import SweepState
 
 pytestmark = pytest.mark.slow
@@ -68,7 +69,7 @@ def sweep(tmp_path, name: str, runs: int | str, delay_ms: float, fast_overrides,
                  "comm_probe_steps=0", "local_probe_steps=0", f"runs={runs}", "tracking=off",
                  f"output_root={tmp_path}", f"sweep_dir={tmp_path / name}", *extra])
     assert code == 0
-    rows = report.collect(SweepState.load(tmp_path / name))
+    rows = collect(SweepState.load(tmp_path / name))
     assert (runs == "auto" or len(rows) == runs) and all(r["status"] == "done" for r in rows)
     for r in rows:  # one configuration: the A/A halves and the slowed sweep match by name
         r["settings"] = {k: v for k, v in r["settings"].items() if "delay_ms" not in k}
@@ -115,7 +116,7 @@ def test_aa_claims_nothing_and_a_real_slowdown_is_a_regression(tmp_path, fast_ov
     slow = sweep(tmp_path, "b", "auto", 7 * step_ms, fast_overrides, "runs_min=3", "runs_max=5",
                  f"baseline={tmp_path / 'a'}")
     state = SweepState.load(tmp_path / "b")
-    looks = report.looks_of(state)
+    looks = looks_of(state)
     result = compare.compare(base, slow, looks=looks)
     verdicts = {d.metric: d for m in result.matches for d in m.deltas}
     print(compare.render(result, "6 runs", f"runs=auto sleeping {7 * step_ms:.1f} ms per forward"))

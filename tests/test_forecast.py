@@ -86,6 +86,6 @@ def test_the_record_replaces_a_sweeps_own_entries_and_says_how_far_forecasts_wer
 
 
 def _key(state):
-    from launcher.report.report import floor_key
+    from launcher.report.noisefloor import floor_key
 
     return floor_key(state)

@@ -138,7 +138,7 @@ def test_the_commands_are_read_from_the_code():
 
 def test_status_sweep_and_sync_do_not_import_the_report_module():
     graph = import_graph("launcher")
-    found = {m: sorted(graph[m] & {"launcher.report.report", "launcher.report.__main__"}) for m in THROUGH_THE_FINISH}
+    found = {m: sorted(graph[m] & {"launcher.report.markdown", "launcher.report.__main__"}) for m in THROUGH_THE_FINISH}
     assert not any(found.values()), found
     assert all("launcher.finish" in graph[m] for m in THROUGH_THE_FINISH)
 
@@ -268,7 +268,7 @@ def test_a_backend_is_a_folder_and_one_registry_line():
     assert sorted(BACKENDS) == _backend_folders()
     assert all(backend_class(name).__module__ == f"launcher.cluster.{name}.backend" and backend_class(name).name == name
                for name in BACKENDS)
-    probe = ("import sys, launcher.cluster.backends, launcher.report.report, launcher.decide; "
+    probe = ("import sys, launcher.cluster.backends, launcher.report.collect, launcher.report.markdown, launcher.decide; "
              "print(sorted(m for m in sys.modules if m.startswith('launcher.cluster.') and m.endswith('.backend')))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert loaded.stdout.strip() == "[]", loaded.stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from contract import cell_run, metrics
 from jobs import comm, summary
-from launcher.report import report
+from launcher.report import columns
 from tests.ranks import make_spec, run_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,18 +60,18 @@ def _row_with_every_figure() -> dict:
 
 
 def test_the_report_columns_are_the_registry_columns_in_its_order():
-    titles = [c.title for c in report.columns([_row_with_every_figure()])]
+    titles = [c.title for c in columns.columns([_row_with_every_figure()])]
     registered = [c for c in titles if c not in REPORT_OWN_COLUMNS]
     expected = [str(m.label).format(unit="GiB") for m in metrics.columns()]
     assert registered == expected
     # Optional columns leave when no row has them; the others stay.
-    bare = [c.title for c in report.columns([{"cell": "c", "status": "failed"}])]
+    bare = [c.title for c in columns.columns([{"cell": "c", "status": "failed"}])]
     assert [c for c in bare if c not in REPORT_OWN_COLUMNS] == [
         str(m.label).format(unit="MiB") for m in metrics.columns() if not m.optional]
 
 
 def test_cells_csv_leads_with_the_registry_figures(tmp_path):
-    path = report.write_cells_csv([_row_with_every_figure()], tmp_path / "cells.csv")
+    path = columns.write_cells_csv([_row_with_every_figure()], tmp_path / "cells.csv")
     header = path.read_text().splitlines()[0].split(",")
     lead = [k for k in header if k in metrics.csv_lead()]
     assert lead == list(metrics.csv_lead())

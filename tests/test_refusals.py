@@ -11,7 +11,7 @@ import pytest
 
 from launcher.plan.cell import CellStatus
 from launcher.report import fabric, findings, noisefloor, shared
-from launcher.report import report as report_module
+from launcher.report.collect import collect
 from launcher.state import SweepState
 from launcher.track import tracking
 from tests.test_compare import BASE, make_sweep
@@ -20,11 +20,11 @@ from tests.test_compare import BASE, make_sweep
 def test_every_cell_flagged_for_interference_is_said_as_such(tmp_path):
     flagged = {k: "other processes took 83% of the cores" for k in BASE}
     sweep = make_sweep(tmp_path, "a", BASE, flagged=flagged)
-    text = findings.findings(report_module.collect(SweepState.load(sweep)))
+    text = findings.findings(collect(SweepState.load(sweep)))
     assert "No cell finished with a result" not in text and "No series was measured" not in text
     assert "Every configuration with a result was flagged for interference (4 of 4)" in text
     failed = make_sweep(tmp_path, "b", {})
-    text = findings.findings(report_module.collect(SweepState.load(failed)))
+    text = findings.findings(collect(SweepState.load(failed)))
     assert "No configuration has a result: every run ended without one (0/3 done, oom)." in text
 
 

@@ -12,8 +12,9 @@ from PIL import Image
 
 from launcher.__main__ import main
 from launcher.cluster.failures import FIXES
-from launcher.report import report
+from launcher.report import collect, markdown
 from launcher.report.__main__ import main as report_main
+from launcher.report.rows import add_derived
 from launcher.state import SweepState
 from tests.conftest import FAST
 
@@ -95,7 +96,7 @@ def test_plots_exist_open_and_are_linked(sweep):
     md = (sweep.path / "report.md").read_text()
     for name in ("throughput", "memory", "scaling"):
         path = sweep.path / "plots" / f"{name}.png"
-        assert f"]({report.PLOTS_DIR}/{name}.png)" in md  # relative link, resolves from report.md
+        assert f"]({markdown.PLOTS_DIR}/{name}.png)" in md  # relative link, resolves from report.md
         with Image.open(path) as img:
             img.verify()
         with Image.open(path) as img:
@@ -188,8 +189,8 @@ def test_report_from_rows_shows_comm_share_noise_failures_and_gpu_memory(tmp_pat
         {"cell": "strategy=zero2 nodes=1", "sweep": "s1", "strategy": "zero2", "precision": "bf16",
          "model": "resnet50", "nodes": 1, "world_size": 8, "status": "cancelled", "series": "zero2", "error": None},
     ]
-    report.add_derived(rows)
-    written = report.write(rows, tmp_path, "t", {"cluster": "slurm"})
+    add_derived(rows)
+    written = markdown.write(rows, tmp_path, "t", {"cluster": "slurm"})
     md = written.path.read_text()
     table = ranking(md)
     # Ranked within each world size (8 ranks, then 16), failures last.
@@ -248,7 +249,7 @@ def test_experiment_report_compares_sweeps_and_models(tmp_path):
                                         ("nodes=1", "mlp", 1, 5000.0, "FINISHED")])
     _log_sweep(client, exp, "sweep-b", [("nodes=2", "gpt_tiny", 2, 160.0, "FINISHED"),
                                         ("nodes=4", "gpt_tiny", 4, 0.0, "FAILED")])
-    written = report.write_experiment_report(uri, "bench", tmp_path / "out")
+    written = markdown.write_experiment_report(uri, "bench", tmp_path / "out")
     md = written.path.read_text()
     assert "### gpt_tiny" in md and "### mlp" in md
     gpt = ranking(md.split("### gpt_tiny")[1])
@@ -258,8 +259,8 @@ def test_experiment_report_compares_sweeps_and_models(tmp_path):
     assert "RuntimeError: boom" in md and "4 cell(s) (3 done, 1 failed)" in md
     # No memory figures were logged: no memory plot, and the report says nothing false about it.
     assert [p.name for p in written.plots] == ["throughput.png", "scaling.png"]
-    with pytest.raises(report.ReportError, match="no MLflow experiment named 'nope'.*bench"):
-        report.write_experiment_report(uri, "nope", tmp_path / "out2")
+    with pytest.raises(collect.ReportError, match="no MLflow experiment named 'nope'.*bench"):
+        markdown.write_experiment_report(uri, "nope", tmp_path / "out2")
 
 
 def test_a_thousand_cell_report_reads_per_series(tmp_path):
@@ -280,8 +281,8 @@ def test_a_thousand_cell_report_reads_per_series(tmp_path):
                                      strategy, nodes, tp, precision=precision,
                                      series=f"strategy={strategy} precision={precision} seed={seed}"))
     assert len(rows) == 300
-    report.add_derived(rows)
-    written = report.write(rows, tmp_path, "t", {"cluster": "slurm"})
+    add_derived(rows)
+    written = markdown.write(rows, tmp_path, "t", {"cluster": "slurm"})
     md = written.path.read_text()
     table = ranking(md)
     assert len(table) == 12
@@ -304,7 +305,7 @@ def test_plots_cap_their_bars(tmp_path):
     from launcher.report import plots
 
     rows = [_row(f"strategy=ddp nodes=1 bucket={i}", "ddp", 1, 1000.0 + i, series=f"b{i}") for i in range(90)]
-    report.add_derived(rows)
+    add_derived(rows)
     path = plots.throughput(rows, tmp_path / "t.png")
     with Image.open(path) as img:  # 40 bars, not 90: the figure's height says so
         assert img.height < (1.4 + 0.42 * 45) * plots.DPI

@@ -18,7 +18,7 @@ from launcher.plan.cell import CellStatus
 from launcher.plan.grid import SweepError, compose, expand, plan
 from launcher.plan.schema import Config
 from launcher.report import findings
-from launcher.report.report import collect, looks_of
+from launcher.report.collect import collect, looks_of
 from launcher.report.rows import grouped
 from launcher.report.sequential import ALPHA, Looks, schedule, spent, t_two_sided
 from launcher.report.stats import SAME, Estimate, difference, runs_needed, t95

@@ -19,7 +19,7 @@ from launcher import finish, status, sync
 from launcher.__main__ import main
 from launcher.cluster.slurm.resources import max_array_size
 from launcher.plan.cell import CellStatus
-from launcher.report import report
+from launcher.report.collect import collect, looks_of
 from launcher.state import SweepState
 from tests.stores import existing_store
 
@@ -394,7 +394,7 @@ def test_cancel_mid_sweep_is_one_thing_everywhere(tmp_path, capsys):
     assert "failure_class" not in killed.data.tags and "error" not in killed.data.tags
     assert kept.info.status == "FINISHED" and kept.data.metrics == quick_before  # numbers unchanged
     assert parent.info.status == "KILLED"  # the cells that did not finish were all cancelled
-    rows = report.collect(SweepState.load(state.sweep_dir))
+    rows = collect(SweepState.load(state.sweep_dir))
     assert [r["status"] for r in rows] == ["done", "cancelled"]
     assert (again.path / "report.md").exists()
     sacct_lines = sacct([c.job_id for c in again.cells], "JobID,State")
@@ -490,9 +490,9 @@ def test_runs_spread_over_nodes_and_a_slow_node_is_named(tmp_path):
     for cell in state.cells[len(first):]:  # a second round's runs avoid the nodes of the first
         used = {ran_on[c.job_id] for c in first if c.name.split(" run=")[0] == cell.name.split(" run=")[0]}
         assert cell.placed == f"exclude={','.join(sorted(used))}" and ran_on[cell.job_id] not in used
-    rows = report.collect(state)
+    rows = collect(state)
     slow = nodes.slow_nodes(rows)
-    print(findings.findings(rows, looks=report.looks_of(state)))
+    print(findings.findings(rows, looks=looks_of(state)))
     assert list(slow) == ["node2"], slow
     assert {c.split(" (")[0] for c in slow["node2"]} == {"strategy=ddp run=2", "strategy=fsdp run=1"} | {
         c.name for c in state.cells[len(first):] if "node2" in ran_on[c.job_id]}

@@ -216,7 +216,7 @@ def test_event_timing_queues_no_sync_inside_the_window_and_reads_after(fake_gpu)
 
 def test_compile_time_is_the_warm_ups_time_above_the_steady_steps_and_how_measured_names_the_tuning():
     from jobs.summary import compile_time_s
-    from launcher.report.report import _tuning_text
+    from launcher.report.markdown import _tuning_text
 
     history = {"step_time_s": [30.0, 2.0, 1.1, 1.0, 1.0, 1.2], "measured": [False, False, False, True, True, True]}
     assert compile_time_s(history) == pytest.approx(29.0 + 1.0 + 0.1)  # above the measured median, 1.0 s

@@ -24,7 +24,9 @@ from launcher.forecast.cells import Basis, Forecast, basis, forecast_cells, note
 from launcher.plan import fit, perfmodel
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
-from launcher.report import forecastrecord, forecasts, report
+from launcher.report import forecastrecord, forecasts
+from launcher.report.collect import collect
+from launcher.report.noisefloor import floor_key
 from launcher.report.rows import md_cell
 from launcher.state import StateError, SweepState
 
@@ -81,7 +83,7 @@ def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], p
     """(each target cell's forecast, the model, what its intervals rest on, notes, the measured points)."""
     cells = target_cells(state, overrides)  # the asked settings checked first: a refusal names them
     probes = forecasts.probes_of(state)
-    points = forecasts.points_of(state, report.collect(state), probes=probes)
+    points = forecasts.points_of(state, collect(state), probes=probes)
     if not points:
         raise ForecastError(f"{state.sweep_dir} has no measured configuration the model can read (cells done, with "
                             "their spec.json). Fix: forecast from a sweep whose cells finished.")
@@ -229,13 +231,13 @@ def verify(state: SweepState, made: list[Forecast], spread_basis: Basis) -> int:
     cells = grid.plan(grid.compose(points, swept))
     code = sweep.run(cells, ["python -m launcher", *command], preflight.check(cells))
     ran = SweepState.load(out)
-    measured = [r for r in report.collect(ran) if r.get("throughput_samples_per_s")]
+    measured = [r for r in collect(ran) if r.get("throughput_samples_per_s")]
     if not measured:
         print(f"--verify: the cell left no measurement (exit {code}); see {out}.", file=sys.stderr)
         return 1
     value = float(measured[0]["throughput_samples_per_s"])
     predicted = target.prediction.throughput_samples_per_s
-    key = report.floor_key(state)
+    key = floor_key(state)
     forecastrecord.add(state.path.parent, key, ran.name, [{"cell": target.cell.name, "kind": "verify",
                                                            "predicted": predicted, "measured": value}])
     inside = ""

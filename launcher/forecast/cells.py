@@ -12,7 +12,9 @@ from contract.tuning import resolved_model
 from launcher.plan import fit, fitcache, perfmodel
 from launcher.plan.cell import Cell
 from launcher.plan.grid import run_spec
-from launcher.report import forecastrecord, forecasts, report
+from launcher.report import forecastrecord, forecasts
+from launcher.report.collect import collect
+from launcher.report.noisefloor import floor_key
 from launcher.report.rows import md_cell
 from launcher.state import StateError, SweepState
 
@@ -87,7 +89,7 @@ def _calls(settings: dict[str, str], strategy: str, points: list[forecasts.Point
 def basis(state: SweepState, points: list[forecasts.Point], probes: forecasts.Probes) -> Basis:
     """The intervals: from this cluster's record of checked forecasts, else this sweep's own
     leave-one-out (the model as the forecasts fit it: with the sweep's probes), else none."""
-    root, key = state.path.parent, report.floor_key(state)
+    root, key = state.path.parent, floor_key(state)
     record = forecastrecord.errors(root, key)
     if record:
         return Basis(perfmodel.spread([e["log_error"] for e in record], forecasts.LEVEL),
@@ -160,9 +162,9 @@ def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[forecasts.Point
             state = SweepState.load(document.parent)
         except StateError:
             continue
-        if not state.cells or report.floor_key(state) != key:
+        if not state.cells or floor_key(state) != key:
             continue
-        points = forecasts.points_of(state, report.collect(state))
+        points = forecasts.points_of(state, collect(state))
         if len(points) >= forecasts.MIN_SERIES:
             return state, points
         fallback = fallback or ((state, points) if points else None)  # a --verify sweep: one point

@@ -9,7 +9,7 @@ Exit codes (docs/troubleshooting.md): 0 done as asked, 2 a refused input, 1 a fa
 regression, 3 undecided (``--gate`` not passed without a regression).
 
 A sweep directory is finished as status and sync finish it (launcher/finish.py), which writes its
-report; an experiment's report and a comparison only read and write (launcher/report/report.py,
+report; an experiment's report and a comparison only read and write (launcher/report/markdown.py,
 compare.py). This is a command: it sits after launcher.finish in the flow, and no module imports it.
 """
 
@@ -27,14 +27,9 @@ from launcher.cli import guarded
 from launcher.finish import finalize
 from launcher.plan import shellsafe
 from launcher.report import compare, noisefloor, stats
-from launcher.report.report import (
-    ReportError,
-    collect,
-    floor_key,
-    looks_of,
-    rows_from_parent_run,
-    write_experiment_report,
-)
+from launcher.report.collect import ReportError, collect, looks_of, rows_from_parent_run
+from launcher.report.markdown import write_experiment_report
+from launcher.report.noisefloor import floor_key
 from launcher.state import StateError, SweepState
 
 

@@ -317,7 +317,7 @@ def drain_lines(verdicts: Verdicts) -> list[str]:
 # ---- a sweep's report (health=auto) ---------------------------------------------------------------
 
 SWEEP_FILE = "health.json"  # what health=auto found before the sweep's cells, in the sweep directory
-PLOTS_DIR = "plots"  # the report's plots folder (launcher/report/report.py), attached to the parent run
+PLOTS_DIR = "plots"  # the report's plots folder (launcher/report/markdown.py), attached to the parent run
 
 
 def keep_in_sweep(sweep_dir: Path, notes: dict[str, Any]) -> None:

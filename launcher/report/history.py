@@ -38,7 +38,7 @@ from typing import Any
 from contract import mlflow_client
 from contract.health import NODE_FIGURES
 from launcher.report import health, stats
-from launcher.report.report import rows_from_experiment
+from launcher.report.collect import rows_from_experiment
 from launcher.report.rows import joined_label, throughput, unit_key
 
 # The package is kept out of the project's dependencies: its metadata asks for numpy<2 and
@@ -170,7 +170,7 @@ def _iso_ms(ms: int | None) -> str:
 
 def experiment_series(tracking_uri: str, experiment: str) -> list[tuple[str, list[Point]]]:
     """(configuration, its sweeps oldest first) for every configuration of the experiment's sweeps.
-    Raises ReportError for a store or experiment that is not there (launcher/report/report.py)."""
+    Raises ReportError for a store or experiment that is not there (launcher/report/collect.py)."""
     rows = rows_from_experiment(tracking_uri, experiment)
     client = mlflow_client.client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)

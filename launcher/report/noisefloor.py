@@ -30,9 +30,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from launcher.cluster.backends import backend_for
 from launcher.report import shared
 from launcher.report.rows import grouped
 from launcher.report.stats import METRICS, Drift, Floor, estimate, run_values
+from launcher.state import SweepState
 
 FLOOR_FILE = "noise-floor.json"
 DRIFT_FILE = "sweep-drift.json"
@@ -151,3 +153,9 @@ def load_drift(root: Path, key: str) -> Drift | None:
     return Drift(cv={m: math.sqrt(max(0.0, statistics.fmean(v))) for m, v in left.items()},
                  df=min(len(v) for v in left.values()),
                  where=f"{key}, {pairs} A/A pair(s) of sweeps, latest {last[:10]}")
+
+
+def floor_key(state: SweepState) -> str:
+    """The key of the cluster whose noise floor a sweep reads and refreshes (its backend says which)."""
+    first = state.cells[0].cluster if state.cells else None
+    return backend_for(state.cluster).noise_floor_key(getattr(first, "partition", None), getattr(first, "gpu_type", None))
