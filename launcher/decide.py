@@ -26,7 +26,7 @@ from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.grid import cell_dirname
 from launcher.plan.schema import Config
-from launcher.report import compare, findings, noisefloor
+from launcher.report import compare, comparisons, noisefloor
 from launcher.report.collect import collect, looks_of
 from launcher.report.noisefloor import floor_key
 from launcher.report.rows import grouped
@@ -72,8 +72,8 @@ def pairs(state: SweepState, unjudged: list[str] | None = None) -> list[Pair]:
     rows = collect(state)
     units = grouped(rows)
     out = []
-    for axis in findings.AXES:
-        for c in findings.comparisons(units, axis, looks=looks):
+    for axis in comparisons.AXES:
+        for c in comparisons.comparisons(units, axis, looks=looks):
             if c.throughput is None or c.caveat:
                 if unjudged is not None:
                     unjudged.append(c.caveat or f"{c.a_label} vs {c.b_label}: a side has no result")

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from launcher.report import findings
+from launcher.report import comparisons, findings
 from launcher.report.rows import add_derived, grouped, ranked
 from launcher.report.stats import INCONCLUSIVE, Estimate, Floor, difference, estimate, runs_needed, t95
 
@@ -111,7 +111,7 @@ def test_runs_needed_is_the_first_run_count_that_decides():
 def test_clear_win_is_claimed_with_numbers():
     rows = rows_of(row("ddp", tp=4600.0, cv=0.01, peak=13.0, state=1.6e9),
                    row("fsdp", tp=3200.0, cv=0.01, peak=8.5, state=0.2e9))
-    (c,) = findings.comparisons(grouped(rows), "strategy")
+    (c,) = comparisons.comparisons(grouped(rows), "strategy")
     assert (c.a_label, c.b_label) == ("fsdp", "ddp")  # ddp is the baseline
     assert c.claimed and c.throughput.verdict == "lower"
     assert c.throughput.ratio == pytest.approx(3200 / 4600)
@@ -129,7 +129,7 @@ def test_clear_win_is_claimed_with_numbers():
 
 def test_difference_inside_the_noise_is_not_claimed():
     rows = rows_of(row("ddp", tp=1000.0, cv=0.05), row("fsdp", tp=1020.0, cv=0.05, peak=6.0))
-    (c,) = findings.comparisons(grouped(rows), "strategy")
+    (c,) = comparisons.comparisons(grouped(rows), "strategy")
     assert c.throughput.verdict == INCONCLUSIVE and not c.claimed
     assert c.throughput.low < 1 < c.throughput.high
     md = findings.findings(rows)
@@ -170,7 +170,7 @@ def test_only_the_same_world_size_is_compared():
     # A 2-node DDP cell is faster in total than every 1-node cell: it must not beat them.
     rows = rows_of(row("ddp", nodes=1, tp=1000.0, runs=1), row("fsdp", nodes=1, tp=800.0, runs=1),
                    row("ddp", nodes=2, tp=1800.0, runs=1))
-    comps = findings.comparisons(grouped(rows), "strategy")
+    comps = comparisons.comparisons(grouped(rows), "strategy")
     assert [(c.world_size, c.a_label, c.b_label) for c in comps] == [(8, "fsdp", "ddp")]
     add_derived(rows)
     order = ranked(rows)
@@ -189,8 +189,8 @@ def test_only_the_same_world_size_is_compared():
 def test_precision_axis_and_other_settings_equal():
     rows = rows_of(row("ddp", "fp32", tp=1000.0), row("ddp", "bf16", tp=1600.0, peak=7.0),
                    row("fsdp", "fp32", tp=700.0), row("fsdp", "bf16", tp=1100.0))
-    strat = findings.comparisons(grouped(rows), "strategy")
-    prec = findings.comparisons(grouped(rows), "precision")
+    strat = comparisons.comparisons(grouped(rows), "strategy")
+    prec = comparisons.comparisons(grouped(rows), "precision")
     assert sorted((c.context, c.a_label, c.b_label) for c in strat) == [
         ("precision=bf16", "fsdp", "ddp"), ("precision=fp32", "fsdp", "ddp")]
     assert sorted((c.context, c.a_label, c.b_label) for c in prec) == [
@@ -201,7 +201,7 @@ def test_precision_axis_and_other_settings_equal():
 
 def test_failed_cell_is_left_out_and_named():
     rows = rows_of(row("ddp", tp=1000.0), failed("fsdp"))
-    (c,) = findings.comparisons(grouped(rows), "strategy")
+    (c,) = comparisons.comparisons(grouped(rows), "strategy")
     assert not c.claimed and c.throughput is None and "fsdp has no result (failed)" in c.caveat
     md = findings.findings(rows)
     assert "Left out (no result): strategy=fsdp precision=fp32 nodes=1 (failed, oom)." in md
@@ -211,7 +211,7 @@ def test_failed_cell_is_left_out_and_named():
 
 def test_interference_is_qualified_and_never_recommended():
     rows = rows_of(row("ddp", tp=1000.0), row("fsdp", tp=1500.0, interference="another job on gpu1 (pid 4242, 30 GiB)"))
-    (c,) = findings.comparisons(grouped(rows), "strategy")
+    (c,) = comparisons.comparisons(grouped(rows), "strategy")
     assert not c.claimed and "interference" in c.caveat
     md = findings.findings(rows)
     assert "⚠ Interference: strategy=fsdp precision=fp32 nodes=1 (3 runs): another job on gpu1 (pid 4242, 30 GiB)" in md
@@ -225,7 +225,7 @@ def test_seeds_give_the_noise_and_one_unit():
     rows += [one("fsdp", tp=t, seed=s, repeats=1) for s, t in enumerate((700.0, 705.0, 695.0))]
     units = grouped(rows)
     assert len(units) == 2 and {u["runs"] for u in units} == {3}
-    (c,) = findings.comparisons(units, "strategy")
+    (c,) = comparisons.comparisons(units, "strategy")
     assert c.claimed and c.throughput.verdict == "lower" and c.throughput.ratio == pytest.approx(0.7)
 
 
@@ -244,7 +244,7 @@ def test_at_one_rank_ddp_against_fsdp_is_worded_as_the_wrappers_cost_not_a_strat
              "anatomy_optimizer_ms": 10.0}
     slower = {**parts, "anatomy_step_time_ms": 83.0, "anatomy_optimizer_ms": 33.0}
     rows = rows_of(row("ddp", tp=118.6, cv=0.02, world=1, **parts), row("fsdp", tp=85.4, cv=0.02, world=1, **slower))
-    (c,) = findings.comparisons(grouped(rows), "strategy")
+    (c,) = comparisons.comparisons(grouped(rows), "strategy")
     assert c.wrappers_only and c.claimed
     md = findings.findings(rows)
     assert "slower than **ddp**" not in md

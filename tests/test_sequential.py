@@ -17,7 +17,7 @@ from launcher import decide, sweep
 from launcher.plan.cell import CellStatus
 from launcher.plan.grid import SweepError, compose, expand, plan
 from launcher.plan.schema import Config
-from launcher.report import findings
+from launcher.report import comparisons
 from launcher.report.collect import collect, looks_of
 from launcher.report.rows import grouped
 from launcher.report.sequential import ALPHA, Looks, schedule, spent, t_two_sided
@@ -122,9 +122,9 @@ def test_a_round_adds_runs_only_where_a_comparison_is_open(tmp_path):
     assert state.design.rounds[1].runs == 5 and state.design.rounds[1].open == [pair.label]
     _finish(state, {"strategy=ddp": [100 + z for z in noise], "strategy=fsdp": [90 + z for z in noise]})
     assert decide.next_round(state) == [] and state.design.stopped.startswith("every comparison decided")
-    (comp,) = findings.comparisons(grouped(collect(state)),
+    (comp,) = comparisons.comparisons(grouped(collect(state)),
                                    "strategy", looks=looks_of(state))
-    text = findings.verdict_text(comp)
+    text = comparisons.verdict_text(comp)
     assert "slower" in text and "[5 + 5 runs, look 2 of 3 at " in text and "; decided]" in text
 
 

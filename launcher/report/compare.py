@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import metrics
+from launcher.report.comparisons import STATE_TOLERANCE, interference, sequence_text, why_lines
 from launcher.report.explain import Explanation, explain
-from launcher.report.findings import STATE_TOLERANCE, interference, sequence_text, why_lines
 from launcher.report.rows import grouped, md_cell, num, settings
 from launcher.report.stats import (
     HIGHER,
