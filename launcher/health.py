@@ -18,7 +18,7 @@ from pathlib import Path
 
 from launcher.cli import USER_ERROR_EXIT, guarded
 from launcher.healthprobe import NODES_PER_JOB, Asked, cluster_key, plan_cost, run, said
-from launcher.plan.schema import ClusterConfig, ClusterKind
+from launcher.plan.clusterschema import ClusterConfig, ClusterKind
 from launcher.report import health
 
 KEYS = {"cluster": "local | slurm", "cluster.partition": "a partition", "cluster.nodelist": "nodes, e.g. node[1-4]",

@@ -21,7 +21,8 @@ from contract.nodelist import expand_nodelist
 from contract.spec import Layout
 from launcher.cluster.backends import backend_for
 from launcher.plan.cell import Cell
-from launcher.plan.schema import ClusterConfig, HealthMode
+from launcher.plan.clusterschema import ClusterConfig
+from launcher.plan.schema import HealthMode
 from launcher.report import health
 
 NODES_PER_JOB = 128

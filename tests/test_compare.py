@@ -9,7 +9,7 @@ import pytest
 from contract.spec import Layout
 from launcher import finish as report
 from launcher.plan.cell import Cell, CellStatus
-from launcher.plan.schema import ClusterConfig
+from launcher.plan.clusterschema import ClusterConfig
 from launcher.report import compare
 from launcher.report.__main__ import main as report_main
 from launcher.state import SweepState

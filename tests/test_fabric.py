@@ -106,7 +106,7 @@ def test_emulated_nodes_sharing_cores_are_said():
 def test_the_partitions_nodes_name_the_hardware_and_the_cells_start_after_the_probe(tmp_path):
     from launcher.cluster.slurm import submit
     from launcher.cluster.slurm.resources import describe_nodes, parse_nodes
-    from launcher.plan.schema import ClusterConfig, ClusterKind
+    from launcher.plan.clusterschema import ClusterConfig, ClusterKind
 
     text = ("node1|debug*|2|3900|(null)|(null)|idle\nnode2|debug*|2|3900|(null)|(null)|allocated\n"
             "gpu1|gpu|64|512000|gpu:h100:8(S:0-1)|ib|mixed\n")

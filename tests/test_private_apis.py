@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from contract.spec import Layout
-from launcher.plan.schema import ClusterConfig
+from launcher.plan.clusterschema import ClusterConfig
 
 
 def _moved(what: str, where: str, why: str) -> str:

@@ -64,7 +64,8 @@ def test_a_relative_sqlite_store_is_made_absolute_once(tmp_path, monkeypatch):
 
 def _text_settings() -> list[str]:
     """Every key of the schema whose value can hold text: str, a list or dict of it, or Any."""
-    from launcher.plan.schema import Config, field_type, schema_keys
+    from launcher.plan.schema import Config
+    from launcher.plan.schemakeys import field_type, schema_keys
 
     found = []
     for key in schema_keys():
@@ -90,7 +91,8 @@ def test_every_text_setting_of_the_schema_is_said_to_reach_a_shell_or_not():
 def _with(setting: str, value: str):
     import dataclasses
 
-    from launcher.plan.schema import ClusterKind, Config
+    from launcher.plan.clusterschema import ClusterKind
+    from launcher.plan.schema import Config
 
     config = Config()
     config.cluster = dataclasses.replace(config.cluster, name=ClusterKind.slurm)

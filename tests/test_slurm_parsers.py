@@ -22,7 +22,7 @@ from launcher.cluster.slurm.accounting import (
 from launcher.cluster.slurm.resources import parse_max_array_size
 from launcher.cluster.slurm.submit import group_key, groups, slurm_parameters
 from launcher.plan.cell import Cell, CellStatus
-from launcher.plan.schema import ClusterConfig, ContainerConfig, ContainerRuntime
+from launcher.plan.clusterschema import ClusterConfig, ContainerConfig, ContainerRuntime
 from launcher.state import SweepState
 from launcher.track import reconcile
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from launcher.plan import spread
 from launcher.plan.cell import Cell
-from launcher.plan.schema import ClusterConfig, ContainerRuntime
+from launcher.plan.clusterschema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState, this_process
 
 if TYPE_CHECKING:

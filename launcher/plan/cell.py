@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from contract.codec import TRANSIENT
 from contract.spec import Layout
-from launcher.plan.schema import ClusterConfig, Config
+from launcher.plan.clusterschema import ClusterConfig
+from launcher.plan.schema import Config
 
 
 class CellStatus(str, enum.Enum):

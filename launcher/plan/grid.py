@@ -19,14 +19,8 @@ from typing import Any, cast
 from contract.parallel import ParallelDims
 from contract.spec import ConfigError, Layout, RunSpec, TrainSpec
 from launcher.plan.cell import Cell
-from launcher.plan.schema import (
-    Config,
-    did_you_mean,
-    field_type,
-    non_finite,
-    schema_keys,
-    unknown_keys,
-)
+from launcher.plan.schema import Config
+from launcher.plan.schemakeys import did_you_mean, field_type, non_finite, schema_keys, unknown_keys
 
 # Package data: found next to this module in a checkout, an editable install and a wheel alike.
 CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))

@@ -8,16 +8,10 @@ objects, and :meth:`Config.validate` runs every check that needs no cluster.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import enum
-import functools
-import math
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
-from contract.codec import to_plain
 from contract.datasets import image_folder_classes, token_file_samples
 from contract.spec import (
     BatchNormUnits,
@@ -36,94 +30,15 @@ from contract.spec import (
     _non_negative,
     _positive,
 )
+from launcher.plan.clusterschema import (
+    ClusterConfig,
+    ClusterKind,
+    ContainerRuntime,
+    check_oci_bundle,
+    refuse_slurm_only,
+)
 from launcher.plan.fit import gpu_mem_gib_of
 from launcher.plan.shellsafe import check_config
-
-
-class ClusterKind(enum.Enum):
-    local = "local"  # submitit's LocalExecutor: real processes on this machine
-    slurm = "slurm"
-    torchrun = "torchrun"  # one machine, each cell's ranks under torchrun (python -m jobs spec.json)
-
-    @property
-    def one_machine(self) -> bool:
-        """Whether every node of a cell is a group of ranks on this machine: planning emulates the nodes
-        and shares the machine's cores among all ranks. (What else differs is the backend's:
-        launcher/cluster/base.py.)"""
-        return self in (ClusterKind.local, ClusterKind.torchrun)
-
-
-class ContainerRuntime(enum.Enum):
-    none = "none"
-    pyxis = "pyxis"  # srun --container-image (enroot)
-    apptainer = "apptainer"  # apptainer exec <image> python ...
-    oci = "oci"  # srun --container=<OCI bundle directory>: Slurm's own OCI support (oci.conf, runc)
-
-
-@dataclass
-class ContainerConfig:
-    runtime: ContainerRuntime = ContainerRuntime.none
-    image: str | None = None
-    mounts: list[str] = field(default_factory=list)
-
-
-def _check_oci_bundle(container: ContainerConfig) -> None:
-    """Slurm's OCI mode runs each task in a bundle directory on a shared file system: one the login
-    node cannot see is one the nodes will not run, so it is refused here, before sbatch."""
-    import os
-
-    bundle = str(container.image)
-    if not os.path.isfile(os.path.join(bundle, "config.json")):
-        raise ConfigError("cluster.container.image", bundle, "is not an OCI bundle (a directory with config.json and "
-                          "rootfs/), which cluster.container.runtime=oci runs each task in.",
-                          "make one from the worker image: scripts/oci-bundle localhost/ddp-fsdp-bench:cpu "
-                          "/shared/bundles/cpu /shared (see docker/README.md), and give its directory.")
-    if container.mounts:
-        raise ConfigError("cluster.container.mounts", container.mounts, "is not read in the oci mode: the bundle's "
-                          "config.json holds its mounts.", "pass the directories to scripts/oci-bundle instead.")
-
-
-@dataclass
-class ClusterConfig:
-    name: ClusterKind = ClusterKind.local
-    tasks_per_node: int = 1  # one rank per task
-    gpus_per_node: int = 0  # 0 = CPU ranks on gloo
-    cpus_per_task: int | None = None  # None: this machine's cores / ranks per node (local)
-    timeout_min: int = 60
-    # Host memory per node: sbatch --mem on Slurm, a memory cgroup of mem_gb x nodes locally.
-    mem_gb: float | None = None
-    signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)
-    setup: list[str] = field(default_factory=list)  # shell lines before the ranks start: modules, venv
-    python: str | None = None  # interpreter of the ranks; default: this one
-    # Whole nodes per cell: a benchmark that shares a node measures its neighbours too (local cells
-    # never share: they run one after another).
-    exclusive: bool = True
-    # Slurm only (submitit's parameter names where they exist); refused on cluster=local.
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclude: str | None = None
-    nodelist: str | None = None  # sbatch --nodelist: these nodes (at least), e.g. "node[1-2]"
-    additional_parameters: dict[str, Any] = field(default_factory=dict)
-    srun_args: list[str] = field(default_factory=list)
-    container: ContainerConfig = field(default_factory=ContainerConfig)
-    array_parallelism: int = 64
-    # Prices, for cost_per_1m_samples / cost_per_1m_tokens: per device-hour (GPU, or CPU rank) or per
-    # node-hour (the device price wins when both are set).
-    cost_per_device_hour: float | None = None
-    cost_per_node_hour: float | None = None
-    # GPU memory per GPU: a cell whose predicted model state exceeds it is refused before submission.
-    # None: known from gpu_type, the partition's GPU type (sinfo's gres) or the local GPUs (nvidia-smi).
-    gpu_mem_gib: float | None = None
-    # The GPU model to ask Slurm for, as its gres type (e.g. h100): sbatch --gpus-per-node=<type>:<n>.
-    gpu_type: str | None = None
-    # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
-    max_array_size: int | None = None
-    # Nodes declared, not asked: --plan checks the cells against these settings alone (GPUs per node,
-    # cluster.gpu_mem_gib or cluster.gpu_type), without sinfo, scontrol or nvidia-smi, so that a laptop
-    # can ask "does it fit on 24 GB GPUs?". Such a grid is planned, never submitted.
-    declared: bool = False
 
 
 class FabricProbe(enum.Enum):
@@ -352,7 +267,7 @@ class Config(TrainSpec):
         c = self.cluster
         check_config(self)  # every value that reaches a script, a command line or a file name
         if c.name.one_machine:
-            _refuse_slurm_only(c)
+            refuse_slurm_only(c)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
         for key in ("cost_per_device_hour", "cost_per_node_hour", "gpu_mem_gib"):
             if getattr(c, key) is not None:
@@ -367,7 +282,7 @@ class Config(TrainSpec):
                               f"cluster.container.runtime={c.container.runtime.value} needs an image.",
                               "set cluster.container.image to the worker image (see docker/).")
         if c.container.runtime is ContainerRuntime.oci:
-            _check_oci_bundle(c.container)
+            check_oci_bundle(c.container)
         if c.declared:
             _check_declared(c)
         if self.health is not HealthMode.off and c.name is ClusterKind.local:
@@ -420,23 +335,6 @@ class Config(TrainSpec):
 
 
 AUTO = "auto"  # runs=auto
-SLURM_ONLY = ("partition", "account", "qos", "constraint", "exclude", "nodelist", "additional_parameters", "srun_args",
-              "container", "array_parallelism", "max_array_size", "gpu_type")
-
-
-def _refuse_slurm_only(c: ClusterConfig) -> None:
-    """A Slurm setting on the local cluster would be silently dropped: refuse it instead. A declared
-    machine's cluster.gpu_type says its GPUs' memory (nothing asks Slurm for it)."""
-    default = ClusterConfig()
-    for key in SLURM_ONLY:
-        if key == "gpu_type" and c.declared:
-            continue
-        if getattr(c, key) != getattr(default, key):
-            raise ConfigError(f"cluster.{key}", to_plain(getattr(c, key)),
-                              "only Slurm reads it, and this cell runs on cluster=local (processes on this machine).",
-                              f"drop cluster.{key}, or use cluster=slurm.")
-
-
 def declared_gpu_mem_gib(c: ClusterConfig) -> float | None:
     """The memory of a declared node's GPUs: cluster.gpu_mem_gib, or what cluster.gpu_type holds."""
     return c.gpu_mem_gib or (gpu_mem_gib_of(c.gpu_type) if c.gpu_type else None)
@@ -451,74 +349,6 @@ def _check_declared(c: ClusterConfig) -> None:
                           "fit check would have nothing to check against.",
                           "give the memory per GPU, e.g. cluster.gpu_mem_gib=22.35 (a 24 GB card), or a known "
                           "cluster.gpu_type (h100, h200, a100_80g, a100_40g, l40s, a10g, l4, t4, v100_32g, mi300x).")
-
-
-# ---- the schema's keys: strict overrides, open dicts, finite numbers -------------------------
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def field_type(cls: type, name: str) -> Any:
-    """The type hint of dataclass ``cls``'s field ``name``; None when it has no such field."""
-    return _hints(cls).get(name)
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _is_open(tp: Any) -> bool:
-    """A dict-typed field (model.params, cluster.additional_parameters): any key may go in it."""
-    tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if typing.get_origin(tp) is Union else tp
-    return typing.get_origin(tp) in (dict, dict) or tp is dict
-
-
-@functools.cache
-def schema_keys(cls: type | None = None, prefix: str = "") -> dict[str, bool]:
-    """{dotted key: is an open dict} for every key of the schema (Config by default)."""
-    out: dict[str, bool] = {}
-    for name, tp in _hints(cls or Config).items():
-        key = prefix + name
-        out[key] = _is_open(tp)
-        if _is_dataclass_type(tp):
-            out.update(schema_keys(tp, key + "."))
-    return out
-
-
-def unknown_keys(tree: Any, cls: type | None = None, prefix: str = "") -> list[str]:
-    """Keys of a composed config (plain dicts) that the schema does not have; open dicts are not looked into."""
-    hints = _hints(cls or Config)
-    found = []
-    for key, value in (tree or {}).items():
-        if key not in hints:
-            found.append(prefix + str(key))
-        elif _is_dataclass_type(hints[key]) and isinstance(value, dict):
-            found.extend(unknown_keys(value, hints[key], f"{prefix}{key}."))
-    return found
-
-
-def did_you_mean(key: str) -> str:
-    """The closest valid key, as a hint: "did you mean strategy.bucket_cap_mb?" (or the group's keys)."""
-    keys = list(schema_keys())
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {close[0]}?"
-    parent = key.rpartition(".")[0]
-    siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
-    return f"valid keys{' of ' + parent if parent else ''}: {', '.join(siblings)}."
-
-
-def non_finite(obj: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose value is a float NaN or infinity (a YAML .nan, or lr=nan on the command line)."""
-    if dataclasses.is_dataclass(obj):
-        return [k for f in dataclasses.fields(obj) for k in non_finite(getattr(obj, f.name), f"{prefix}{f.name}.")]
-    if isinstance(obj, dict):
-        return [k for name, v in obj.items() for k in non_finite(v, f"{prefix}{name}.")]
-    if isinstance(obj, list):
-        return [k for i, v in enumerate(obj) for k in non_finite(v, f"{prefix}{i}.")]
-    return [prefix[:-1]] if isinstance(obj, float) and not math.isfinite(obj) else []
 
 
 def register() -> None:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from contract.health import NodeProbeSpec
     from contract.spec import Layout
     from launcher.cluster.interrupt import Interrupts
-    from launcher.plan.schema import ClusterConfig
+    from launcher.plan.clusterschema import ClusterConfig
 
 
 class LocalBackend(Backend):

@@ -30,7 +30,7 @@ from launcher.cluster.interrupt import NOT_STARTED, Interrupts
 from launcher.cluster.local import memlimit
 from launcher.cluster.local.ranks import OnLocal
 from launcher.plan.cell import Cell, CellStatus
-from launcher.plan.schema import ClusterConfig
+from launcher.plan.clusterschema import ClusterConfig
 from launcher.state import SweepState
 
 

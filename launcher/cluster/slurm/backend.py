@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from contract.health import NodeProbeSpec
     from contract.spec import Layout
     from launcher.cluster.interrupt import Interrupts
-    from launcher.plan.schema import ClusterConfig
+    from launcher.plan.clusterschema import ClusterConfig
 
 # A submitted job that neither squeue nor sacct knows after this long is lost (accounting lags the
 # queue by a second or two; a purged or never-recorded job stays unknown for good).

@@ -23,7 +23,7 @@ from launcher.cluster.base import python_command
 from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.cluster.slurm.ranks import OnSlurm
 from launcher.plan.cell import Cell, CellStatus
-from launcher.plan.schema import ClusterConfig, ContainerRuntime
+from launcher.plan.clusterschema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState
 
 

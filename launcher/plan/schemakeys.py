@@ -1,0 +1,80 @@
+"""The schema's keys (launcher/plan/schema.py's Config): every dotted key, the keys of a composed
+config it does not have and the nearest valid one, open dicts, and values that are not finite:
+what makes overrides strict."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import typing
+from typing import Any, Union
+
+from launcher.plan.schema import Config
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def field_type(cls: type, name: str) -> Any:
+    """The type hint of dataclass ``cls``'s field ``name``; None when it has no such field."""
+    return _hints(cls).get(name)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _is_open(tp: Any) -> bool:
+    """A dict-typed field (model.params, cluster.additional_parameters): any key may go in it."""
+    tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) if typing.get_origin(tp) is Union else tp
+    return typing.get_origin(tp) in (dict, dict) or tp is dict
+
+
+@functools.cache
+def schema_keys(cls: type | None = None, prefix: str = "") -> dict[str, bool]:
+    """{dotted key: is an open dict} for every key of the schema (Config by default)."""
+    out: dict[str, bool] = {}
+    for name, tp in _hints(cls or Config).items():
+        key = prefix + name
+        out[key] = _is_open(tp)
+        if _is_dataclass_type(tp):
+            out.update(schema_keys(tp, key + "."))
+    return out
+
+
+def unknown_keys(tree: Any, cls: type | None = None, prefix: str = "") -> list[str]:
+    """Keys of a composed config (plain dicts) that the schema does not have; open dicts are not looked into."""
+    hints = _hints(cls or Config)
+    found = []
+    for key, value in (tree or {}).items():
+        if key not in hints:
+            found.append(prefix + str(key))
+        elif _is_dataclass_type(hints[key]) and isinstance(value, dict):
+            found.extend(unknown_keys(value, hints[key], f"{prefix}{key}."))
+    return found
+
+
+def did_you_mean(key: str) -> str:
+    """The closest valid key, as a hint: "did you mean strategy.bucket_cap_mb?" (or the group's keys)."""
+    keys = list(schema_keys())
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]}?"
+    parent = key.rpartition(".")[0]
+    siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
+    return f"valid keys{' of ' + parent if parent else ''}: {', '.join(siblings)}."
+
+
+def non_finite(obj: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose value is a float NaN or infinity (a YAML .nan, or lr=nan on the command line)."""
+    if dataclasses.is_dataclass(obj):
+        return [k for f in dataclasses.fields(obj) for k in non_finite(getattr(obj, f.name), f"{prefix}{f.name}.")]
+    if isinstance(obj, dict):
+        return [k for name, v in obj.items() for k in non_finite(v, f"{prefix}{name}.")]
+    if isinstance(obj, list):
+        return [k for i, v in enumerate(obj) for k in non_finite(v, f"{prefix}{i}.")]
+    return [prefix[:-1]] if isinstance(obj, float) and not math.isfinite(obj) else []
