@@ -26,7 +26,8 @@ GRID = ["strategy=ddp,fsdp", "precision=fp32,bf16", "nodes=1,2", "seed=0,1", "ru
 COMPOSE = f"""
 import json, sys, time
 t0 = time.perf_counter()
-from launcher.plan.grid import compose, expand, plan
+from launcher.plan.grid import compose, expand
+from launcher.plan.planner import plan
 points, swept = expand({GRID!r}, True)
 cells = plan(compose(points, swept))
 elapsed = time.perf_counter() - t0

@@ -98,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from launcher import preflight
     from launcher.masking import mask
-    from launcher.plan import grid
+    from launcher.plan import grid, planner
 
     try:
         extra = grid.search_path(config_dirs)
         points, swept = grid.expand(overrides, multirun, extra)
-        cells = grid.plan(grid.compose(points, swept, extra=extra))
+        cells = planner.plan(grid.compose(points, swept, extra=extra))
         predicted = preflight.check(cells)
     except grid.SweepError as exc:
         print(f"error: invalid configuration; nothing was submitted.\n{mask('', str(exc))}", file=sys.stderr)

@@ -24,7 +24,7 @@ from pathlib import Path
 from launcher.cluster.backends import backend_for
 from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
-from launcher.plan.grid import cell_dirname
+from launcher.plan.planner import cell_dirname
 from launcher.plan.schema import Config
 from launcher.report import compare, comparisons, noisefloor
 from launcher.report.collect import collect, looks_of

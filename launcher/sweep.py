@@ -21,7 +21,8 @@ from launcher.cluster.interrupt import NOT_STARTED, Interrupts, stop_waiting
 from launcher.masking import mask
 from launcher.plan import fit
 from launcher.plan.cell import RUN_AGAIN, Cell, CellStatus
-from launcher.plan.grid import SweepError, run_spec
+from launcher.plan.grid import SweepError
+from launcher.plan.planner import run_spec
 from launcher.report import health
 from launcher.state import STATE_FILE, StateError, SweepState, this_process
 from launcher.track import reconcile, runs, tracking

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from bench import slurm_submit, thousand
-from launcher.plan.grid import compose, expand, plan
+from launcher.plan.grid import compose, expand
+from launcher.plan.planner import plan
 
 APP_CONFIG = Path(__file__).resolve().parent.parent / "bench" / "hsl_app" / "conf" / "config.yaml"
 

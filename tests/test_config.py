@@ -5,7 +5,8 @@ import pytest
 from contract.spec import InputKind, Precision, Sharding, Strategy
 from launcher.__main__ import main
 from launcher.cluster.slurm import submit
-from launcher.plan.grid import CONF_DIR, SweepError, compose, expand, plan, search_path
+from launcher.plan.grid import CONF_DIR, SweepError, compose, expand, search_path
+from launcher.plan.planner import plan
 
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
 # Options that need more than their own file to be valid (refused on CPU, or need a node count).

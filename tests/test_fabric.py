@@ -149,11 +149,11 @@ def test_a_kept_record_of_the_same_nodes_and_software_is_reused(tmp_path, capsys
     the sweep and no probe job starts; a record of other software does not stand for them."""
     from launcher import probe
     from launcher.cluster.backends import backend_for
-    from launcher.plan import grid
+    from launcher.plan import grid, planner
     from launcher.sweep import prepare
 
     points, swept = grid.expand([*FAST, "fabric.probe=auto", "nodes=2", f"output_root={tmp_path}"], True)
-    cells = grid.plan(grid.compose(points, swept))
+    cells = planner.plan(grid.compose(points, swept))
     state = prepare(cells, ["test"])
     backend, cell = backend_for("local"), cells[0]
     wanted = kept_fabric.identity(backend.noise_floor_key(None, None), cell.layout, backend.nodes_fingerprint([cell]),

@@ -137,11 +137,11 @@ def test_a_cell_too_big_for_its_gpu_type_is_refused_before_submission(tmp_path, 
 def test_the_sbatch_script_asks_for_the_gpu_type(tmp_path):
     """cluster.gpu_type reaches sbatch as --gpus-per-node=<type>:<n> (what --plan prints)."""
     from launcher import preview
-    from launcher.plan import grid
+    from launcher.plan import grid, planner
 
     points, swept = grid.expand(["cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
                                  "cluster.gpu_type=a10g", "runs=1", f"output_root={tmp_path}"], False)
-    cells = grid.plan(grid.compose(points, swept))
+    cells = planner.plan(grid.compose(points, swept))
     assert "#SBATCH --gpus-per-node=a10g:8" in preview.render(cells, {}, max_array_size=1000)
 
 

@@ -14,7 +14,8 @@ from jobs.sinks import JsonlSink
 from launcher import history as command
 from launcher import sweep
 from launcher.plan.cell import CellStatus
-from launcher.plan.grid import compose, expand, plan
+from launcher.plan.grid import compose, expand
+from launcher.plan.planner import plan
 from launcher.report import health
 from launcher.report import history as hist
 from launcher.track.runs import complete_runs

@@ -15,7 +15,8 @@ import pytest
 from bench import sequential_aa
 from launcher import decide, sweep
 from launcher.plan.cell import CellStatus
-from launcher.plan.grid import SweepError, compose, expand, plan
+from launcher.plan.grid import SweepError, compose, expand
+from launcher.plan.planner import plan
 from launcher.plan.schema import Config
 from launcher.report import comparisons
 from launcher.report.collect import collect, looks_of

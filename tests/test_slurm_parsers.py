@@ -287,10 +287,10 @@ gpu2|gpu|64|256000|gpu:h100:8(S:0-1)|ib|idle
 
 
 def _planned(*overrides):
-    from launcher.plan import grid
+    from launcher.plan import grid, planner
 
     points, swept = grid.expand(["model=gpt_tiny", "runs=1", "cluster=slurm", *overrides], False)
-    return grid.plan(grid.compose(points, swept))[0]
+    return planner.plan(grid.compose(points, swept))[0]
 
 
 def test_requests_are_checked_against_the_nodes_before_sbatch():

@@ -7,7 +7,8 @@ from mlflow.tracking import MlflowClient
 
 from launcher import sweep
 from launcher.cluster.backends import backend_for
-from launcher.plan.grid import compose, expand, plan
+from launcher.plan.grid import compose, expand
+from launcher.plan.planner import plan
 from launcher.sync import ensure_runs, sync_sweep
 from tests.mlflow_server import MlflowServer, free_port
 

@@ -95,7 +95,7 @@ def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], p
 
 def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
     """The sweep's command with ``overrides`` replacing its settings of the same keys, one run each."""
-    from launcher.plan import grid
+    from launcher.plan import grid, planner
 
     config_dirs, own = _command(state.argv)
     keys = {_key(o) for o in overrides}
@@ -104,7 +104,7 @@ def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
     # A forecast runs nothing: the ranks-per-core bound of the local cluster (limits.local_ranks_per_core)
     # does not apply to it, and --verify drops this override again before it runs a cell.
     points, swept = grid.expand([*kept, *overrides, "runs=1", FORECAST_ONLY], True, extra)
-    cells = grid.plan(grid.compose(points, swept, extra=extra))
+    cells = planner.plan(grid.compose(points, swept, extra=extra))
     shown = {*swept, *keys}  # named by what the sweep swept and what the forecast sets
     for cell in cells:
         cell.name = " ".join(o for o in cell.overrides if _key(o) in shown) or cell.name
@@ -216,7 +216,7 @@ def verify(state: SweepState, made: list[Forecast], spread_basis: Basis) -> int:
     """Run the largest forecast cell once (a sweep of its own beside this one), then set its forecast
     against the measurement and add the error to this cluster's record."""
     from launcher import preflight, sweep
-    from launcher.plan import grid
+    from launcher.plan import grid, planner
 
     candidates = [f for f in made if f.prediction and f.work and f.measured is None]
     if not candidates:
@@ -228,7 +228,7 @@ def verify(state: SweepState, made: list[Forecast], spread_basis: Basis) -> int:
     command = [*(o for o in target.cell.overrides if o != FORECAST_ONLY), f"sweep_dir={out}"]
     print(f"\n--verify: running {target.cell.name} once -> {out}", flush=True)
     points, swept = grid.expand(command, False)
-    cells = grid.plan(grid.compose(points, swept))
+    cells = planner.plan(grid.compose(points, swept))
     code = sweep.run(cells, ["python -m launcher", *command], preflight.check(cells))
     ran = SweepState.load(out)
     measured = [r for r in collect(ran) if r.get("throughput_samples_per_s")]

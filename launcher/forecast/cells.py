@@ -11,7 +11,7 @@ from pathlib import Path
 from contract.tuning import resolved_model
 from launcher.plan import fit, fitcache, perfmodel
 from launcher.plan.cell import Cell
-from launcher.plan.grid import run_spec
+from launcher.plan.planner import run_spec
 from launcher.report import forecastrecord, forecasts
 from launcher.report.collect import collect
 from launcher.report.noisefloor import floor_key
