@@ -69,6 +69,35 @@ class Source(str, Enum):
     FABRIC = "fabric"  # the fabric probe (jobs/fabric.py), on the sweep's parent run: one per probed shape
 
 
+# The names other modules write (the worker's summary, the report's readers): each once, here.
+ANATOMY_BACKWARD_MS = "anatomy_backward_ms"
+ANATOMY_COPIES_MS = "anatomy_copies_ms"
+ANATOMY_DATA_WAIT_MS = "anatomy_data_wait_ms"
+ANATOMY_FORWARD_MS = "anatomy_forward_ms"
+ANATOMY_UNATTRIBUTED_MS = "anatomy_unattributed_ms"
+COMM_EXPOSED_MS = "comm_exposed_ms"
+COMM_PROBE_STEP_TIME_MS = "comm_probe_step_time_ms"
+COMM_TIME_MS = "comm_time_ms"
+COMPILE_TIME_S = "compile_time_s"
+ENERGY_J = "energy_j"
+FOREIGN_CPU_SHARE = "foreign_cpu_share"
+FOREIGN_GPU_SHARE = "foreign_gpu_share"
+GPU_UTIL_MEAN = "gpu_util_mean"
+MEASURED_MATMUL_TFLOPS = "measured_matmul_tflops"
+MEASURED_STEPS = "measured_steps"
+MODEL_STATE_BYTES = "model_state_bytes"
+PREDICTED_ACTIVATION_BYTES = "predicted_activation_bytes"
+PREDICTED_MODEL_STATE_BYTES = "predicted_model_state_bytes"
+RELATIVE_PERF = "relative_perf"
+RESTARTS = "restarts"
+SCALING_EFFICIENCY = "scaling_efficiency"
+STEP_TIME_MS_P50 = "step_time_ms_p50"
+STEP_TIME_RANK_SPREAD = "step_time_rank_spread"
+THROUGHPUT_CV = "throughput_cv"
+THROUGHPUT_SAMPLES_PER_S = "throughput_samples_per_s"
+THROUGHPUT_SAMPLES_PER_S_PER_DEVICE = "throughput_samples_per_s_per_device"
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str
@@ -101,16 +130,16 @@ _REPORT = Source.REPORT
 METRICS: tuple[Metric, ...] = (
     # ---- the report's columns, in their order -------------------------------------------------
     Metric("world_size", "ranks", _SAME, _FLAT, label="ranks", fmt="count"),
-    Metric("throughput_samples_per_s", "samples/s", _S, _UP, headline=8, label="samples/s", fmt="rate",
+    Metric(THROUGHPUT_SAMPLES_PER_S, "samples/s", _S, _UP, headline=8, label="samples/s", fmt="rate",
            csv_lead=True, claim="throughput", min_effect=0.05),
-    Metric("throughput_samples_per_s_per_device", "samples/s per device", _M, _UP, headline=1,
+    Metric(THROUGHPUT_SAMPLES_PER_S_PER_DEVICE, "samples/s per device", _M, _UP, headline=1,
            label="samples/s/dev", fmt="rate", csv_lead=True),
     # The spread of throughput over a run's windows; its column reads it with the window count.
-    Metric("throughput_cv", "coefficient of variation", _DER, _DOWN, csv_lead=True),
+    Metric(THROUGHPUT_CV, "coefficient of variation", _DER, _DOWN, csv_lead=True),
     Metric("throughput_tokens_per_s", "tokens/s", _S, _UP, label="tokens/s", fmt="rate", optional=True),
     Metric("throughput_tokens_per_s_per_device", "tokens/s per device", _M, _UP, label="tokens/s/dev",
            fmt="rate", optional=True),
-    Metric("step_time_ms_p50", "ms", _STEP, _DOWN, headline=2, label="step p50 ms", fmt=".1f", csv_lead=True,
+    Metric(STEP_TIME_MS_P50, "ms", _STEP, _DOWN, headline=2, label="step p50 ms", fmt=".1f", csv_lead=True,
            claim="step_time", min_effect=0.05),
     Metric("step_time_ms_p90", "ms", _STEP, _DOWN, label="step p90 ms", fmt=".1f", csv_lead=True),
     # CPU ranks have no allocator peak: the column and the claims use their resident set instead.
@@ -120,7 +149,7 @@ METRICS: tuple[Metric, ...] = (
            csv_lead=True, or_else="peak_rss_gib", claim="peak_memory", min_effect=0.03),
     Metric("peak_rss_gib", "GiB", _X, _DOWN, headline=4, csv_lead=True),
     # Counted exactly (bytes of tensors), so no noise: below 1% apart is the same layout.
-    Metric("model_state_bytes", "bytes", _X, _DOWN, headline=5, label="state {unit}/rank", fmt="bytes",
+    Metric(MODEL_STATE_BYTES, "bytes", _X, _DOWN, headline=5, label="state {unit}/rank", fmt="bytes",
            csv_lead=True, min_effect=0.01),
     Metric("mfu", "share of the datasheet peak", _DER, _UP, headline=7, label="MFU", fmt=".1%", optional=True),
     Metric("mfu_measured_peak", "share of the measured matmul peak", _DER, _UP, label="MFU (measured peak)",
@@ -129,9 +158,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("power_w_mean", "W per device", _M, _FLAT, label="W/device", fmt=".0f", optional=True),
     Metric("cost_per_1m_samples", "price per 1M samples", _DER, _DOWN, label="cost/1M samples", fmt=",.2f",
            optional=True),
-    Metric("relative_perf", "share of the best cell's throughput", _NONE, _UP, OverRuns.RECOMPUTED,
+    Metric(RELATIVE_PERF, "share of the best cell's throughput", _NONE, _UP, OverRuns.RECOMPUTED,
            label="rel perf", fmt=".0%", csv_lead=True, source=_REPORT),
-    Metric("scaling_efficiency", "share of linear scaling", _NONE, _UP, OverRuns.RECOMPUTED, label="scaling eff",
+    Metric(SCALING_EFFICIENCY, "share of linear scaling", _NONE, _UP, OverRuns.RECOMPUTED, label="scaling eff",
            fmt=".0%", csv_lead=True, source=_REPORT),
     Metric("comm_share", "share of step time", _X, _DOWN, headline=6, label="comm share", fmt=".0%",
            csv_lead=True),
@@ -140,19 +169,19 @@ METRICS: tuple[Metric, ...] = (
     Metric("run_spread", "coefficient of variation", _NONE, _DOWN, OverRuns.GROUPING, label="run spread",
            fmt=".1%", optional=True, source=_REPORT),
     # ---- every other figure: in cells.csv and MLflow, no column -----------------------------------
-    Metric("measured_steps", "steps", _SAME, _FLAT),
+    Metric(MEASURED_STEPS, "steps", _SAME, _FLAT),
     Metric("step_time_ms_max", "ms", _STEP, _DOWN),
     Metric("data_time_share", "share of step time", _X, _DOWN),
-    Metric("step_time_rank_spread", "slowest rank's median over the median rank's", _DER, _DOWN),
+    Metric(STEP_TIME_RANK_SPREAD, "slowest rank's median over the median rank's", _DER, _DOWN),
     Metric("peak_mem_reserved_gib", "GiB", _X, _DOWN),
     Metric("setup_rss_growth_gib", "GiB", _X, _DOWN),
     Metric("setup_peak_mem_allocated_gib", "GiB", _X, _DOWN),
     Metric("param_bytes", "bytes", _X, _DOWN),
     Metric("grad_bytes", "bytes", _X, _DOWN),
     Metric("optim_state_bytes", "bytes", _X, _DOWN),
-    Metric("comm_time_ms", "ms per step", _X, _DOWN),
-    Metric("comm_exposed_ms", "ms per step", _X, _DOWN),
-    Metric("comm_probe_step_time_ms", "ms", _X, _DOWN),
+    Metric(COMM_TIME_MS, "ms per step", _X, _DOWN),
+    Metric(COMM_EXPOSED_MS, "ms per step", _X, _DOWN),
+    Metric(COMM_PROBE_STEP_TIME_MS, "ms", _X, _DOWN),
     Metric("memcpy_time_ms", "ms per step", _X, _DOWN),
     Metric("fp16_skipped_steps", "steps", _X, _DOWN),
     Metric("fp16_skipped_steps_warmup", "steps", _X, _DOWN),
@@ -160,19 +189,19 @@ METRICS: tuple[Metric, ...] = (
     Metric("loss_last", "loss", _M, _FLAT),
     Metric("nodes", "nodes", _SAME, _FLAT),
     Metric("lr", "learning rate", _SAME, _FLAT),
-    Metric("restarts", "restarts", _SAME, _DOWN),
+    Metric(RESTARTS, "restarts", _SAME, _DOWN),
     Metric("warmup_steps_extended", "steps", _SAME, _FLAT),
     # torch.compile's cost, outside every figure: the warm-up's extra time over its steady steps.
-    Metric("compile_time_s", "s (the warm-up's time above its steady steps)", _X, _DOWN),
-    Metric("foreign_cpu_share", "share of the job's cores", _X, _DOWN),
-    Metric("foreign_gpu_share", "share of the job's GPUs", _X, _DOWN),
-    Metric("gpu_util_mean", "percent", _M, _FLAT),
+    Metric(COMPILE_TIME_S, "s (the warm-up's time above its steady steps)", _X, _DOWN),
+    Metric(FOREIGN_CPU_SHARE, "share of the job's cores", _X, _DOWN),
+    Metric(FOREIGN_GPU_SHARE, "share of the job's GPUs", _X, _DOWN),
+    Metric(GPU_UTIL_MEAN, "percent", _M, _FLAT),
     Metric("cost_per_1m_tokens", "price per 1M tokens", _DER, _DOWN),
-    Metric("energy_j", "J", _S, _DOWN),
+    Metric(ENERGY_J, "J", _S, _DOWN),
     Metric("peak_flops_per_s", "FLOP/s", _SAME, _FLAT),
-    Metric("measured_matmul_tflops", "TFLOP/s", _M, _FLAT),
-    Metric("predicted_model_state_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
-    Metric("predicted_activation_bytes", "bytes", _X, _FLAT, source=Source.LAUNCHER),
+    Metric(MEASURED_MATMUL_TFLOPS, "TFLOP/s", _M, _FLAT),
+    Metric(PREDICTED_MODEL_STATE_BYTES, "bytes", _X, _FLAT, source=Source.LAUNCHER),
+    Metric(PREDICTED_ACTIVATION_BYTES, "bytes", _X, _FLAT, source=Source.LAUNCHER),
     # ---- forecasts checked (launcher/report/forecasts.py): each configuration forecast from the others
     Metric("forecast_throughput_samples_per_s", "samples/s (leave-one-out forecast)", _NONE, _FLAT, source=_REPORT),
     Metric("forecast_error", "forecast over measured throughput, minus 1", _NONE, _FLAT, source=_REPORT),
@@ -254,6 +283,15 @@ def _anatomy() -> tuple[Metric, ...]:
 
 
 METRICS = METRICS + _anatomy()
+
+# The per-step series: one record per measured step in metrics.jsonl and MLflow's per-step metrics
+# (jobs/summary.py's step_records), beside the summary; not columns of the report.
+STEP_LOSS = "loss"
+STEP_TIME_MS = "step_time_ms"
+STEP_SERIES: tuple[Metric, ...] = (
+    Metric(STEP_LOSS, "loss (the mean over ranks)", _M, _FLAT),
+    Metric(STEP_TIME_MS, "ms (the slowest rank's: a synchronous step ends when it does)", _STEP, _DOWN),
+)
 
 REGISTRY: dict[str, Metric] = {m.name: m for m in METRICS}
 

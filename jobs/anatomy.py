@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.metrics import ANATOMY_STEP, comm_bytes
+from contract.metrics import ANATOMY_COPIES_MS, ANATOMY_DATA_WAIT_MS, ANATOMY_STEP, ANATOMY_UNATTRIBUTED_MS, comm_bytes
 from contract.metrics import COLLECTIVE_KINDS as KINDS
 from jobs import comm
 from jobs.comm import Interval, merged, minus_length, union_length
@@ -238,7 +238,7 @@ def anatomy(trace: Trace, n_steps: int, world_size: int) -> dict[str, float]:
     compute = _clip(trace.compute, w)
     taken: list[Interval] = list(data)  # time already given to a part
     out: dict[str, float] = {ANATOMY_STEP: (w[1] - w[0]) * per_step_ms,
-                             "anatomy_data_wait_ms": union_length(data) * per_step_ms}
+                             ANATOMY_DATA_WAIT_MS: union_length(data) * per_step_ms}
     for kind in KINDS:
         spans = _clip([c.span for c in trace.collectives if c.kind == kind], w)
         exposed = _minus(_minus(spans, compute), taken)
@@ -254,8 +254,8 @@ def anatomy(trace: Trace, n_steps: int, world_size: int) -> dict[str, float]:
         out[f"anatomy_{phase}_ms"] = union_length(own) * per_step_ms
     copies = _minus(_clip(trace.copies, w), taken)
     taken += copies
-    out["anatomy_copies_ms"] = union_length(copies) * per_step_ms
-    out["anatomy_unattributed_ms"] = max(0.0, out[ANATOMY_STEP] - union_length(taken) * per_step_ms)
+    out[ANATOMY_COPIES_MS] = union_length(copies) * per_step_ms
+    out[ANATOMY_UNATTRIBUTED_MS] = max(0.0, out[ANATOMY_STEP] - union_length(taken) * per_step_ms)
     return out
 
 

@@ -28,6 +28,8 @@ waiting for data) count as compute. Reported per rank and reduced as the maximum
 
 from __future__ import annotations
 
+from contract.metrics import COMM_EXPOSED_MS, COMM_PROBE_STEP_TIME_MS, COMM_TIME_MS
+
 Interval = tuple[float, float]
 
 _COMM_MARKERS = ("nccl", "gloo:")
@@ -115,9 +117,9 @@ def figures(kinds: dict[str, list[Interval]], wall_s: float, n_steps: int) -> di
     step_ms = 1e3 * wall_s / n_steps
     return {
         "memcpy_time_ms": union_length(kinds.get("memcpy", [])) / 1e3 / n_steps,
-        "comm_time_ms": comm_us / 1e3 / n_steps,
-        "comm_exposed_ms": exposed_us / 1e3 / n_steps,
-        "comm_probe_step_time_ms": step_ms,
+        COMM_TIME_MS: comm_us / 1e3 / n_steps,
+        COMM_EXPOSED_MS: exposed_us / 1e3 / n_steps,
+        COMM_PROBE_STEP_TIME_MS: step_ms,
         "comm_share": (exposed_us / 1e3 / n_steps) / step_ms if step_ms else 0.0,
     }
 

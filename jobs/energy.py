@@ -7,6 +7,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from contract.metrics import ENERGY_J
+
 # nvmlDeviceGetTotalEnergyConsumption: millijoules since the driver was loaded, an unsigned 64-bit
 # counter (Volta and later; older GPUs raise NVMLError_NotSupported).
 ENERGY_COUNTER_MODULUS_MJ = 2**64
@@ -54,15 +56,15 @@ def energy_figures(per_device: list[dict[str, Any] | None], samples_in_window: f
     how the joules were obtained (counter, power samples, or both across devices).
     """
     missing = [f"rank {r}: {d.get('missing') if d else 'no NVML sample'}"
-               for r, d in enumerate(per_device) if not d or d.get("energy_j") is None]
+               for r, d in enumerate(per_device) if not d or d.get(ENERGY_J) is None]
     if missing or not per_device:
         return {}, {"energy_missing": "; ".join(missing)[:500] or "no devices"}
     if samples_in_window <= 0:
         return {}, {"energy_missing": "no samples in the measured window"}
     devices = [d for d in per_device if d]
-    total_j = sum(d["energy_j"] for d in devices)
-    powers = [d["energy_j"] / d["window_s"] for d in devices if d["window_s"] > 0]
-    summary = {"energy_j": total_j, "energy_j_per_sample": total_j / samples_in_window}
+    total_j = sum(d[ENERGY_J] for d in devices)
+    powers = [d[ENERGY_J] / d["window_s"] for d in devices if d["window_s"] > 0]
+    summary = {ENERGY_J: total_j, "energy_j_per_sample": total_j / samples_in_window}
     if len(powers) == len(devices):
         summary["power_w_mean"] = statistics.fmean(powers)
     return summary, {"energy_method": ",".join(sorted({d["method"] for d in devices}))}

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract.metrics import ENERGY_J, FOREIGN_GPU_SHARE, GPU_UTIL_MEAN
 from jobs import energy
 from jobs.memory import GIB
 
@@ -274,8 +275,8 @@ class GpuSampler:
     def figures(self) -> dict[str, float]:
         if not self.samples:
             return {}
-        return {"foreign_gpu_share": sum(1 for s in self.samples if s["others"] > 0) / len(self.samples),
-                "gpu_util_mean": sum(s["util_share"] for s in self.samples) / len(self.samples)}
+        return {FOREIGN_GPU_SHARE: sum(1 for s in self.samples if s["others"] > 0) / len(self.samples),
+                GPU_UTIL_MEAN: sum(s["util_share"] for s in self.samples) / len(self.samples)}
 
     def energy(self) -> dict[str, Any]:
         """This device's joules over the window: ``{"energy_j", "window_s", "method"}`` or
@@ -287,12 +288,12 @@ class GpuSampler:
             return {"missing": "no complete measured window"}
         joules = energy.energy_from_counter_j(self.energy_mj["start"], self.energy_mj["end"])
         if joules is not None:
-            return {"energy_j": joules, "window_s": self.window_t_s["end"] - self.window_t_s["start"],
+            return {ENERGY_J: joules, "window_s": self.window_t_s["end"] - self.window_t_s["start"],
                     "method": "nvml_energy_counter"}
         powered = [s for s in self.samples if s.get("power_w") is not None]
         joules = energy.energy_from_power_j([s["t_s"] for s in powered], [s["power_w"] for s in powered])
         if joules is not None:
-            return {"energy_j": joules, "window_s": powered[-1]["t_s"] - powered[0]["t_s"],
+            return {ENERGY_J: joules, "window_s": powered[-1]["t_s"] - powered[0]["t_s"],
                     "method": "nvml_power_samples"}
         why = "; ".join(self.unsupported.get(k, "") for k in ("energy", "power") if k in self.unsupported)
         return {"missing": why or f"{len(powered)} power sample(s): too few to integrate"}

@@ -24,6 +24,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from contract.metrics import MEASURED_MATMUL_TFLOPS
 from jobs import memory, peaks
 
 DEFAULT_N = 8192
@@ -131,5 +132,5 @@ def _time_matmul(torch, device, precision: str, n: int, warmup: int, iterations:
     elapsed_s = start.elapsed_time(end) / 1e3
     del a, b, c
     torch.cuda.empty_cache()  # the window's reserved-memory peak must not include these buffers
-    return {"measured_matmul_tflops": peaks.matmul_tflops(size, iterations, elapsed_s), "n": size,
+    return {MEASURED_MATMUL_TFLOPS: peaks.matmul_tflops(size, iterations, elapsed_s), "n": size,
             "iterations": iterations, "dtype": dtype_name(precision)}

@@ -3,6 +3,8 @@ allocator's peaks, and the exact bytes of parameters, gradients and optimizer st
 
 from __future__ import annotations
 
+from contract.metrics import MODEL_STATE_BYTES
+
 GIB = 1024**3
 
 def reset_peak_memory(device) -> None:
@@ -89,4 +91,4 @@ def model_state_bytes(model, optimizer, grad_bytes: int | None = None) -> dict[s
     param_b = sum(local_bytes(p) for p in params)
     grad_b = grad_bytes if grad_bytes is not None else sum(local_bytes(p.grad) for p in params if p.grad is not None)
     return {"param_bytes": param_b, "grad_bytes": grad_b, "optim_state_bytes": optim,
-            "model_state_bytes": param_b + grad_b + optim}
+            MODEL_STATE_BYTES: param_b + grad_b + optim}

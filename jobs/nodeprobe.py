@@ -27,6 +27,7 @@ from typing import Any
 
 from contract.fabric import bus_factor
 from contract.health import RESULT_FILE, NodeProbeSpec, pair_rounds
+from contract.metrics import MEASURED_MATMUL_TFLOPS
 from contract.spec import ModelSpec
 
 __all__ = ["RESULT_FILE", "NodeProbe", "NodeProbeSpec", "main"]
@@ -124,7 +125,7 @@ def matmul_runner(device, n: int, min_time_s: float) -> Callable[[], float]:
     if device.type == "cuda":
         from jobs import matmul_peak
 
-        return lambda: float(matmul_peak.measure(device, "fp32").get("measured_matmul_tflops", 0.0)) * 1000
+        return lambda: float(matmul_peak.measure(device, "fp32").get(MEASURED_MATMUL_TFLOPS, 0.0)) * 1000
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     c = torch.empty(n, n, device=device)
     torch.matmul(a, b, out=c)

@@ -7,6 +7,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from contract.metrics import MEASURED_MATMUL_TFLOPS
+
 
 def mfu(flops_per_sample: float | None, samples_per_s_per_device: float, peak_flops_per_s: float | None) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s per device over the device's peak (None
@@ -142,7 +144,7 @@ def measured_peak(per_rank: list[dict[str, Any] | None]) -> tuple[float | None, 
     devices matches the per-device throughput it divides (the job's mean per device); a device
     without a measurement leaves the figure out rather than averaging the others."""
     missing = [f"rank {r}: {p.get('missing') if p else 'not measured'}"
-               for r, p in enumerate(per_rank) if not p or not p.get("measured_matmul_tflops")]
+               for r, p in enumerate(per_rank) if not p or not p.get(MEASURED_MATMUL_TFLOPS)]
     if missing or not per_rank:
         return None, "; ".join(missing)[:500] or "no devices"
-    return statistics.fmean(p["measured_matmul_tflops"] for p in per_rank if p), None
+    return statistics.fmean(p[MEASURED_MATMUL_TFLOPS] for p in per_rank if p), None

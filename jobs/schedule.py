@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contract.metrics import RESTARTS
 from jobs import checkpoint, preempt
 from jobs.loop import StepTrace, Trainer, read_times, run_steps
 
@@ -261,7 +262,7 @@ def _resume(trainer: Trainer, batches, env, device, out_dir: Path, schedule: Sch
     # The data position is a function of the step: skip what was consumed before the stop.
     for _ in range(meta["step"] * schedule.accum_steps):
         next(batches)
-    return Progress(history, start=meta["step"], restarts=meta["restarts"] + 1, logged_through=meta["logged_through"],
+    return Progress(history, start=meta["step"], restarts=meta[RESTARTS] + 1, logged_through=meta["logged_through"],
                     resumed=True, extended=meta.get("warmup_extended", 0))
 
 
@@ -274,7 +275,7 @@ def _save_or_stop(job: _Job, step: int, request) -> None:
     save = job.schedule.save_on_stop or not request
     if save:
         checkpoint.save(job.out_dir, trainer.model, trainer.optimizer, rank=env.rank,
-                        meta={"step": step, "restarts": progress.restarts, "world_size": env.world_size,
+                        meta={"step": step, RESTARTS: progress.restarts, "world_size": env.world_size,
                               "logged_through": progress.logged_through, "saved_unix_s": time.time(),
                               "warmup_extended": progress.extended},
                         rank_state={"history": progress.history.portable(), "rng": checkpoint.rng_state(job.device),

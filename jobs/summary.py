@@ -20,6 +20,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from contract import metrics
+from contract.metrics import (
+    COMPILE_TIME_S,
+    FOREIGN_CPU_SHARE,
+    FOREIGN_GPU_SHARE,
+    GPU_UTIL_MEAN,
+    MEASURED_MATMUL_TFLOPS,
+    MEASURED_STEPS,
+    RESTARTS,
+    STEP_LOSS,
+    STEP_TIME_MS,
+    STEP_TIME_MS_P50,
+    STEP_TIME_RANK_SPREAD,
+    THROUGHPUT_CV,
+    THROUGHPUT_SAMPLES_PER_S,
+    THROUGHPUT_SAMPLES_PER_S_PER_DEVICE,
+)
 from contract.stats import coefficient_of_variation, percentile
 
 if TYPE_CHECKING:
@@ -62,11 +78,11 @@ def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_p
     throughput = statistics.fmean(per_window)
     out: dict[str, float] = {
         "world_size": world,
-        "measured_steps": n_steps,
-        "throughput_samples_per_s": throughput,
-        "throughput_samples_per_s_per_device": throughput / world,
-        "throughput_cv": coefficient_of_variation(per_window),
-        "step_time_ms_p50": 1e3 * percentile(slowest, 50),
+        MEASURED_STEPS: n_steps,
+        THROUGHPUT_SAMPLES_PER_S: throughput,
+        THROUGHPUT_SAMPLES_PER_S_PER_DEVICE: throughput / world,
+        THROUGHPUT_CV: coefficient_of_variation(per_window),
+        STEP_TIME_MS_P50: 1e3 * percentile(slowest, 50),
         "step_time_ms_p90": 1e3 * percentile(slowest, 90),
         "step_time_ms_max": 1e3 * max(slowest),
         "data_time_share": max(sum(r["data_time_s"]) / sum(r["step_time_s"]) for r in per_rank),
@@ -105,8 +121,8 @@ def step_records(histories: list[dict[str, Any]], lo: int, hi: int) -> list[dict
     for step in range(lo, hi):
         idx = [h["steps"].index(step) for h in histories]
         pairs = list(zip(histories, idx, strict=True))
-        out.append({"step": step, "loss": sum(h["losses"][i] for h, i in pairs) / len(pairs),
-                    "step_time_ms": 1e3 * max(h["step_time_s"][i] for h, i in pairs)})
+        out.append({"step": step, STEP_LOSS: sum(h["losses"][i] for h, i in pairs) / len(pairs),
+                    STEP_TIME_MS: 1e3 * max(h["step_time_s"][i] for h, i in pairs)})
     return out
 
 
@@ -167,7 +183,7 @@ def stragglers(rank_medians_s: Sequence[float], hosts: Sequence[str]) -> tuple[d
     tags = {"slowest_rank": f"{slowest} on {hosts[slowest]}"}
     if spread > STRAGGLER_LIMIT:
         tags["straggler_rank"] = tags["slowest_rank"]
-    return {"step_time_rank_spread": spread}, tags
+    return {STEP_TIME_RANK_SPREAD: spread}, tags
 
 
 # ---- the job's report: summary, tags, records (rank 0 logs it; every rank computes it) ---------
@@ -196,9 +212,9 @@ def report(run: Run, outcome: Outcome, per_rank: list[dict[str, Any]]) -> Report
     tags: dict[str, str] = {}
     missing = run.interference.missing
     system = gpu_figures(run.rank.device, per_rank, summary, tags, missing,
-                         samples_in_window=train.batch_size * train.grad_accum_steps * summary["measured_steps"]
+                         samples_in_window=train.batch_size * train.grad_accum_steps * summary[MEASURED_STEPS]
                          * run.rank.dims.data_parallel)
-    if "foreign_gpu_share" not in summary and missing:
+    if FOREIGN_GPU_SHARE not in summary and missing:
         tags["gpu_interference_missing"] = missing
     rank_medians_s, local_medians_s = straggler_figures(per_rank, summary, tags)
     tags = run_tags(run, per_rank, outcome, summary, tags)
@@ -230,15 +246,15 @@ def job_summary(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome,
     summary.update(loss_first=mean_loss[0], loss_last=mean_loss[-1], nodes=env.num_nodes, lr=run.setup.lr,
                    restarts=outcome.restarts, warmup_steps_extended=outcome.warmup_steps_extended)
     if run.setup.tuning is not None and run.setup.tuning.compile:
-        summary["compile_time_s"] = max(compile_time_s(r["history"]) for r in per_rank)
+        summary[COMPILE_TIME_S] = max(compile_time_s(r["history"]) for r in per_rank)
     foreign = foreign_cpu_share([r["interference"]["cpu_window"] for r in per_rank])
     if foreign is not None:
-        summary["foreign_cpu_share"] = foreign
+        summary[FOREIGN_CPU_SHARE] = foreign
     gpu = [r["interference"]["gpu"] for r in per_rank if r["interference"]["gpu"]]
     if gpu:
-        summary["foreign_gpu_share"] = max(g["foreign_gpu_share"] for g in gpu)
-        summary["gpu_util_mean"] = sum(g["gpu_util_mean"] for g in gpu) / len(gpu)
-    for unit, throughput in (("samples", summary["throughput_samples_per_s"]),
+        summary[FOREIGN_GPU_SHARE] = max(g[FOREIGN_GPU_SHARE] for g in gpu)
+        summary[GPU_UTIL_MEAN] = sum(g[GPU_UTIL_MEAN] for g in gpu) / len(gpu)
+    for unit, throughput in (("samples", summary[THROUGHPUT_SAMPLES_PER_S]),
                              ("tokens", summary.get("throughput_tokens_per_s"))):
         price = cost_per_1m(throughput, devices=env.world_size, nodes=env.num_nodes,
                             cost_per_device_hour=spec.cost_per_device_hour,
@@ -290,7 +306,7 @@ def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary
             "backend": rank.backend, "process_group_backend": backend_for(device.type),
             "precision_mode": par.plan.mode, "world_size": str(env.world_size),
             "num_threads": str(torch.get_num_threads()), "layout_source": env.source, "master_addr": env.master_addr,
-            "master_port": str(env.master_port), "job_id": env.job_id, "restarts": str(outcome.restarts),
+            "master_port": str(env.master_port), "job_id": env.job_id, RESTARTS: str(outcome.restarts),
             **provenance(torch, device), **extra_tags}
     if run.setup.tuning is not None:
         tags.update(run.setup.tuning.tags())
@@ -358,7 +374,7 @@ def mfu_figures(run: Run, summary: dict[str, Any], matmul_peaks=()) -> dict[str,
         settings["peak_flops_math"] = math
     else:
         device_name, peak = platform.processor() or "cpu", None  # CPUs have no single meaningful peak
-    per_device = summary["throughput_samples_per_s_per_device"]
+    per_device = summary[THROUGHPUT_SAMPLES_PER_S_PER_DEVICE]
     achieved, reason = peaks.mfu_checked(flops, per_device, peak)
     settings["mfu_formula"] = ("flops_per_sample x throughput_samples_per_s_per_device / peak_flops_per_s "
                                f"(datasheet peak for {device_name!r}, {settings.get('peak_flops_math', 'no math mode')})")
@@ -370,7 +386,7 @@ def mfu_figures(run: Run, summary: dict[str, Any], matmul_peaks=()) -> dict[str,
     measured_tflops, why = peaks.measured_peak(list(matmul_peaks))
     if measured_tflops is not None:
         first = matmul_peaks[0]
-        summary["measured_matmul_tflops"] = measured_tflops
+        summary[MEASURED_MATMUL_TFLOPS] = measured_tflops
         settings["mfu_measured_formula"] = (
             "flops_per_sample x throughput_samples_per_s_per_device / (measured_matmul_tflops x 1e12); "
             f"measured_matmul_tflops: mean over the job's devices of 2*n^3 x {first['iterations']} / time of "

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from contract.codec import to_plain
+from contract.metrics import STEP_TIME_MS_P50, THROUGHPUT_SAMPLES_PER_S
 from launcher import decide, finish, healthprobe, probe
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
@@ -285,7 +286,7 @@ def progress_line(state: SweepState, cell: Cell) -> str:
         summary = json.loads((state.cell_dir(cell) / "result.json").read_text()).get("summary", {})
     except (OSError, ValueError):
         return "done (no result.json)"
-    rate, step = summary.get("throughput_samples_per_s"), summary.get("step_time_ms_p50")
+    rate, step = summary.get(THROUGHPUT_SAMPLES_PER_S), summary.get(STEP_TIME_MS_P50)
     parts = [f"{rate:.1f} samples/s" if isinstance(rate, (int, float)) else None,
              f"step p50 {step:.1f} ms" if isinstance(step, (int, float)) else None]
     return "done: " + ", ".join(p for p in parts if p)

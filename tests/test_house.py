@@ -481,3 +481,23 @@ def test_the_documents_links_resolve():
     docs += [ROOT / d / "README.md" for d in ("slurm", "docker", "bench")]
     broken = {str(d.relative_to(ROOT)): _broken_links(d) for d in docs}
     assert not any(broken.values()), {d: links for d, links in broken.items() if links}
+
+
+def _string_constants(path: Path) -> set[str]:
+    """Every string a module writes as a literal (docstrings are whole sentences, never a bare name)."""
+    return {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_a_metrics_name_is_written_in_at_most_two_modules():
+    """The registry (contract/metrics.py) names each metric once; the code that measures it may write it
+    too; every other module reads it from the registry. Names that are also a setting of the schema or
+    a cell's size (nodes, runs, world_size, lr) are the config's words as well, and are not counted."""
+    from contract import metrics
+    from launcher.plan.schemakeys import schema_keys
+
+    settings = {k.rsplit(".", 1)[-1] for k in schema_keys()} | {"world_size"}
+    written = {str(p.relative_to(ROOT)): _string_constants(p)
+               for d in ("launcher", "jobs", "contract") for p in (ROOT / d).rglob("*.py")}
+    over = {m.name: sorted(f for f, names in written.items() if m.name in names)
+            for m in (*metrics.METRICS, *metrics.STEP_SERIES) if m.name not in settings}
+    assert not {n: f for n, f in over.items() if len(f) > 2}, {n: f for n, f in over.items() if len(f) > 2}

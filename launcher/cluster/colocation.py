@@ -15,6 +15,7 @@ A flagged cell keeps its numbers, shows ``co-located`` in the report, gets the M
 
 from __future__ import annotations
 
+from contract.metrics import FOREIGN_CPU_SHARE, FOREIGN_GPU_SHARE, MEASURED_STEPS, STEP_TIME_MS_P50
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import Allocation, JobTimes
 from launcher.plan.cell import Cell, CellStatus
@@ -53,11 +54,11 @@ def foreign_use(summary: dict) -> str | None:
     Windows shorter than MIN_WINDOW_S are not judged: /proc counts in 10 ms ticks, and a process
     starting or a scheduler blip is a large share of a 0.2 s window (such cells are too short to
     compare anyway)."""
-    steps, step_ms = summary.get("measured_steps"), summary.get("step_time_ms_p50")
+    steps, step_ms = summary.get(MEASURED_STEPS), summary.get(STEP_TIME_MS_P50)
     if isinstance(steps, (int, float)) and isinstance(step_ms, (int, float)) and steps * step_ms / 1e3 < MIN_WINDOW_S:
         return None
     parts = []
-    for key, what in (("foreign_cpu_share", "its cores"), ("foreign_gpu_share", "its GPUs")):
+    for key, what in ((FOREIGN_CPU_SHARE, "its cores"), (FOREIGN_GPU_SHARE, "its GPUs")):
         share = summary.get(key)
         if isinstance(share, (int, float)) and share > FOREIGN_SHARE_LIMIT:
             parts.append(f"other processes used {share:.0%} of {what} during the measured window")

@@ -19,6 +19,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from contract.metrics import THROUGHPUT_SAMPLES_PER_S
 from launcher.cli import guarded
 from launcher.forecast.cells import Basis, Forecast, basis, forecast_cells, notes, row_of, throughput_of
 from launcher.plan import fit, perfmodel
@@ -231,11 +232,11 @@ def verify(state: SweepState, made: list[Forecast], spread_basis: Basis) -> int:
     cells = planner.plan(grid.compose(points, swept))
     code = sweep.run(cells, ["python -m launcher", *command], preflight.check(cells))
     ran = SweepState.load(out)
-    measured = [r for r in collect(ran) if r.get("throughput_samples_per_s")]
+    measured = [r for r in collect(ran) if r.get(THROUGHPUT_SAMPLES_PER_S)]
     if not measured:
         print(f"--verify: the cell left no measurement (exit {code}); see {out}.", file=sys.stderr)
         return 1
-    value = float(measured[0]["throughput_samples_per_s"])
+    value = float(measured[0][THROUGHPUT_SAMPLES_PER_S])
     predicted = target.prediction.throughput_samples_per_s
     key = floor_key(state)
     forecastrecord.add(state.path.parent, key, ran.name, [{"cell": target.cell.name, "kind": "verify",

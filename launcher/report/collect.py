@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from contract import metrics, mlflow_client
+from contract.metrics import PREDICTED_ACTIVATION_BYTES, PREDICTED_MODEL_STATE_BYTES
 from launcher.cluster.base import REPRODUCE_FILE
 from launcher.report import sequential, stats
 from launcher.report.rows import WHERE_KEYS, add_derived
@@ -59,9 +60,9 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
         row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith(TUNING_TAG)})
         row.update(result.get("summary", {}))
         if cell.predicted_state_bytes is not None:
-            row["predicted_model_state_bytes"] = cell.predicted_state_bytes
+            row[PREDICTED_MODEL_STATE_BYTES] = cell.predicted_state_bytes
         if cell.predicted_activation_bytes is not None:
-            row["predicted_activation_bytes"] = cell.predicted_activation_bytes
+            row[PREDICTED_ACTIVATION_BYTES] = cell.predicted_activation_bytes
         row.update({metrics.predicted_comm_bytes(k): v for k, v in cell.predicted_comm_bytes.items()})
         if (state.cell_dir(cell) / REPRODUCE_FILE).exists():  # its ranks again by hand (python -m jobs)
             row["reproduce"] = str((state.cell_dir(cell) / REPRODUCE_FILE).relative_to(state.path))
@@ -155,7 +156,7 @@ def _rows_from_runs(runs: list, experiment_id: str) -> list[dict[str, Any]]:
         row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith(TUNING_TAG)})
         # Per-step series (loss, step_time_ms) are logged under their own names; every summary
         # figure is a single value at step 0, so the latest value is the summary.
-        row.update({k: v for k, v in run.data.metrics.items() if k not in ("loss", "step_time_ms")})
+        row.update({k: v for k, v in run.data.metrics.items() if k not in {s.name for s in metrics.STEP_SERIES}})
         if run.data.metrics.get("world_size"):
             row["world_size"] = int(run.data.metrics["world_size"])
         rows.append(row)

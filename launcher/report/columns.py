@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import metrics
+from contract.metrics import THROUGHPUT_CV
 from launcher.report import stats
 from launcher.report.rows import GIB, MIB, grouped, md_cell, num, ranked
 
@@ -35,7 +36,7 @@ def _fixed(spec: str) -> Callable[[Any], str]:
 
 
 def cv_text(row: dict[str, Any]) -> str:
-    v = num(row.get("throughput_cv"))
+    v = num(row.get(THROUGHPUT_CV))
     if v is None or (row.get("repeats") or 0) < 2:
         return "-"  # one measured window has no spread to report
     return f"{v:.1%} {NOISY_FLAG}" if v > NOISY_CV else f"{v:.1%}"
@@ -119,7 +120,7 @@ def table(rows: list[dict[str, Any]], floor: stats.Floor | None = None) -> str:
 _CSV_WHO = ("cell", "sweep", "model", "strategy", "precision", "nodes", "world_size", "status", "failure_class")
 _CSV_LAST_OF_LEAD = ("interference", "error", "run_id")
 # Settings read beside a figure: the window count beside the window CV computed over it.
-_CSV_BESIDE = {"throughput_cv": ("repeats",)}
+_CSV_BESIDE = {THROUGHPUT_CV: ("repeats",)}
 
 
 def _csv_lead() -> tuple[str, ...]:

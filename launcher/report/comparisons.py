@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import metrics
+from contract.metrics import MODEL_STATE_BYTES
 from launcher.report.explain import Explanation, explain
 from launcher.report.rows import md_cell, num, settings
 from launcher.report.stats import (
@@ -28,7 +29,7 @@ from launcher.report.stats import (
 )
 
 # Model state is counted exactly: within the registry's band it is the same layout.
-STATE_TOLERANCE: float = metrics.get("model_state_bytes").min_effect or 0.0
+STATE_TOLERANCE: float = metrics.get(MODEL_STATE_BYTES).min_effect or 0.0
 # Known choices in the order that makes the first one the baseline of a comparison.
 _ORDER = {"strategy": ["ddp", "fsdp", "zero2", "hsdp", "fsdp_noshard", "fsdp_offload"],
           "precision": ["fp32", "bf16", "fp16"]}
@@ -148,7 +149,7 @@ def _compare(axis: str, a: dict[str, Any], b: dict[str, Any], floor: Floor | Non
         throughput=sequential_difference(a, b, "throughput", MIN_EFFECT["throughput"], looks, floor)
         if ea and eb else None,
         peak=sequential_difference(a, b, "peak_memory", MIN_EFFECT["peak_memory"], looks, floor) if pa and pb else None,
-        state_ratio=state_ratio(num(a.get("model_state_bytes")), num(b.get("model_state_bytes"))),
+        state_ratio=state_ratio(num(a.get(MODEL_STATE_BYTES)), num(b.get(MODEL_STATE_BYTES))),
         caveat=caveat, noise=noise_used(ea, eb, floor), why=explain(a, b, _label(a, axis), _label(b, axis), floor),
         looks=looks)
 

@@ -18,13 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import metrics
+from contract.metrics import (
+    ANATOMY_BACKWARD_MS,
+    ANATOMY_DATA_WAIT_MS,
+    ANATOMY_FORWARD_MS,
+    ANATOMY_UNATTRIBUTED_MS,
+    STEP_TIME_MS_P50,
+    THROUGHPUT_SAMPLES_PER_S,
+)
 from launcher.plan import traffic
 from launcher.report.rows import grouped, num, settings
 from launcher.report.stats import Estimate, Floor, estimate_of, welch_interval
 
 STEP = metrics.ANATOMY_STEP
-WINDOW_STEP = "step_time_ms_p50"
-UNATTRIBUTED = "anatomy_unattributed_ms"
+WINDOW_STEP = STEP_TIME_MS_P50
+UNATTRIBUTED = ANATOMY_UNATTRIBUTED_MS
 UNDECIDED_SHARE = 0.10  # without noise, a part is named from this share of the difference on
 
 
@@ -79,7 +87,7 @@ def part_label(name: str) -> str:
 
 def _values(row: dict[str, Any], name: str) -> list[float]:
     members = row.get("_members", [row])
-    return [v for m in members if num(m.get("throughput_samples_per_s")) and (v := num(m.get(name))) is not None]
+    return [v for m in members if num(m.get(THROUGHPUT_SAMPLES_PER_S)) and (v := num(m.get(name))) is not None]
 
 
 def part_estimate(row: dict[str, Any], name: str, floor: Floor | None) -> Estimate | None:
@@ -178,9 +186,9 @@ def _advice(part: str, strategy: str, row: dict[str, Any]) -> tuple[str, dict[st
                 {"precision": "bf16", "precision.mode": "params", "precision.reduce_dtype": "fp32,bf16"})
     if part in ("comm_all_reduce_exposed_ms", "comm_broadcast_exposed_ms", "comm_other_exposed_ms"):
         return "a larger batch per device gives backward more computation to hide the reduction behind", bigger
-    if part in ("anatomy_forward_ms", "anatomy_backward_ms") and _setting(row, "activation_checkpointing") == "true":
+    if part in (ANATOMY_FORWARD_MS, ANATOMY_BACKWARD_MS) and _setting(row, "activation_checkpointing") == "true":
         return "activation checkpointing recomputes the forward in backward", {"activation_checkpointing": "true,false"}
-    if part == "anatomy_data_wait_ms":
+    if part == ANATOMY_DATA_WAIT_MS:
         return "the input pipeline keeps the step waiting", {"data": "synthetic"}
     return None
 

@@ -29,6 +29,15 @@ import math
 from typing import Any
 
 from contract import metrics
+from contract.metrics import (
+    ANATOMY_BACKWARD_MS,
+    ANATOMY_COPIES_MS,
+    ANATOMY_DATA_WAIT_MS,
+    ANATOMY_FORWARD_MS,
+    GPU_UTIL_MEAN,
+    MODEL_STATE_BYTES,
+    STEP_TIME_RANK_SPREAD,
+)
 from launcher.plan import traffic
 from launcher.report import nodes
 from launcher.report.comparisons import (
@@ -125,7 +134,7 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
         within = f"within {margin:.0%} of it or not measurably slower" if same else f"within {margin:.0%} of it"
 
         def memory(u: dict[str, Any]) -> float:
-            return peak_memory_gib(u) or num(u.get("model_state_bytes")) or math.inf
+            return peak_memory_gib(u) or num(u.get(MODEL_STATE_BYTES)) or math.inf
 
         lean = min(near, key=lambda u: (memory(u), -est[id(u)].mean))
         if len(near) == 1:
@@ -150,7 +159,7 @@ def _less_memory(a: dict[str, Any], b: dict[str, Any], floor: Floor | None) -> b
     pa, pb = estimate(a, "peak_memory", floor), estimate(b, "peak_memory", floor)
     if pa is not None and pb is not None:
         return difference(pa, pb, MIN_EFFECT["peak_memory"]).verdict == LOWER
-    ratio = state_ratio(num(a.get("model_state_bytes")), num(b.get("model_state_bytes")))
+    ratio = state_ratio(num(a.get(MODEL_STATE_BYTES)), num(b.get(MODEL_STATE_BYTES)))
     return ratio is not None and ratio < 1 - STATE_TOLERANCE
 
 
@@ -160,7 +169,7 @@ def stragglers(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for row in rows:
         rank = row.get("straggler_rank")
-        spread = row.get("step_time_rank_spread")
+        spread = row.get(STEP_TIME_RANK_SPREAD)
         if rank:
             how = f": {spread:.2f}x the median rank's step time" if isinstance(spread, (int, float)) else ""
             out.append(f"- {md_cell(row['cell'])}: rank {md_cell(rank)} is a straggler{how}. The whole job runs at its "
@@ -169,8 +178,8 @@ def stragglers(rows: list[dict[str, Any]]) -> list[str]:
 
 
 HOST_BOUND_UTIL = 75.0  # NVML's GPU busy percent below which the device waited for the host a large part of the window
-_HOST_PARTS = ("anatomy_optimizer_ms", "anatomy_data_wait_ms", "anatomy_forward_ms", "anatomy_backward_ms",
-               "anatomy_copies_ms")
+_HOST_PARTS = ("anatomy_optimizer_ms", ANATOMY_DATA_WAIT_MS, ANATOMY_FORWARD_MS, ANATOMY_BACKWARD_MS,
+               ANATOMY_COPIES_MS)
 
 
 def host_bound(units: list[dict[str, Any]]) -> list[str]:
@@ -179,7 +188,7 @@ def host_bound(units: list[dict[str, Any]]) -> list[str]:
     (the anatomy: what the host was doing) is named as what kept the GPU waiting."""
     out = []
     for u in units:
-        util = num(u.get("gpu_util_mean"))
+        util = num(u.get(GPU_UTIL_MEAN))
         if util is None or util >= HOST_BOUND_UTIL:
             continue
         text = (f"- {md_cell(u['cell'])}: the step was host-bound: the GPU was busy {util:.0f}% of the measured window "

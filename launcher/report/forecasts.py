@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import metrics
+from contract.metrics import COMM_EXPOSED_MS, COMM_PROBE_STEP_TIME_MS, COMM_TIME_MS, FOREIGN_CPU_SHARE
 from contract.parallel import ParallelDims
 from contract.spec import RunSpec
 from contract.tuning import resolved_model
@@ -110,7 +111,7 @@ def observed(row: dict[str, Any], work: Work) -> Observed | None:
     if not tput:
         return None
     step_ms = 1000.0 * work.world_size * work.samples / tput
-    comm, exposed, probe = (num(row.get(k)) for k in ("comm_time_ms", "comm_exposed_ms", "comm_probe_step_time_ms"))
+    comm, exposed, probe = (num(row.get(k)) for k in (COMM_TIME_MS, COMM_EXPOSED_MS, COMM_PROBE_STEP_TIME_MS))
     scale = step_ms / probe if probe else 1.0  # the profiled probe runs slower than the window
     return Observed(work, step_ms, None if comm is None else comm * scale,
                     None if exposed is None else exposed * scale)
@@ -314,7 +315,7 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
         flops = fitcache.flops_per_sample(resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
         if not flops:
             continue
-        foreign = num(unit.get("foreign_cpu_share"))
+        foreign = num(unit.get(FOREIGN_CPU_SHARE))
         available = 1.0 - min(foreign, 0.95) if foreign is not None else 1.0
         work = work_of(spec, str(unit.get("strategy")), flops, moved_bytes(unit), measured_calls(unit), cpus, available,
                        probes.one_machine_cpus)

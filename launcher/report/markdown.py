@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.metrics import (
+    COMPILE_TIME_S,
+    MEASURED_STEPS,
+    THROUGHPUT_SAMPLES_PER_S,
+    THROUGHPUT_SAMPLES_PER_S_PER_DEVICE,
+)
 from launcher.cluster.failures import FIXES
 from launcher.report import findings, plots, stats
 from launcher.report.collect import TUNING_TAG, ReportError, rows_from_experiment
@@ -54,7 +60,7 @@ def _uniform(rows: Sequence[dict[str, Any]], key: str) -> str:
 def _how_measured(rows: Sequence[dict[str, Any]]) -> str:
     runs = "/".join(sorted({str(len(u.get("_members", [u]))) for u in grouped(list(rows))}, key=int)) or "?"
     steps, warm = _uniform(rows, "steps"), _uniform(rows, "warmup_steps")
-    measured = _distinct(rows, "measured_steps")
+    measured = _distinct(rows, MEASURED_STEPS)
     repeats, batch = _uniform(rows, "repeats"), _uniform(rows, "batch_size")
     return "\n".join([
         f"Each cell ran {steps} optimizer steps on every rank, {batch} samples per device per step. The first "
@@ -96,7 +102,7 @@ def _tuning_text(rows: Sequence[dict[str, Any]]) -> str:
     if not keys:
         return "The step's tuning settings were not recorded (runs from before they were)."
     words = ", ".join(f"{k.removeprefix(TUNING_TAG)} {'/'.join(_distinct(rows, k))}" for k in keys)
-    compile_s = [v for r in rows if (v := num(r.get("compile_time_s"))) is not None]
+    compile_s = [v for r in rows if (v := num(r.get(COMPILE_TIME_S))) is not None]
     text = (f"The step ran tuned as the ranks resolved it for their device (docs/configuration.md, *The step's "
             f"tuning*): {words}.")
     if compile_s:
@@ -122,7 +128,7 @@ def _environment(rows: Sequence[dict[str, Any]], extra: dict[str, str]) -> str:
 
 
 def _failures(rows: Sequence[dict[str, Any]]) -> str:
-    bad = [r for r in rows if r.get("status") != "done" or num(r.get("throughput_samples_per_s")) is None]
+    bad = [r for r in rows if r.get("status") != "done" or num(r.get(THROUGHPUT_SAMPLES_PER_S)) is None]
     if not bad:
         return "All cells finished with results."
     lines = ["| cell | status | class | error | fix |", "|---|---|---|---|---|"]
@@ -155,7 +161,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor),
                     findings=findings.findings(rows, floor=floor, looks=looks),
                     cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
-    done = [r for r in rows if num(r.get("throughput_samples_per_s")) is not None]
+    done = [r for r in rows if num(r.get(THROUGHPUT_SAMPLES_PER_S)) is not None]
     parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
              *_results_section(rows, done, report.tables), *_plots_section(rows, bool(done), out_dir, report),
              *sections, "## How measured", "", _how_measured(rows), "",
@@ -185,13 +191,13 @@ def _results_section(rows: list[dict[str, Any]], done: list[dict[str, Any]], tab
     if not done:
         return parts
     multi_model = len(_distinct(done, "model")) > 1
-    units = [u for u in grouped(rows) if num(u.get("throughput_samples_per_s")) is not None]
+    units = [u for u in grouped(rows) if num(u.get(THROUGHPUT_SAMPLES_PER_S)) is not None]
     for (model, ws) in sorted({(str(r.get("model")), r.get("world_size") or 0) for r in units}):
         peers = [r for r in units if str(r.get("model")) == model and (r.get("world_size") or 0) == ws]
-        best = max(peers, key=lambda r: r["throughput_samples_per_s"])
+        best = max(peers, key=lambda r: r[THROUGHPUT_SAMPLES_PER_S])
         parts += [f"Best at {ws} rank(s){f' ({model})' if multi_model else ''}: **{md_cell(best['cell'])}** at "
-                  f"{rate_text(best['throughput_samples_per_s'])} samples/s "
-                  f"({rate_text(best.get('throughput_samples_per_s_per_device'))} per device).", ""]
+                  f"{rate_text(best[THROUGHPUT_SAMPLES_PER_S])} samples/s "
+                  f"({rate_text(best.get(THROUGHPUT_SAMPLES_PER_S_PER_DEVICE))} per device).", ""]
     noisy = [r for r in done if cv_text(r).endswith(NOISY_FLAG)]
     if noisy:
         parts.append(f"{NOISY_FLAG} {len(noisy)} cell(s) varied by more than {NOISY_CV:.0%} between the measured "

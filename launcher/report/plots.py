@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from contract import metrics
+from contract.metrics import (
+    ANATOMY_UNATTRIBUTED_MS,
+    MODEL_STATE_BYTES,
+    RELATIVE_PERF,
+    SCALING_EFFICIENCY,
+    STEP_TIME_MS_P50,
+    THROUGHPUT_SAMPLES_PER_S,
+    THROUGHPUT_SAMPLES_PER_S_PER_DEVICE,
+)
 from launcher.report.explain import part_label
 from launcher.report.rows import GIB, MIB, cell_label, grouped, peak_memory_gib, ranked, series_labels
 
@@ -46,7 +55,7 @@ def _colors(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _measured(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in ranked(grouped(rows)) if r.get("throughput_samples_per_s")]
+    return [r for r in ranked(grouped(rows)) if r.get(THROUGHPUT_SAMPLES_PER_S)]
 
 
 def _capped(measured: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -54,7 +63,7 @@ def _capped(measured: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     best cells), in table order; and a note for the title when some were left out."""
     if len(measured) <= MAX_BARS:
         return measured, ""
-    keep = {id(r) for r in sorted(measured, key=lambda r: -(r.get("relative_perf") or 0))[:MAX_BARS]}
+    keep = {id(r) for r in sorted(measured, key=lambda r: -(r.get(RELATIVE_PERF) or 0))[:MAX_BARS]}
     return [r for r in measured if id(r) in keep], f" (best {MAX_BARS} of {len(measured)}; all in cells.csv)"
 
 
@@ -101,8 +110,8 @@ def throughput(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     if not measured:
         return None
     return _two_panels(rows, measured, f"Throughput by cell (measured steps only){note}", [
-        ("Total throughput", [r["throughput_samples_per_s"] for r in measured], ",.1f", "samples/s (all ranks)"),
-        ("Per-device throughput", [r.get("throughput_samples_per_s_per_device") for r in measured], ",.1f",
+        ("Total throughput", [r[THROUGHPUT_SAMPLES_PER_S] for r in measured], ",.1f", "samples/s (all ranks)"),
+        ("Per-device throughput", [r.get(THROUGHPUT_SAMPLES_PER_S_PER_DEVICE) for r in measured], ",.1f",
          "samples/s per device"),
     ], path)
 
@@ -110,12 +119,12 @@ def throughput(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
 def memory(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     """Peak memory and model-state bytes per rank (both the maximum over ranks), per cell."""
     measured, note = _capped([r for r in _measured(rows)
-                              if peak_memory_gib(r) is not None or r.get("model_state_bytes")])
+                              if peak_memory_gib(r) is not None or r.get(MODEL_STATE_BYTES)])
     if not measured:
         return None
-    largest = max((r.get("model_state_bytes") or 0 for r in measured), default=0)
+    largest = max((r.get(MODEL_STATE_BYTES) or 0 for r in measured), default=0)
     unit, div = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
-    state = [None if r.get("model_state_bytes") is None else r["model_state_bytes"] / div for r in measured]
+    state = [None if r.get(MODEL_STATE_BYTES) is None else r[MODEL_STATE_BYTES] / div for r in measured]
     return _two_panels(rows, measured, f"Memory by cell{note}", [
         ("Peak memory", [peak_memory_gib(r) for r in measured], ".2f", "GiB (max over ranks)"),
         ("Model state (params + grads + optimizer)", state, ".2f" if unit == "GiB" else ".1f",
@@ -134,7 +143,7 @@ def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
         return None  # nothing was measured at more than one node count
     note = ""
     if len(curves) > MAX_SERIES:  # the series fastest per device at their smallest node count
-        best = sorted(curves, key=lambda k: -(_mean(r["throughput_samples_per_s_per_device"]
+        best = sorted(curves, key=lambda k: -(_mean(r[THROUGHPUT_SAMPLES_PER_S_PER_DEVICE]
                                                     for r in curves[k][min(curves[k])]) or 0.0))[:MAX_SERIES]
         note = f" ({MAX_SERIES} of {len(curves)} series: the fastest per device)"
         curves = {k: curves[k] for k in best}
@@ -145,8 +154,8 @@ def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     for key, points in sorted(curves.items(), key=lambda kv: labels[kv[0]]):
         xs = sorted(points)
         # Repeated cells (several sweeps) are averaged per node count.
-        per_dev = [_mean(r["throughput_samples_per_s_per_device"] for r in points[n]) for n in xs]
-        eff = [_mean(r.get("scaling_efficiency") for r in points[n]) for n in xs]
+        per_dev = [_mean(r[THROUGHPUT_SAMPLES_PER_S_PER_DEVICE] for r in points[n]) for n in xs]
+        eff = [_mean(r.get(SCALING_EFFICIENCY) for r in points[n]) for n in xs]
         left.plot(xs, per_dev, marker="o", label=labels[key])
         right.plot(xs, [None if e is None else 100 * e for e in eff], marker="o", label=labels[key])
     right.axhline(100, color="grey", linestyle="--", linewidth=1, label="linear scaling")
@@ -158,7 +167,7 @@ def scaling(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     left.set_ylim(bottom=0)
     left.set_title("Per-device throughput")
     right.set_ylabel("% of the smallest cell's per-device throughput")
-    right.set_ylim(0, max(110, max((100 * (r.get("scaling_efficiency") or 0) for r in measured), default=0) * 1.1))
+    right.set_ylim(0, max(110, max((100 * (r.get(SCALING_EFFICIENCY) or 0) for r in measured), default=0) * 1.1))
     right.set_title("Scaling efficiency")
     right.legend(fontsize=8, loc="lower left")
     fig.suptitle(f"Scaling over node counts (one line per series){note}")
@@ -185,11 +194,11 @@ def anatomy(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     left = [0.0] * len(measured)
     for i, part in enumerate(shown):
         widths = [float(r.get(part) or 0.0) for r in measured]
-        last = part == "anatomy_unattributed_ms"
+        last = part == ANATOMY_UNATTRIBUTED_MS
         ax.barh(ys, widths, left=left, label=part_label(part), color="lightgrey" if last else cmap(i % 20),
                 hatch="//" if last else None, edgecolor="white", linewidth=0.5)
         left = [lo + w for lo, w in zip(left, widths, strict=True)]
-    window = [r.get("step_time_ms_p50") for r in measured]
+    window = [r.get(STEP_TIME_MS_P50) for r in measured]
     ax.scatter([w for w in window if w], [y for y, w in zip(ys, window, strict=True) if w], marker="|", s=300,
                color="black", label="window step p50", zorder=3)
     ax.set_yticks(ys, labels)

@@ -10,6 +10,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from contract import metrics
+from contract.metrics import (
+    RELATIVE_PERF,
+    SCALING_EFFICIENCY,
+    THROUGHPUT_SAMPLES_PER_S,
+    THROUGHPUT_SAMPLES_PER_S_PER_DEVICE,
+)
 from contract.stats import scaling_efficiency
 
 GIB = 1024**3
@@ -37,7 +43,7 @@ def throughput(row: dict[str, Any]) -> float | None:
         return None
     if row.get("status") in ("cancelled", "failed", "lost"):
         return None  # a cancelled cell keeps its numbers on record, but they are not a result
-    v = num(row.get("throughput_samples_per_s"))
+    v = num(row.get(THROUGHPUT_SAMPLES_PER_S))
     return v if v else None
 
 
@@ -75,14 +81,14 @@ def add_derived(rows: list[dict[str, Any]]) -> None:
     runs are less comparable than ratios within one)."""
     measured = [r for r in rows if throughput(r)]
     for r in measured:
-        peers_ws = [p["throughput_samples_per_s"] for p in measured
+        peers_ws = [p[THROUGHPUT_SAMPLES_PER_S] for p in measured
                     if p.get("model") == r.get("model") and p.get("world_size") == r.get("world_size")]
-        r["relative_perf"] = r["throughput_samples_per_s"] / max(peers_ws)
+        r[RELATIVE_PERF] = r[THROUGHPUT_SAMPLES_PER_S] / max(peers_ws)
         peers = [p for p in measured if p.get("series") == r.get("series")]
         if len({p["world_size"] for p in peers}) > 1:
             base = min(peers, key=lambda p: (p["world_size"], p.get("sweep") != r.get("sweep")))
-            r["scaling_efficiency"] = scaling_efficiency(r["throughput_samples_per_s_per_device"],
-                                                         base["throughput_samples_per_s_per_device"])
+            r[SCALING_EFFICIENCY] = scaling_efficiency(r[THROUGHPUT_SAMPLES_PER_S_PER_DEVICE],
+                                                         base[THROUGHPUT_SAMPLES_PER_S_PER_DEVICE])
 
 
 def peak_memory_gib(row: dict[str, Any]) -> float | None:

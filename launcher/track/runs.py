@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from contract import cell_run, mlflow_client
-from contract.metrics import predicted_comm_bytes
+from contract.metrics import PREDICTED_ACTIVATION_BYTES, PREDICTED_MODEL_STATE_BYTES, RESTARTS, predicted_comm_bytes
 from contract.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
 from contract.records import read_records
 from launcher.cluster.backends import backend_for
@@ -167,8 +167,8 @@ def settle_run(client, run, cell: Cell, end_s: Callable[[], float] = time.time) 
     earlier = [f"{k}={have[k]}" for k in FAILURE_TAGS if k in drop and have.get(k)]
     if earlier:
         tags["earlier_failure"] = "; ".join(earlier)
-    if cell.restarts > _int(have.get("restarts")):
-        tags["restarts"] = str(cell.restarts)
+    if cell.restarts > _int(have.get(RESTARTS)):
+        tags[RESTARTS] = str(cell.restarts)
     wanted = MLFLOW_STATUS[cell.status]
     if cell.status in (CellStatus.failed, CellStatus.lost) and run.info.status == "RUNNING":
         tags["closed_by"] = (f"launcher: the cell's job {cell.job_id or '-'} ended ({cell.status.value}) and its "
@@ -349,8 +349,8 @@ def write_template(state: SweepState, cell: Cell, code: dict[str, str]) -> None:
             "nodes": str(cell.nodes), "world_size": str(cell.world_size), "model": cell.model, "cell": cell.name,
             **code, **backend_for(state.cluster).job_tags(cell)}
     metrics = {name: float(value) for name, value in (
-        ("predicted_model_state_bytes", cell.predicted_state_bytes),
-        ("predicted_activation_bytes", cell.predicted_activation_bytes)) if value is not None}
+        (PREDICTED_MODEL_STATE_BYTES, cell.predicted_state_bytes),
+        (PREDICTED_ACTIVATION_BYTES, cell.predicted_activation_bytes)) if value is not None}
     metrics.update({predicted_comm_bytes(k): float(v) for k, v in cell.predicted_comm_bytes.items()})
     cell_run.write_template(state.cell_dir(cell), str(state.experiment_id), cell.name, tags,
                             tracking.flatten(_resolved(state, cell)), metrics)
