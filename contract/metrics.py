@@ -75,6 +75,7 @@ ANATOMY_COPIES_MS = "anatomy_copies_ms"
 ANATOMY_DATA_WAIT_MS = "anatomy_data_wait_ms"
 ANATOMY_FORWARD_MS = "anatomy_forward_ms"
 ANATOMY_UNATTRIBUTED_MS = "anatomy_unattributed_ms"
+FLOPS_PER_SAMPLE = "flops_per_sample"
 COMM_EXPOSED_MS = "comm_exposed_ms"
 COMM_PROBE_STEP_TIME_MS = "comm_probe_step_time_ms"
 COMM_TIME_MS = "comm_time_ms"
@@ -199,6 +200,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("cost_per_1m_tokens", "price per 1M tokens", _DER, _DOWN),
     Metric(ENERGY_J, "J", _S, _DOWN),
     Metric("peak_flops_per_s", "FLOP/s", _SAME, _FLAT),
+    # Counted by the worker on its built model (jobs/models/flops.py): the forecasts read it from the
+    # results, so nothing on the launcher's side builds a model to count it.
+    Metric(FLOPS_PER_SAMPLE, "FLOP per training sample (forward and backward)", _SAME, _FLAT),
     Metric(MEASURED_MATMUL_TFLOPS, "TFLOP/s", _M, _FLAT),
     Metric(PREDICTED_MODEL_STATE_BYTES, "bytes", _X, _FLAT, source=Source.LAUNCHER),
     Metric(PREDICTED_ACTIVATION_BYTES, "bytes", _X, _FLAT, source=Source.LAUNCHER),

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from contract import metrics
 from contract.metrics import (
     COMPILE_TIME_S,
+    FLOPS_PER_SAMPLE,
     FOREIGN_CPU_SHARE,
     FOREIGN_GPU_SHARE,
     GPU_UTIL_MEAN,
@@ -364,6 +365,8 @@ def mfu_figures(run: Run, summary: dict[str, Any], matmul_peaks=()) -> dict[str,
 
     spec, device, model = run.rank.spec, run.rank.device, run.setup.par.model
     flops = models.flops_per_sample(model, spec.model)
+    if flops:
+        summary[FLOPS_PER_SAMPLE] = flops
     settings = peaks.precision_settings(torch)
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)

@@ -39,6 +39,8 @@ def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, caps
     for s in (ddp, fsdp):
         assert s["world_size"] == 2 and s["measured_steps"] == 4
         assert s["throughput_samples_per_s"] > 0 and s["step_time_ms_p50"] > 0 and s["peak_rss_gib"] > 0
+    # The worker counts its model's FLOPs per sample and records them: the forecasts read them from here.
+    assert ddp["flops_per_sample"] == fsdp["flops_per_sample"] > 0
     # FSDP holds half the parameter bytes per rank that DDP holds (2 ranks, full shard).
     assert fsdp["param_bytes"] == pytest.approx(ddp["param_bytes"] / 2, rel=0.02)
     # Both ranks joined one rendezvous on one port; rank 0 saw both hostnames.

@@ -21,6 +21,7 @@ from typing import Any
 
 import jobs
 from contract import spec
+from contract.metrics import FLOPS_PER_SAMPLE
 
 # The sources that decide a project model's parameters and what its forward and loss save, and the
 # analysis itself (launcher/plan/fit.py).
@@ -71,12 +72,12 @@ def flops_per_sample(model: spec.ModelSpec) -> float | None:
     from contract.codec import to_plain
     from launcher.plan import fit
 
-    cache_key = key(to_plain(model), {"count": "flops_per_sample"})
+    cache_key = key(to_plain(model), {"count": FLOPS_PER_SAMPLE})
     hit = read(cache_key)
     if hit is not None:
-        return hit.get("flops_per_sample")
+        return hit.get(FLOPS_PER_SAMPLE)
     value = fit.count_flops(model)
-    write(cache_key, {"flops_per_sample": value})
+    write(cache_key, {FLOPS_PER_SAMPLE: value})
     return value
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import metrics
-from contract.metrics import COMM_EXPOSED_MS, COMM_PROBE_STEP_TIME_MS, COMM_TIME_MS, FOREIGN_CPU_SHARE
+from contract.metrics import COMM_EXPOSED_MS, COMM_PROBE_STEP_TIME_MS, COMM_TIME_MS, FLOPS_PER_SAMPLE, FOREIGN_CPU_SHARE
 from contract.parallel import ParallelDims
 from contract.spec import RunSpec
 from contract.tuning import resolved_model
@@ -312,7 +312,9 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
             spec = state.load_spec(cells[members[0]["cell"]])
         except (KeyError, OSError, ValueError, TypeError, StateError):
             continue  # a sweep copied without its specs: the model cannot tell what it ran
-        flops = fitcache.flops_per_sample(resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
+        # The worker's own count (its results); a sweep from before it recorded one: counted here.
+        flops = num(unit.get(FLOPS_PER_SAMPLE)) or fitcache.flops_per_sample(
+            resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
         if not flops:
             continue
         foreign = num(unit.get(FOREIGN_CPU_SHARE))
