@@ -206,7 +206,7 @@ METRICS: tuple[Metric, ...] = (
     Metric(MEASURED_MATMUL_TFLOPS, "TFLOP/s", _M, _FLAT),
     Metric(PREDICTED_MODEL_STATE_BYTES, "bytes", _X, _FLAT, source=Source.LAUNCHER),
     Metric(PREDICTED_ACTIVATION_BYTES, "bytes", _X, _FLAT, source=Source.LAUNCHER),
-    # ---- forecasts checked (launcher/report/forecasts.py): each configuration forecast from the others
+    # ---- forecasts checked (launcher/forecast/inputs.py): each configuration forecast from the others
     Metric("forecast_throughput_samples_per_s", "samples/s (leave-one-out forecast)", _NONE, _FLAT, source=_REPORT),
     Metric("forecast_error", "forecast over measured throughput, minus 1", _NONE, _FLAT, source=_REPORT),
     # The sweep's parent run: over its configurations.
@@ -220,7 +220,7 @@ METRICS: tuple[Metric, ...] = (
 )
 
 # The fabric probe's figures (jobs/fabric.py): per collective and scope, logged on the sweep's parent
-# run with the probed shape's ranks as their step (launcher/report/fabric.py).
+# run with the probed shape's ranks as their step (launcher/forecast/fabric.py).
 FABRIC_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 FABRIC_SCOPES = ("intra_node", "inter_node")
 FABRIC_FIGURES = (

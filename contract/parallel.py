@@ -2,7 +2,7 @@
 
 torchtitan's ``ParallelDims`` is the model. The rule that turns a strategy and a layout (nodes x
 tasks) into degrees is :meth:`ParallelDims.of`, and it exists only here: the fit and the traffic
-model (launcher/plan/), the forecasts (launcher/report/forecasts.py), data sharding
+model (launcher/plan/), the forecasts (launcher/forecast/inputs.py), data sharding
 (jobs/data.py through the worker), the summary's reductions (jobs/summary.py) and the FSDP mesh
 (jobs.parallel.fsdp_mesh) all read the value it makes. A new variant (another HSDP split, a
 model-parallel group) changes the rule; its consumers follow (tests/test_parallel_dims.py changes

@@ -30,8 +30,9 @@ from typing import Any
 
 from launcher import decide
 from launcher.cluster import colocation
+from launcher.forecast import fabric, inputs
 from launcher.plan.cell import Cell, CellStatus
-from launcher.report import fabric, forecasts, health, noisefloor, plots
+from launcher.report import health, noisefloor, plots
 from launcher.report.collect import collect, looks_of
 from launcher.report.markdown import CELLS_FILE, PLOTS_DIR, REPORT_FILE, Report, write
 from launcher.report.noisefloor import floor_key
@@ -329,14 +330,14 @@ def write_sweep_report(state: SweepState) -> Report:
     return written
 
 
-def _forecasts_checked(state: SweepState, rows: list[dict[str, Any]], key: str) -> forecasts.SweepCheck:
+def _forecasts_checked(state: SweepState, rows: list[dict[str, Any]], key: str) -> inputs.SweepCheck:
     """The forecasts checked (kept in the cluster's record once every cell has ended); a problem is
     said in the section, never raised: it must not cost the measured report."""
     try:
-        return forecasts.check(state, rows, key, keep=all(c.status.terminal for c in state.cells))
+        return inputs.check(state, rows, key, keep=all(c.status.terminal for c in state.cells))
     except Exception as exc:
         print(f"report: forecasts not checked: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return forecasts.SweepCheck(["## Forecasts checked", "", f"Not checked: {md_cell(type(exc).__name__)}: "
+        return inputs.SweepCheck(["## Forecasts checked", "", f"Not checked: {md_cell(type(exc).__name__)}: "
                                      f"{md_cell(exc)}", ""], {}, {})
 
 

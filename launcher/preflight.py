@@ -104,7 +104,7 @@ def _baseline(cells: list[Cell]) -> None:
 def analyse(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     """Each cell's model analysed (built on the meta device, or read from the fit cache): its
     per-rank state and the bytes its strategy moves; its FLOPs per sample counted into the cache for
-    the forecasts (launcher/report/forecasts.py). Raise SweepError for a model that cannot build.
+    the forecasts (launcher/forecast/inputs.py). Raise SweepError for a model that cannot build.
     Asks no cluster: launcher.forecast analyses cells larger than any cluster it knows."""
     errors: list[str] = []
     predicted = _models(cells, errors)

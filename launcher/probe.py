@@ -1,4 +1,4 @@
-"""The fabric probe before a sweep's cells (jobs/fabric.py measures; launcher/report/fabric.py keeps).
+"""The fabric probe before a sweep's cells (jobs/fabric.py measures; launcher/forecast/fabric.py keeps).
 
 For each shape of two or more ranks among the cells to run: the record kept for its cluster, nodes
 and software, when there is one (``fabric.probe=auto``); otherwise a probe job of that shape,
@@ -16,9 +16,9 @@ from contract.codec import to_plain
 from contract.fabric import ProbeSpec, plan
 from launcher.cluster.backends import backend_for
 from launcher.cluster.base import Backend
+from launcher.forecast import fabric
 from launcher.plan.cell import Cell
 from launcher.plan.schema import Config, FabricProbe
-from launcher.report import fabric
 from launcher.state import SweepState
 
 

@@ -1,4 +1,4 @@
-"""The fabric probe (jobs/fabric.py, launcher/probe.py, launcher/report/fabric.py): nccl-tests'
+"""The fabric probe (jobs/fabric.py, launcher/probe.py, launcher/forecast/fabric.py): nccl-tests'
 figures and the fit on literal numbers, the cores a rank has from literal /proc and cgroup files,
 literal sinfo output, 4 real gloo ranks as 2 emulated nodes, and a kept record reused without a
 probe job. A whole local sweep with its probe on 2 ranks (report, MLflow, the kept record) is
@@ -14,7 +14,7 @@ import pytest
 from contract import fabric as figures
 from contract.spec import Layout
 from jobs import fabric
-from launcher.report import fabric as kept_fabric
+from launcher.forecast import fabric as kept_fabric
 from tests.conftest import FAST
 from tests.ranks import run_ranks
 
@@ -171,7 +171,7 @@ def test_a_kept_record_of_the_same_nodes_and_software_is_reused(tmp_path, capsys
 
 
 def test_the_probes_fits_become_the_performance_models_links_the_largest_shape_winning():
-    from launcher.plan import perfmodel
+    from launcher.forecast import perfmodel
 
     def probed(nodes, tasks, fits):
         result = {"shape": {"nodes": nodes, "tasks_per_node": tasks}, "fits": fits, "measured_at": "t"}
@@ -196,7 +196,7 @@ def test_the_probes_fits_become_the_performance_models_links_the_largest_shape_w
 
 
 def test_nodes_the_probe_found_on_one_machine_share_its_cores_at_every_shape(tmp_path):
-    from launcher.report import forecasts
+    from launcher.forecast import inputs
     from tests.ranks import make_spec
 
     def probed(nodes, machines):
@@ -212,5 +212,5 @@ def test_nodes_the_probe_found_on_one_machine_share_its_cores_at_every_shape(tmp
     assert kept_fabric.one_machine_cpus([probed(1, one)]) is None  # one node tells nothing about nodes
     spec = make_spec(tmp_path, nodes=8, world_size=8)
     assert not spec.emulate_nodes and spec.layout.world_size == 8
-    assert forecasts.cores_per_rank(spec, cpus=64.0, one_machine_cpus=2.0) == 0.25  # 8 ranks on 2 CPUs
-    assert forecasts.cores_per_rank(spec, cpus=64.0) == 1.0
+    assert inputs.cores_per_rank(spec, cpus=64.0, one_machine_cpus=2.0) == 0.25  # 8 ranks on 2 CPUs
+    assert inputs.cores_per_rank(spec, cpus=64.0) == 1.0

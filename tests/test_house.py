@@ -102,10 +102,11 @@ FLOW = [
     ("launcher.cluster",),  # cells -> jobs: backends, submission, failures, co-location
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
     ("launcher.report",),  # runs -> rows, findings, the report
+    ("launcher.forecast",),  # the performance model, its inputs, its record, the fabric's reading
     ("launcher.decide",),  # runs=auto: the comparisons still open -> the next round's cells
     ("launcher.finish",),  # a sweep's finish, which every command reaches
-    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.healthprobe", "launcher.sweep",
-     "launcher.forecast"),  # what two commands share: the checks, --plan, the probes, a sweep's life, forecasts
+    ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.healthprobe",
+     "launcher.sweep"),  # what two commands share: the checks, --plan, the probes, a sweep's life
     COMMAND_LINES,  # the commands, side by side
 ]
 

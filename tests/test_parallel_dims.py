@@ -60,8 +60,8 @@ def _hsdp_rule(cls, strategy, layout):
 
 def test_a_changed_rule_reaches_the_launchers_consumers(monkeypatch, tmp_path):
     from contract.spec import Optimizer, PrecisionSpec
+    from launcher.forecast import inputs
     from launcher.plan import fit, traffic
-    from launcher.report import forecasts
     from tests.ranks import make_spec
 
     params = [traffic.Param((10, 3), True), traffic.Param((7,), False)]
@@ -74,7 +74,7 @@ def test_a_changed_rule_reaches_the_launchers_consumers(monkeypatch, tmp_path):
     moved = traffic.bytes_per_step(params, FSDP, PrecisionSpec(), ONE_NODE_OF_4)
     assert moved["all_reduce"] == (10 * 3 + 8) // 2 * 4  # each replica's shard, across the replicas
     spec = make_spec(tmp_path, strategy="fsdp", world_size=4)
-    groups = {c.kind: c.ranks for c in forecasts.collectives(spec, moved, {})}
+    groups = {c.kind: c.ranks for c in inputs.collectives(spec, moved, {})}
     assert groups == {"all_gather": 2, "reduce_scatter": 2, "all_reduce": 2}
 
 

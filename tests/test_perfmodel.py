@@ -1,4 +1,4 @@
-"""The performance model's arithmetic on literal numbers (launcher/plan/perfmodel.py): fits that
+"""The performance model's arithmetic on literal numbers (launcher/forecast/perfmodel.py): fits that
 recover the figures that made the data, ring factors, time-slicing of shared cores, the measured
 overlap, and the conformal intervals. Pure functions: no ranks, no files."""
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from launcher.plan import perfmodel as pm
+from launcher.forecast import perfmodel as pm
 
 
 def _work(flops, threads=1, cores=1.0, ranks=1, bytes_=0.0, strategy="ddp", calls=1.0, samples=8):
@@ -114,7 +114,7 @@ def test_a_recommendation_is_apart_only_beyond_the_error_of_forecast_ratios():
     from types import SimpleNamespace
 
     from launcher.forecast.__main__ import recommend
-    from launcher.report.forecastrecord import ratio_errors
+    from launcher.forecast.forecastrecord import ratio_errors
 
     # Errors that share a bias within each sweep: every forecast ~10% high in one, ~10% low in the
     # other. Each forecast is off by about 10%, but their ratios by at most 2%.

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from launcher.forecast import fabric
 from launcher.plan.cell import CellStatus
-from launcher.report import fabric, findings, noisefloor, shared
+from launcher.report import findings, noisefloor, shared
 from launcher.report.collect import collect
 from launcher.state import SweepState
 from launcher.track import tracking

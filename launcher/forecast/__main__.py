@@ -1,13 +1,13 @@
 """``python -m launcher.forecast SWEEP_DIR key=value,... [--verify]``: cells that were not run,
 forecast from a sweep that was.
 
-The sweep's measured configurations fit the performance model (launcher/plan/perfmodel.py, read
-from the sweep by launcher/report/forecasts.py). The cells to forecast are the sweep's own command
+The sweep's measured configurations fit the performance model (launcher/forecast/perfmodel.py, read
+from the sweep by launcher/forecast/inputs.py). The cells to forecast are the sweep's own command
 with the given settings replacing its own (``nodes=4,8,16``, ``batch_size=16,32``,
 ``model=gpt2-small``, ``model.params.n_layer=24``), composed and analysed as a launch would be
 (the fit on the meta device, the bytes of launcher/plan/traffic.py) but asking no cluster: a grid
 larger than any cluster known here can be forecast. Each forecast carries the interval of the
-forecast errors checked on this cluster (launcher/report/forecastrecord.py) and says how far they
+forecast errors checked on this cluster (launcher/forecast/forecastrecord.py) and says how far they
 have been off. ``--verify`` runs the largest forecast cell once and sets its forecast against the
 measurement (the error joins the record).
 """
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from contract.metrics import THROUGHPUT_SAMPLES_PER_S
 from launcher.cli import guarded
+from launcher.forecast import forecastrecord, inputs, perfmodel
 from launcher.forecast.cells import Basis, Forecast, basis, forecast_cells, notes, row_of, throughput_of
-from launcher.plan import fit, perfmodel
+from launcher.plan import fit
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
-from launcher.report import forecastrecord, forecasts
 from launcher.report.collect import collect
 from launcher.report.noisefloor import floor_key
 from launcher.report.rows import md_cell
@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], perfmodel.Model, Basis, list[str],
-                                                              list[forecasts.Point]]:
+                                                              list[inputs.Point]]:
     """(each target cell's forecast, the model, what its intervals rest on, notes, the measured points)."""
     cells = target_cells(state, overrides)  # the asked settings checked first: a refusal names them
-    probes = forecasts.probes_of(state)
-    points = forecasts.points_of(state, collect(state), probes=probes)
+    probes = inputs.probes_of(state)
+    points = inputs.points_of(state, collect(state), probes=probes)
     if not points:
         raise ForecastError(f"{state.sweep_dir} has no measured configuration the model can read (cells done, with "
                             "their spec.json). Fix: forecast from a sweep whose cells finished.")
@@ -133,17 +133,17 @@ def _command(argv: list[str]) -> tuple[list[str], list[str]]:
 # ---- what the terminal shows ----------------------------------------------------------------------
 
 def render(made: list[Forecast], model: perfmodel.Model, basis: Basis, notes: list[str],
-           points: list[forecasts.Point]) -> str:
+           points: list[inputs.Point]) -> str:
     lines = ["| cell | ranks | samples/s (interval) | samples/s/dev | step ms | scaling eff | comm share | "
              "state+act/rank | fits | measured |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for f in made:
         lines.append(_line(f, made, basis.spread, points))
     return "\n".join([*lines, "", "Recommendation at each scale (from the forecasts):", *recommend(made, basis.ratio),
-                      "", basis.said, forecasts.describe(model), *notes])
+                      "", basis.said, inputs.describe(model), *notes])
 
 
-def _line(f: Forecast, made: list[Forecast], spread: perfmodel.Spread | None, points: list[forecasts.Point]) -> str:
+def _line(f: Forecast, made: list[Forecast], spread: perfmodel.Spread | None, points: list[inputs.Point]) -> str:
     memory = fit.human(f.state.peak) if f.state else "-"
     fits = _fits(f)
     measured = f"{f.measured:.1f}" if f.measured else "-"
@@ -166,15 +166,15 @@ def _fits(f: Forecast) -> str:
     return "yes" if f.state.peak <= limit * fit.GIB else f"**no** (> {limit:g} GiB)"
 
 
-def _scaling(f: Forecast, made: list[Forecast], points: list[forecasts.Point]) -> float | None:
+def _scaling(f: Forecast, made: list[Forecast], points: list[inputs.Point]) -> float | None:
     """Per-device throughput over that of the same settings at the fewest ranks: measured in the
     sweep where it ran, else forecast."""
     if f.prediction is None:
         return None
-    mine = _but_nodes(forecasts.point_settings(row_of(f.cell)))
+    mine = _but_nodes(inputs.point_settings(row_of(f.cell)))
     peers = [(p.observed.work.world_size, throughput_of(p.observed)) for p in points if _but_nodes(p.settings) == mine]
     peers += [(g.cell.world_size, g.prediction.throughput_samples_per_s) for g in made
-              if g.prediction and _but_nodes(forecasts.point_settings(row_of(g.cell))) == mine]
+              if g.prediction and _but_nodes(inputs.point_settings(row_of(g.cell))) == mine]
     ranks, base = min(peers)
     if ranks == f.cell.world_size:
         return None

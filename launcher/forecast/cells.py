@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.tuning import resolved_model
-from launcher.plan import fit, fitcache, perfmodel
+from launcher.forecast import forecastrecord, inputs, perfmodel
+from launcher.plan import fit, fitcache
 from launcher.plan.cell import Cell
 from launcher.plan.planner import run_spec
-from launcher.report import forecastrecord, forecasts
 from launcher.report.collect import collect
 from launcher.report.noisefloor import floor_key
 from launcher.report.rows import md_cell
@@ -32,33 +32,33 @@ class Forecast:
 @dataclass(frozen=True)
 class Basis:
     """What the intervals rest on, in words, and their spread; ``ratio``: how far the ratio of two
-    forecasts has been off (the recommendation's test, launcher/report/forecastrecord.py)."""
+    forecasts has been off (the recommendation's test, launcher/forecast/forecastrecord.py)."""
 
     spread: perfmodel.Spread | None
     said: str
     ratio: perfmodel.Spread | None = None
 
 
-def forecast_cells(cells: list[Cell], predicted: dict[int, fit.StateBytes], points: list[forecasts.Point],
-               probes: forecasts.Probes) -> tuple[list[Forecast], perfmodel.Model, float]:
+def forecast_cells(cells: list[Cell], predicted: dict[int, fit.StateBytes], points: list[inputs.Point],
+               probes: inputs.Probes) -> tuple[list[Forecast], perfmodel.Model, float]:
     """Each cell's forecast from a model of the measured points, and the CPUs its ranks share (the
     probed nodes' one machine, else this host)."""
     model = probes.fit([p.observed for p in points])
-    cpus = forecasts.host_cpus()
+    cpus = inputs.host_cpus()
     made = [_one(cell, predicted.get(cell.index), model, points, cpus, probes.one_machine_cpus) for cell in cells]
     return made, model, probes.one_machine_cpus or cpus
 
 
-def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, points: list[forecasts.Point],
+def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, points: list[inputs.Point],
          cpus: float, one_machine_cpus: float | None = None) -> Forecast:
     spec = run_spec(cell, Path("."), None, None)
-    settings = forecasts.point_settings(row_of(cell))
+    settings = inputs.point_settings(row_of(cell))
     measured = next((p for p in points if p.settings == settings), None)
     flops = fitcache.flops_per_sample(resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
     if not flops:
         return Forecast(cell, None, None, state, f"no FLOP count for model {cell.model}")
     moved = state.comm_bytes_per_step if state else {}
-    work = forecasts.work_of(spec, cell.strategy, flops, dict(moved), _calls(settings, cell.strategy, points), cpus,
+    work = inputs.work_of(spec, cell.strategy, flops, dict(moved), _calls(settings, cell.strategy, points), cpus,
                              one_machine_cpus=one_machine_cpus)
     try:
         prediction = model.predict(work)
@@ -76,7 +76,7 @@ def throughput_of(o: perfmodel.Observed) -> float:
     return 1000.0 * o.work.world_size * o.work.samples / o.step_ms
 
 
-def _calls(settings: dict[str, str], strategy: str, points: list[forecasts.Point]) -> dict[str, float]:
+def _calls(settings: dict[str, str], strategy: str, points: list[inputs.Point]) -> dict[str, float]:
     """Collectives per step of the measured cell most like this one (same strategy, most settings in
     common): the calls do not change with the node count, and little with the batch."""
     same = [p for p in points if p.observed.work.strategy == strategy and p.observed.work.collectives]
@@ -86,23 +86,23 @@ def _calls(settings: dict[str, str], strategy: str, points: list[forecasts.Point
     return {c.kind: c.calls_per_step for c in nearest.observed.work.collectives}
 
 
-def basis(state: SweepState, points: list[forecasts.Point], probes: forecasts.Probes) -> Basis:
+def basis(state: SweepState, points: list[inputs.Point], probes: inputs.Probes) -> Basis:
     """The intervals: from this cluster's record of checked forecasts, else this sweep's own
     leave-one-out (the model as the forecasts fit it: with the sweep's probes), else none."""
     root, key = state.path.parent, floor_key(state)
     record = forecastrecord.errors(root, key)
     if record:
-        return Basis(perfmodel.spread([e["log_error"] for e in record], forecasts.LEVEL),
+        return Basis(perfmodel.spread([e["log_error"] for e in record], inputs.LEVEL),
                      forecastrecord.said(record, key),
-                     perfmodel.spread(forecastrecord.ratio_errors(record), forecasts.LEVEL))
-    checked = forecasts.leave_one_out(points, probes.fit) if len(points) >= 2 else []
+                     perfmodel.spread(forecastrecord.ratio_errors(record), inputs.LEVEL))
+    checked = inputs.leave_one_out(points, probes.fit) if len(points) >= 2 else []
     errors = [c.error for c in checked if c.error is not None]
-    spread = perfmodel.spread(errors, forecasts.LEVEL)
+    spread = perfmodel.spread(errors, inputs.LEVEL)
     if spread is None:
         return Basis(None, f"{forecastrecord.said([], key)} This sweep has too few configurations to check the model "
                            "on: the forecasts carry no interval.")
     ratio = perfmodel.spread(forecastrecord.ratio_errors([{"sweep": state.name, "log_error": e} for e in errors]),
-                             forecasts.LEVEL)
+                             inputs.LEVEL)
     off = sorted(abs(math.expm1(e)) for e in errors)
     return Basis(spread, f"{forecastrecord.said([], key)} Leave-one-out on this sweep's {len(errors)} configurations: "
                          f"off by {off[len(off) // 2]:.1%} (median).", ratio)
@@ -134,7 +134,7 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
     if found is None:
         return [f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]
     state, points = found
-    probes = forecasts.probes_of(state)
+    probes = inputs.probes_of(state)
     made, _, _ = forecast_cells(cells, predicted, points, probes)
     spread = basis(state, points, probes)
     lines = [f"Forecast from sweep {state.name} ({len(points)} measured configuration(s); python -m launcher.forecast "
@@ -152,7 +152,7 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
     return [*lines, "", spread.said]
 
 
-def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[forecasts.Point]] | None:
+def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[inputs.Point]] | None:
     """The newest sweep under ``root`` of the cluster ``key`` with MIN_SERIES configurations the model can
     read, else the newest with any."""
     documents = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -164,8 +164,8 @@ def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[forecasts.Point
             continue
         if not state.cells or floor_key(state) != key:
             continue
-        points = forecasts.points_of(state, collect(state))
-        if len(points) >= forecasts.MIN_SERIES:
+        points = inputs.points_of(state, collect(state))
+        if len(points) >= inputs.MIN_SERIES:
             return state, points
         fallback = fallback or ((state, points) if points else None)  # a --verify sweep: one point
     return fallback

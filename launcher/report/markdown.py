@@ -35,7 +35,7 @@ class Report:
     tables: str = ""
     findings: str = ""
     cells_csv: Path | None = None
-    # MLflow figures of the forecasts checked (launcher/report/forecasts.py): the parent run's, and
+    # MLflow figures of the forecasts checked (launcher/forecast/inputs.py): the parent run's, and
     # per cell run id.
     figures: dict[str, float] = field(default_factory=dict)
     cell_figures: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -154,8 +154,8 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
           floor: stats.Floor | None = None, sections: Sequence[str] = (), looks: stats.Looks | None = None) -> Report:
     """Write ``report.md`` and its plots (``plots/*.png``) into ``out_dir``; ``floor``: the cluster's
     noise floor, the noise of configurations that ran once; ``sections``: markdown lines after the
-    plots (a sweep's fabric, launcher/report/fabric.py, and its forecasts checked,
-    launcher/report/forecasts.py); ``looks``: a runs=auto sweep's looks."""
+    plots (a sweep's fabric, launcher/forecast/fabric.py, and its forecasts checked,
+    launcher/forecast/inputs.py); ``looks``: a runs=auto sweep's looks."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor),

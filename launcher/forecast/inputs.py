@@ -1,6 +1,6 @@
 """Forecasts checked on every sweep: each measured configuration forecast from the others.
 
-A cell becomes the performance model's input (launcher/plan/perfmodel.py) here: its training
+A cell becomes the performance model's input (launcher/forecast/perfmodel.py) here: its training
 FLOPs per rank (launcher/plan/fitcache.py counts them per sample on the meta device), the bytes its
 strategy moves by collective kind (the theory, launcher/plan/traffic.py, which the launcher puts on
 each cell before launch), the calls per step where the anatomy measured them, and the cores a rank
@@ -10,7 +10,7 @@ probe's communication scaled to that step.
 Leave-one-out: every configuration with a result is forecast from a model fitted on all the others,
 and its error ``ln(forecast / measured)`` of throughput is kept. The interval of each point's
 forecast rests on the errors of the *other* points (and the cluster's earlier ones,
-launcher/report/forecastrecord.py), never on its own. A sweep validates when it holds a series of
+launcher/forecast/forecastrecord.py), never on its own. A sweep validates when it holds a series of
 at least ``MIN_SERIES`` configurations that differ in one setting only (node counts, batch sizes,
 model depths).
 """
@@ -30,9 +30,9 @@ from contract.metrics import COMM_EXPOSED_MS, COMM_PROBE_STEP_TIME_MS, COMM_TIME
 from contract.parallel import ParallelDims
 from contract.spec import RunSpec
 from contract.tuning import resolved_model
-from launcher.plan import fitcache, perfmodel
-from launcher.plan.perfmodel import INTER, INTRA, Collective, Observed, Work
-from launcher.report import fabric, forecastrecord
+from launcher.forecast import fabric, forecastrecord, perfmodel
+from launcher.forecast.perfmodel import INTER, INTRA, Collective, Observed, Work
+from launcher.plan import fitcache
 from launcher.report.rows import grouped, md_cell, num, settings, throughput
 from launcher.state import StateError, SweepState
 
@@ -55,7 +55,7 @@ def host_cpus() -> float:
 def cores_per_rank(spec: RunSpec, cpus: float, one_machine_cpus: float | None = None) -> float:
     """The cores a rank really has: its threads, or its share of the machine where all the ranks
     ask for more than it holds. Emulated nodes (cluster=local) all share this host; nodes the fabric
-    probe found on one machine (``one_machine_cpus``: launcher/report/fabric.py) share that one;
+    probe found on one machine (``one_machine_cpus``: launcher/forecast/fabric.py) share that one;
     elsewhere a node's ranks share what Slurm gave them (tasks x cpus_per_task)."""
     lay = spec.layout
     threads = max(1, lay.cpus_per_task)
@@ -284,7 +284,7 @@ class SweepCheck:
 
 @dataclass(frozen=True)
 class Probes:
-    """What a sweep's fabric probes tell the model (launcher/report/fabric.py): the links, and the
+    """What a sweep's fabric probes tell the model (launcher/forecast/fabric.py): the links, and the
     CPUs of the one machine its nodes turned out to be (None: real nodes, or no probe)."""
 
     links: perfmodel.Fabric | None

@@ -3,7 +3,7 @@
 ``forecast-errors.json`` beside the sweep directories (the output root, next to the noise floor's
 ``noise-floor.json``), keyed like the noise floor by cluster (launcher/cluster/base.py,
 noise_floor_key): for each cluster a list of checked forecasts, each ``{sweep, cell, kind, predicted,
-measured, log_error, at}`` with kind ``loo`` (a sweep's leave-one-out, launcher/report/forecasts.py)
+measured, log_error, at}`` with kind ``loo`` (a sweep's leave-one-out, launcher/forecast/inputs.py)
 or ``verify`` (``python -m launcher.forecast --verify``: a forecast cell run once). A sweep's
 report replaces that sweep's own entries (a report written again counts once); the newest
 ``KEEP`` entries are kept. Every forecast's interval rests on them.
@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from launcher.plan import perfmodel
+from launcher.forecast import perfmodel
 from launcher.report import shared
 
 RECORD_FILE = "forecast-errors.json"

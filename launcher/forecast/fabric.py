@@ -24,7 +24,7 @@ from typing import Any
 from contract import metrics
 from contract.fabric import RESULT_FILE
 from contract.spec import Layout
-from launcher.plan import perfmodel
+from launcher.forecast import perfmodel
 from launcher.plan.clusterschema import ClusterConfig
 from launcher.report import shared
 from launcher.report.rows import md_cell
