@@ -397,8 +397,8 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
     from jobs.heartbeat import Heartbeat
     from jobs.hooks import Observer
     from jobs.interference import Interference
+    from jobs.rankrun import Rank, Run
     from jobs.sinks import NullSink
-    from jobs.state import Rank, Run
     from jobs.worker import run_schedule, set_up
 
     wanted = worker_tuning(args.model, strategy, cuda=device.type == "cuda")

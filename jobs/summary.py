@@ -40,8 +40,8 @@ from contract.metrics import (
 from contract.stats import coefficient_of_variation, percentile
 
 if TYPE_CHECKING:
+    from jobs.rankrun import Run
     from jobs.schedule import Outcome
-    from jobs.state import Run
 
 
 def gather_ranks(obj: Any) -> list[Any]:

@@ -4,7 +4,7 @@ Orchestration only, as named steps: ``main(spec)`` places the rank and opens its
 :func:`benchmark` builds the model (:func:`set_up`), runs the schedule (:func:`run_schedule`),
 measures after the window (:func:`after_window`), gathers every rank's figures and hands them to
 jobs/summary.py, the one owner of the run's measurements, then logs its report
-(:func:`log_report`). A rank's run travels as one typed object (jobs/state.py); a timing harness
+(:func:`log_report`). A rank's run travels as one typed object (jobs/rankrun.py); a timing harness
 observes the named points through jobs/hooks.py.
 """
 
@@ -25,8 +25,8 @@ from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gp
 from jobs.heartbeat import Heartbeat
 from jobs.hooks import Observer
 from jobs.preempt import Preempted, listen
+from jobs.rankrun import Rank, Run, Setup
 from jobs.sinks import FanOut, JsonlSink, MlflowSink, NullSink
-from jobs.state import Rank, Run, Setup
 from jobs.summary import Report, gather_ranks, rank_figures, report, step_records
 
 if TYPE_CHECKING:
@@ -289,13 +289,13 @@ def after_window(run: Run, outcome: Outcome) -> dict[str, Any]:
     """This rank's measurements after the window: the run's health (agreed by all ranks), the window's
     peak memory, the communication and straggler probes (outside every figure), and what it
     contributes to the gather (jobs.summary.rank_figures)."""
-    from jobs import health, memory
+    from jobs import brokenrun, memory
 
     rank = run.rank
     history = outcome.history
     # A run that trained on NaN, or not at all, is not a measurement: fail before any probe.
     with rank.observer.phase("health_check"):
-        health.check(history.losses(), history.measured, history.skipped(), rank.env.rank, rank.control_group)
+        brokenrun.check(history.losses(), history.measured, history.skipped(), rank.env.rank, rank.control_group)
     # Peak memory of the measured window, read before the probe's profiler can add to it.
     window_memory = memory.peak_memory(rank.device)
     with rank.observer.phase("comm_probe"):

@@ -1,5 +1,5 @@
 """Broken runs are not results: a non-finite loss, a loss that never moves, or a window of skipped
-fp16 steps fails the cell with a class and the fix (jobs/health.py), on real ranks through the
+fp16 steps fails the cell with a class and the fix (jobs/brokenrun.py), on real ranks through the
 launcher, and it is left out of the findings, the recommendation and --compare."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from jobs.health import DIVERGED, LOSS_FROZEN, STEPS_SKIPPED, inspect
+from jobs.brokenrun import DIVERGED, LOSS_FROZEN, STEPS_SKIPPED, inspect
 from launcher.cluster.failures import FIXES
 from launcher.report.rows import throughput
 from tests.stores import existing_store

@@ -360,7 +360,7 @@ def test_watchdog_paused_before_the_probe(monkeypatch):
     from jobs import anatomy, worker
     from jobs.dist import DistEnv
     from jobs.hooks import Observer
-    from jobs.state import Rank, Run
+    from jobs.rankrun import Rank, Run
 
     events = []
 

@@ -84,7 +84,7 @@ def test_a_changed_rule_reaches_the_workers_consumers(monkeypatch, tmp_path):
     from jobs import parallel, summary
     from jobs.data import input_batches
     from jobs.dist import DistEnv
-    from jobs.state import Rank
+    from jobs.rankrun import Rank
     from tests import fake_cuda
     from tests.ranks import make_spec
 

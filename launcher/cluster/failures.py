@@ -43,7 +43,7 @@ def first_failure(cell_dir: Path) -> str | None:
 
 OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED = "oom", "collective_timeout", "hang", "preempted"
 PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR = "port_in_use", "node_failure", "config_error", "runtime_error"
-# Runs that finished their steps but trained on something else (jobs/health.py): never results.
+# Runs that finished their steps but trained on something else (jobs/brokenrun.py): never results.
 DIVERGED, LOSS_FROZEN, STEPS_SKIPPED = "diverged", "loss_frozen", "steps_skipped"
 # A job the cluster refused at submission (sbatch: launcher/cluster/slurm/submit.py): the request does not fit the cluster.
 SUBMIT_REFUSED = "submit_refused"
@@ -96,7 +96,7 @@ _CONFIG_TEXT = re.compile(r"ConfigError|does not take params|unknown model name|
 # Exception types that, raised before the first step, mean the settings cannot be built.
 _CONFIG_TYPES = re.compile(r"failed: (ValueError|TypeError|KeyError|AttributeError|NotImplementedError|"
                            r"AssertionError)\b")
-# jobs.health.BrokenRun's text names its class: "BrokenRun: diverged: the loss is nan at step 3 ...".
+# jobs.brokenrun.BrokenRun's text names its class: "BrokenRun: diverged: the loss is nan at step 3 ...".
 _BROKEN_TEXT = re.compile(r"BrokenRun: (diverged|loss_frozen|steps_skipped):")
 _VANISHED_TEXT = re.compile(r"neither the queue nor accounting|NODE_FAIL|node failure|No route to host|"
                             r"Connection (reset|closed|refused)|Broken pipe", re.IGNORECASE)

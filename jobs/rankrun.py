@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from contract.parallel import ParallelDims
 
-if TYPE_CHECKING:  # types only: importing torch here would cost every importer of jobs.state
+if TYPE_CHECKING:  # types only: importing torch here would cost every importer of jobs.rankrun
     import torch
     from torch.distributed import ProcessGroup
 
