@@ -507,3 +507,28 @@ def test_a_metrics_name_is_written_in_at_most_two_modules():
     over = {m.name: sorted(f for f, names in written.items() if m.name in names)
             for m in (*metrics.METRICS, *metrics.STEP_SERIES) if m.name not in settings}
     assert not {n: f for n, f in over.items() if len(f) > 2}, {n: f for n, f in over.items() if len(f) > 2}
+
+
+# Names two modules may share: the same concern at two layers, where the layer says which.
+LAYERED_NAMES = {
+    "fabric": "the fabric probe: its spec (contract/), its run on the ranks (jobs/), its reading (launcher/forecast/)",
+    "health": "the node health probe: its spec (contract/), its command (launcher/), its verdicts (launcher/report/)",
+    "history": "series over time: the command (launcher/) and the analysis (launcher/report/)",
+    "parallel": "the parallel layout: the value (contract/) and its application to a model (jobs/)",
+    "stats": "statistics: of one run (contract/) and between runs (launcher/report/)",
+}
+
+
+def test_no_two_modules_share_a_name_unless_the_layer_says_which():
+    """A module's name says which concern it holds: two modules of launcher/, jobs/ and contract/ with
+    one name hold the same concern at two layers (LAYERED_NAMES), or are a package's __init__ and
+    __main__, or the same part of two backends (launcher/cluster/<backend>/)."""
+    backends = ROOT / "launcher" / "cluster"
+    where: dict[str, list[str]] = {}
+    for d in ("launcher", "jobs", "contract"):
+        for p in (ROOT / d).rglob("*.py"):
+            if p.stem in ("__init__", "__main__") or p.parent.parent == backends:
+                continue
+            where.setdefault(p.stem, []).append(str(p.relative_to(ROOT)))
+    shared = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
+    assert set(shared) == set(LAYERED_NAMES), {n: p for n, p in shared.items() if n not in LAYERED_NAMES}
