@@ -1,7 +1,7 @@
 """False claims between two sweeps, simulated on recorded sweep-to-sweep noise (``--compare``'s proof).
 
     python -m bench.sweep_aa --record A1 B1 [A2 B2 ...]   # A/A pairs of sweeps -> tests/data/sweep_drift.json
-    python -m bench.sweep_aa [--replicates 2000] [--seed 1]  # the simulation and its table
+    python -m bench.sweep_aa [--replicates 1000] [--seed 1] [--runs 3 6 12 24]  # the simulation, one line per run count
 
 The noise, both levels recorded on this machine:
 
@@ -15,13 +15,15 @@ The noise, both levels recorded on this machine:
 
 An A/A replicate draws a recorded pair's vector of log ratios (all configurations of one pair
 together, as the machine moved them together; A and B swapped at random), applies it to B's
-means, and draws 3 runs per configuration and side from the run-to-run pool. Both sweeps measure
-the same four configurations, so any claim is false. The comparison is ``--compare``'s own
-(launcher/report/compare.py): Bonferroni over its rows, with the drift kept from the *other*
-recorded pairs (leave-one-out, as a later comparison sees a record that does not hold it), and
-without any drift record. The slowdown replicate multiplies B's throughput by the recorded
-single-core factor (every rank on one core: about 0.55, docs/deciding.md) and must be called a
-regression.
+means, and draws ``runs`` runs per configuration and side from the run-to-run pool. Both sweeps
+measure the same four configurations, so any claim is false. The comparison is ``--compare``'s own
+(launcher/report/compare.py): Bonferroni over its rows, the drift between sweeps in the noise
+(launcher/report/stats.py, sweep_drift) pooled from the default allowance and the drift kept from
+the *other* recorded pairs (leave-one-out, as a later comparison sees a record that does not hold
+it), and from the default allowance alone (no record). The slowdown replicate multiplies B's
+throughput by SINGLE_CORE (every rank on one core: -40% to -48%, docs/deciding.md) in one
+configuration that the replayed pair left unflagged (a flagged one is never claimed), on top of
+the pair's shift, and counts it caught when that configuration's throughput is called a regression.
 """
 
 from __future__ import annotations
@@ -207,8 +209,9 @@ def _claims(result: compare.Comparison) -> list[compare.Delta]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sweep_aa", description=__doc__.splitlines()[0])
     p.add_argument("--record", nargs="+", metavar="SWEEP", help="A/A pairs of sweep directories: A1 B1 A2 B2 ...")
-    p.add_argument("--replicates", type=int, default=2000)
+    p.add_argument("--replicates", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--runs", type=int, nargs="+", default=[3, 6, 12, CAUGHT_AT], help="runs per side, one line each")
     args = p.parse_args(argv)
     if args.record:
         if len(args.record) % 2:
@@ -220,8 +223,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{Path(pair['a']).name} -> {Path(pair['b']).name}: throughput log ratios {' '.join(ds)}; "
                   f"not compared: {pair['not_compared'] or 'none'}")
         return 0
-    rates = simulate(args.replicates, args.seed)
-    print(json.dumps(rates, indent=1))
+    print("| runs per side | A/A any false claim, drift record | no record | slowdown caught, drift record | no record |")
+    print("|---:|---:|---:|---:|---:|")
+    for runs in args.runs:
+        r = simulate(args.replicates, args.seed, runs)
+        print(f"| {runs} | {r['aa_false_with_drift']:.1%} | {r['aa_false_without_drift']:.1%} | "
+              f"{r['slowdown_caught_with_drift']:.1%} | {r['slowdown_caught_without_drift']:.1%} |", flush=True)
+    print(f"({args.replicates} A/A replicates per line, seed {args.seed}; the slowdown x{SINGLE_CORE} in "
+          f"{r['slowdown_replicates']} of them, those whose pair has an unflagged configuration)")
     return 0
 
 
