@@ -42,9 +42,12 @@ chance of any false claim is held at 5% by Bonferroni's split: each row is judge
 and the level.
 
 **Drift between sweeps.** Two sweeps run at different times differ by more than their runs'
-spread shows. A cluster's sweep-to-sweep drift, recorded from A/A pairs
-(``--record-drift``, launcher/report/noisefloor.py), is added to the noise of every difference;
-without a record the output says that drift is not in the noise.
+spread shows, by a drift shared by every run of a sweep that more runs do not shrink. Every
+difference adds it to its noise as a term of its own, with its own degrees of freedom
+(launcher/report/stats.py, sweep_drift): a stated default allowance pooled with the cluster's
+record of A/A pairs (``--record-drift``, launcher/report/noisefloor.py). The output says which
+drift was used and from how many recorded A/A entries; a row that the drift alone keeps from any
+verdict says "cannot decide: drift between sweeps dominates" instead of a number of runs.
 
 **Throughput and step time agree or say why.** Both are read from the same runs; step time p50 is
 the median step, throughput counts every step. Where they disagree, step time never claims more

@@ -109,7 +109,8 @@ class Drift:
     """A cluster's measured sweep-to-sweep drift: per metric, the coefficient of variation that two
     sweeps of the same settings, run one after the other, differ by beyond their runs' own spread
     (launcher/report/noisefloor.py keeps it from recorded A/A pairs). A comparison of two sweeps
-    adds it to the noise of every difference it judges."""
+    pools it with the default allowance (sweep_drift) and adds that to the noise of every difference
+    it judges, at its degrees of freedom."""
 
     cv: dict[str, float]
     df: int
