@@ -91,7 +91,9 @@ def _baseline_pairs(baseline: str, rows: list[dict], looks: Looks, unjudged: lis
                     drift: Drift | None = None) -> list[Pair]:
     """This sweep's configurations against the baseline sweep's, by the one rule of --compare
     (launcher/report/compare.py): only comparable pairs, the family's alpha split over its rows, and
-    the cluster's sweep-to-sweep drift in the noise."""
+    the sweep-to-sweep drift in the noise (the cluster's record pooled with the default allowance,
+    stats.sweep_drift): the same interval as --compare, so a pair whose drift alone is wider than its
+    change stops at once ("cannot decide: drift between sweeps dominates") instead of asking for runs."""
     result = compare.compare(collect(SweepState.load(baseline)), rows, MIN_EFFECT["throughput"], looks=looks,
                              drift=drift)
     if unjudged is not None:
@@ -103,7 +105,7 @@ def _baseline_pairs(baseline: str, rows: list[dict], looks: Looks, unjudged: lis
             if unjudged is not None:
                 unjudged.append(f"{m.name} against the baseline: not claimed, {caveat}")
             continue
-        d = sequential_difference(m.b, m.a, "throughput", MIN_EFFECT["throughput"], row_looks, drift=drift)
+        d = sequential_difference(m.b, m.a, "throughput", MIN_EFFECT["throughput"], row_looks, drift=result.drift)
         if d is None:
             continue
         names = sorted({configuration(str(r["cell"])) for r in m.b.get("_members", [m.b])})

@@ -161,3 +161,24 @@ def test_runs_auto_needs_something_to_compare(tmp_path):
     with pytest.raises(SweepError, match="nothing to compare. Fix: set runs=N"):
         plan(compose(*expand(["model=gpt_tiny", "runs=auto", f"output_root={tmp_path}"], multirun=True)))
     assert Config().runs == 3  # the default stays fixed where nothing is compared
+
+
+def test_against_a_baseline_runs_stop_where_the_drift_between_sweeps_decides_nothing(tmp_path):
+    """runs=auto with baseline=: its comparisons with the baseline use --compare's interval, drift
+    between sweeps included. Without an A/A record (the default allowance, 4 df) a 20% slowdown stays
+    inside the drift whatever the runs: it stops at once, saying so, instead of asking for runs_max;
+    on a quiet cluster's long record (the drift used 2.5%, 64 df) more runs would decide it: it stays open."""
+    from launcher.report import noisefloor, stats
+
+    base = _planned(tmp_path, "runs=3", name="base")
+    _finish(base, {"strategy=ddp": [99.0, 100.0, 101.0], "strategy=fsdp": [89.0, 90.0, 91.0]})
+    state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=12", f"baseline={tmp_path / 'base'}")
+    _finish(state, {"strategy=ddp": [74.0, 80.0, 86.0], "strategy=fsdp": [66.0, 72.0, 78.0]})  # 20% slower
+    against = [p for p in decide.pairs(state) if p.label.endswith("against the baseline")]
+    assert len(against) == 2 and all(
+        p.stopped and p.stopped.startswith("stopped early: cannot decide: drift between sweeps dominates (±10.0%")
+        for p in against), [p.stopped for p in against]
+    entries = [{"metric": m, "d2": 0.0, "within": 0.0} for m in stats.METRICS for _ in range(noisefloor.DRIFT_KEEP)]
+    noisefloor.record_drift(tmp_path, noisefloor.floor_key(state), entries, "quiet")
+    against = [p for p in decide.pairs(state) if p.label.endswith("against the baseline")]
+    assert all(p.stopped is None and p.diff.runs_needed and p.diff.runs_needed <= 12 for p in against), against

@@ -42,9 +42,12 @@ chance of any false claim is held at 5% by Bonferroni's split: each row is judge
 and the level.
 
 **Drift between sweeps.** Two sweeps run at different times differ by more than their runs'
-spread shows. A cluster's sweep-to-sweep drift, recorded from A/A pairs
-(``--record-drift``, launcher/report/noisefloor.py), is added to the noise of every difference;
-without a record the output says that drift is not in the noise.
+spread shows, by a drift shared by every run of a sweep that more runs do not shrink. Every
+difference adds it to its noise as a term of its own, with its own degrees of freedom
+(launcher/report/stats.py, sweep_drift): a stated default allowance pooled with the cluster's
+record of A/A pairs (``--record-drift``, launcher/report/noisefloor.py). The output says which
+drift was used and from how many recorded A/A entries; a row that the drift alone keeps from any
+verdict says "cannot decide: drift between sweeps dominates" instead of a number of runs.
 
 **Throughput and step time agree or say why.** Both are read from the same runs; step time p50 is
 the median step, throughput counts every step. Where they disagree, step time never claims more
@@ -80,6 +83,7 @@ from launcher.report.stats import (
     Looks,
     estimate,
     sequential_difference,
+    sweep_drift,
 )
 
 IMPROVEMENT, REGRESSION, NO_CHANGE = "improvement", "regression", "no change"
@@ -104,6 +108,7 @@ class Delta:
     note: str = ""
     runs_needed: int | None = None  # inconclusive: runs per side that would decide it
     margin: float | None = None  # the band of "no change" (the threshold, or memory's narrower one)
+    undecidable: str | None = None  # inconclusive: why no number of runs would decide it
 
 
 @dataclass
@@ -140,7 +145,7 @@ class Comparison:
     not_compared: list[Match] = field(default_factory=list)
     family: int = 0  # the judged rows (the family whose false claims are controlled together)
     alpha: float = 0.05  # the family's level
-    drift: Drift | None = None
+    drift: Drift | None = None  # the drift judged against (stats.sweep_drift: the default and the record)
     running: int = 0  # cells of either sweep that have not ended (their configurations are not compared)
 
     @property
@@ -224,9 +229,11 @@ def family_size(matches: list[Match], floor: Floor | None = None) -> int:
 def compare(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], threshold: float = 0.05,
             floor: Floor | None = None, looks: Looks | None = None, drift: Drift | None = None) -> Comparison:
     """B against A; ``looks``: B's planned looks when it ran with runs=auto against A as its baseline
-    (A's runs, all there before B started, count at every look); ``drift``: the cluster's
-    sweep-to-sweep drift, part of the noise of every difference."""
+    (A's runs, all there before B started, count at every look); ``drift``: the cluster's recorded
+    sweep-to-sweep drift (None: none recorded), pooled with the default allowance
+    (stats.sweep_drift) into the drift that is part of the noise of every difference."""
     looks = looks or Looks.fixed()
+    drift = sweep_drift(drift)
     running = sum(1 for r in [*rows_a, *rows_b] if str(r.get("status") or "done") not in ENDED)
     if looks.sequential:
         rows_a = [{**r, "round": 0} for r in rows_a]
@@ -281,7 +288,7 @@ def _agreed(found: list[Delta]) -> list[Delta]:
         step.note = (f"not claimed: throughput on the same runs is {tp.verdict} "
                      f"({'-' if tp.change is None else format(tp.change, '+.1%')}); {why}; {step.note}")
         step.verdict = UNDECIDED
-        step.runs_needed = tp.runs_needed
+        step.runs_needed, step.undecidable = tp.runs_needed, tp.undecidable
     elif tp.verdict in claims:
         tp.note = f"{tp.note}; step time p50 on the same runs is {step.verdict}: {why}"
     return found
@@ -343,7 +350,8 @@ def _judged(b: dict[str, Any], a: dict[str, Any], claim: str, effect: float, loo
 def _noise(source_a: str, source_b: str, n_a: int, n_b: int, drift: Drift | None = None, claim: str = "") -> str:
     if "none" in (source_a, source_b):
         return "no noise estimate (1 run, no noise floor)"
-    with_drift = f" + drift {drift.cv[claim]:.1%}" if drift is not None and claim in drift.cv else ""
+    with_drift = (f" + drift {drift.cv[claim]:.1%} ({drift.df_of(claim)} df)"
+                  if drift is not None and claim in drift.cv else "")
     if "floor" in (source_a, source_b):
         return f"{n_a} + {n_b} runs with the noise floor{with_drift}"
     return f"{n_a} + {n_b} runs{with_drift}"
@@ -366,7 +374,8 @@ def _delta(metric: metrics.Metric, d: Diff, a: float, b: float, *, noise: str, l
     note = f"{interval}{noise}{sequence_text(d, looks, flip=True)}"
     if verdict == UNDECIDED and not looks.sequential:  # a sequential note says it already
         note = d.why_inconclusive() if d.low is None else f"{note}; {d.why_inconclusive()}"
-    return Delta(str(metric.label), a, b, d.ratio - 1, verdict, note, d.runs_needed, d.min_effect)
+    return Delta(str(metric.label), a, b, d.ratio - 1, verdict, note, d.runs_needed, d.min_effect,
+                 d.undecidable if verdict == UNDECIDED else None)
 
 
 def _level(confidence: float) -> str:
@@ -426,11 +435,15 @@ def render(result: Comparison, label_a: str, label_b: str) -> str:
     undecided = result.inconclusive()
     if undecided:
         noiseless = sum(1 for _, d in undecided if d.note.startswith("no noise estimate"))
-        needed = [d.runs_needed for _, d in undecided if not d.note.startswith("no noise estimate")]
+        drifting = sum(1 for _, d in undecided if d.undecidable and not d.note.startswith("no noise estimate"))
+        needed = [d.runs_needed for _, d in undecided if not d.note.startswith("no noise estimate") and not d.undecidable]
         parts = []
         if noiseless:
             parts.append(f"{noiseless} without a noise estimate (one run per side): set runs=3 or more, or measure "
                          "a noise floor on this cluster")
+        if drifting:
+            parts.append(f"{drifting} that no number of runs would decide (cannot decide: the drift between sweeps, "
+                         "or a baseline's spread, is wider than the change; record A/A pairs: --record-drift)")
         if needed:
             parts.append(f"{len(needed)} inside the noise between runs: "
                          + (f"about {max(n for n in needed if n)} runs per side would decide them"
@@ -444,8 +457,7 @@ def family_text(result: Comparison) -> str:
     family = (f"False claims controlled over the family of {result.family} judged row(s) ({FAMILY_METHOD}): each row "
               f"at {result.row_alpha:.3%}, {result.alpha:.0%} for the whole comparison."
               if result.family else "No row could be judged.")
-    drift = (f" Sweep-to-sweep drift in the noise: {', '.join(f'{k} {v:.1%}' for k, v in sorted(result.drift.cv.items()))}"
-             f" ({result.drift.where})." if result.drift else
-             " No sweep-to-sweep drift recorded for this cluster: the noise is the runs' own, and two sweeps taken at "
-             "different times may differ by more (record it from an A/A pair: --compare A B --record-drift).")
+    drift = f" Sweep-to-sweep drift in the noise: {result.drift.text()}." if result.drift else ""
+    if result.drift and not result.drift.recorded:
+        drift += " Record it from A/A pairs (two sweeps of one command, one after the other: --compare A B --record-drift)."
     return family + drift

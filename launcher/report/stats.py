@@ -19,6 +19,18 @@ Pure functions over report rows (launcher/report/rows.py); no I/O.
   one-sided tests (TOST): the ``1 - 2 alpha`` interval (90%) lies wholly inside the margin of
   ±minimum effect; otherwise ``inconclusive``, with the number of runs per side that would decide
   it at the noise seen (benchstat's "~" that says what to do).
+* **Two sweeps** (``--compare``, ``runs=auto`` with ``baseline=``) also differ by a drift shared by
+  every run of a sweep (the machine's state moves between them), which more runs inside either
+  sweep never shrink. The sweep is the unit of that term: the variance of the ratio of the two
+  sweeps' means is ``se_A^2 + se_B^2`` of their runs plus ``tau^2``, the variance of the log ratio
+  of two sweeps' means that their runs do not explain, with ``tau``'s own degrees of freedom in
+  Welch-Satterthwaite's. ``tau`` (:func:`sweep_drift`) pools a stated default allowance, counted as
+  ``DRIFT_DEFAULT_ENTRIES`` A/A entries of ``DRIFT_DEFAULT_CV``, with the cluster's recorded A/A
+  entries (launcher/report/noisefloor.py): ``tau^2 = (k0 tau0^2 + k tau_rec^2) / (k0 + k)`` at
+  ``k0 + k`` degrees of freedom (a variance estimated from ``k`` entries under a scaled inverse
+  chi-square prior worth ``k0``). A thin record is held near the default and gives wide
+  intervals; a long one outweighs it. Where the drift alone is wider than the change could be, the
+  verdict says that no number of runs decides it.
 * **Repeated looks** (``runs=auto``): a comparison is judged at every planned look with that look's
   share of alpha, and its verdict is its first decided look (launcher/report/sequential.py, the
   method and why its false-claim rate stays at 5% however many looks there are).
@@ -97,11 +109,52 @@ class Drift:
     """A cluster's measured sweep-to-sweep drift: per metric, the coefficient of variation that two
     sweeps of the same settings, run one after the other, differ by beyond their runs' own spread
     (launcher/report/noisefloor.py keeps it from recorded A/A pairs). A comparison of two sweeps
-    adds it to the noise of every difference it judges."""
+    pools it with the default allowance (sweep_drift) and adds that to the noise of every difference
+    it judges, at its degrees of freedom."""
 
     cv: dict[str, float]
     df: int
     where: str
+    # Per metric, where a metric's entries are fewer than ``df`` (a metric the record lacks).
+    dfs: dict[str, int] = field(default_factory=dict)
+    recorded: int = 0  # the cluster's own A/A entries pooled in (sweep_drift); 0: none
+
+    def df_of(self, metric: str) -> int:
+        return self.dfs.get(metric, self.df)
+
+    def text(self) -> str:
+        """Which drift, per metric, and what it rests on: for the output of a comparison."""
+        return ", ".join(f"{m} {v:.1%}" for m, v in sorted(self.cv.items())) + f" ({self.where})"
+
+
+# The drift a comparison of two sweeps allows for where its cluster has no A/A record, and how many
+# A/A entries that allowance counts as in a record's stead. 10% is about twice the drift of the
+# unflagged entries recorded on this machine (tests/data/sweep_drift.json: throughput 4.8%, step time
+# 4.3%, peak memory 6.6%, from 2 entries) and above the largest throughput shift of the quiet A/A
+# pairs of 2026-11-26 (+11.8%, runs' noise included); 4 entries are one A/A pair of the default grid.
+# docs/deciding.md says what these give on the recorded noise (bench/sweep_aa.py).
+DRIFT_DEFAULT_CV = 0.10
+DRIFT_DEFAULT_ENTRIES = 4
+
+
+def sweep_drift(recorded: Drift | None) -> Drift:
+    """The drift a comparison of two sweeps judges against, per claimed metric: the default allowance
+    (DRIFT_DEFAULT_CV as DRIFT_DEFAULT_ENTRIES A/A entries) pooled with the cluster's recorded A/A
+    entries, ``tau^2 = (k0 tau0^2 + k tau_rec^2) / (k0 + k)`` with ``k0 + k`` degrees of freedom.
+    A thin record moves it little and leaves few degrees of freedom (wide intervals); a long one
+    outweighs the default. Never None: two sweeps always differ by some drift."""
+    k0, cv0 = DRIFT_DEFAULT_ENTRIES, DRIFT_DEFAULT_CV
+    cv, dfs = {}, {}
+    for metric in METRICS:
+        k = recorded.df if recorded is not None and metric in recorded.cv else 0
+        tau = recorded.cv[metric] if recorded is not None and k else 0.0
+        cv[metric] = math.sqrt((k0 * cv0**2 + k * tau**2) / (k0 + k))
+        dfs[metric] = k0 + k
+    k = min(dfs.values()) - k0
+    where = (f"the default {cv0:.0%} as {k0} A/A entries pooled with {k} recorded ({recorded.where}); {k0 + k} df"
+             if recorded is not None and k else
+             f"no A/A record on this cluster: the default allowance {cv0:.0%} as {k0} A/A entries, {k0} df")
+    return Drift(cv, min(dfs.values()), where, dfs, k)
 
 
 @dataclass
@@ -193,6 +246,7 @@ class Diff:
     looks: int = 1
     grew_until: int = 1  # the last look at which either side had new runs
     alpha: float = ALPHA  # that look's level
+    undecidable: str | None = None  # why no number of runs would decide it (the drift between sweeps)
 
     @property
     def claimed(self) -> bool:
@@ -212,6 +266,8 @@ class Diff:
     def why_inconclusive(self) -> str:
         if self.low is None:
             return "no noise estimate (one run per side and no noise floor): set runs=3 or more"
+        if self.undecidable:
+            return f"cannot decide: {self.undecidable}"
         if self.runs_needed is None:
             return f"the noise is too large to decide within {MAX_RUNS_NEEDED} runs per side"
         return f"about {self.runs_needed} runs per side would decide it (runs={self.runs_needed})"
@@ -221,9 +277,10 @@ def difference(a: Estimate, b: Estimate, min_effect: float, alpha: float = ALPHA
                drift_df: int = 0) -> Diff:
     """Welch's interval for mean(A) - mean(B), as a ratio to B: 1 + interval / mean(B); a
     difference at level ``alpha`` (two-sided), equivalence within ±min_effect by TOST at ``alpha``.
-    ``drift_cv``: the relative drift between the two sides' sweeps (0: the same sweep)."""
+    ``drift_cv``: the drift between the two sides' sweeps, as the standard deviation of the log
+    ratio of their means (0: the same sweep), with ``drift_df`` degrees of freedom."""
     ratio = a.mean / b.mean
-    drift_se = drift_cv * abs(b.mean)
+    drift_se = _drift_se(a, drift_cv)
     found_at = welch_interval(a, b, alpha, drift_se, drift_df)
     tost = welch_interval(a, b, 2 * alpha, drift_se, drift_df)
     if found_at is None or tost is None:
@@ -237,8 +294,16 @@ def difference(a: Estimate, b: Estimate, min_effect: float, alpha: float = ALPHA
     elif eq_low >= 1 - min_effect and eq_high <= 1 + min_effect:
         found.verdict = SAME
     else:
-        found.runs_needed = runs_needed(a, b, min_effect, alpha, drift_cv=drift_cv)
+        found.undecidable = undecidable(a, b, min_effect, alpha, drift_cv=drift_cv, drift_df=drift_df)
+        if not found.undecidable:
+            found.runs_needed = runs_needed(a, b, min_effect, alpha, drift_cv=drift_cv, drift_df=drift_df)
     return found
+
+
+def _drift_se(a: Estimate, drift_cv: float) -> float:
+    # The drift moves the ratio of the means by a factor exp(N(0, drift_cv^2)); in the unit of
+    # mean(A) - mean(B) that is drift_cv * mean(A) (the delta method: Var(A/B) = (A/B)^2 drift_cv^2).
+    return drift_cv * abs(a.mean)
 
 
 def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: str, min_effect: float,
@@ -247,7 +312,7 @@ def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: 
     the first decided look gives the verdict, else the last look's. None when a side has no result.
     ``drift``: A and B come from two sweeps; their measured drift is part of the noise."""
     drift_cv = drift.cv.get(metric, 0.0) if drift is not None else 0.0
-    drift_df = drift.df if drift is not None else 0
+    drift_df = drift.df_of(metric) if drift is not None else 0
     found, seen, grew = None, (0, 0), 1
     for look in range(1, looks.taken + 1):
         upto = look if looks.sequential else None
@@ -263,8 +328,11 @@ def sequential_difference(row_a: dict[str, Any], row_b: dict[str, Any], metric: 
     if found is not None and looks.sequential and found.low is not None:
         # A baseline's runs (round 0: all there before this sweep began) do not grow with its rounds.
         fixed_b = all(int(m.get("round") or 1) == 0 for m in row_b.get("_members", [row_b]))
-        found.runs_needed = runs_needed(estimate(row_a, metric, floor), estimate(row_b, metric, floor),
-                                        min_effect, looks.alpha_at(looks.rounds), fixed_b, drift_cv)
+        now_a, now_b = estimate(row_a, metric, floor), estimate(row_b, metric, floor)
+        last = looks.alpha_at(looks.rounds)
+        found.undecidable = undecidable(now_a, now_b, min_effect, last, fixed_b, drift_cv, drift_df)
+        found.runs_needed = None if found.undecidable else runs_needed(now_a, now_b, min_effect, last, fixed_b,
+                                                                       drift_cv, drift_df)
     return found
 
 
@@ -278,6 +346,8 @@ def stop_reason(d: Diff, looks: Looks) -> str | None:
     if d.low is None:
         return "no noise estimate"
     runs_max = looks.schedule[-1]
+    if d.undecidable:  # more runs cannot narrow what decides it: it stops at once, however many looks are left
+        return f"stopped early: cannot decide: {d.undecidable}"
     if d.look >= looks.rounds and d.grew_until >= looks.rounds:
         return f"runs_max={runs_max} reached"
     if d.runs_needed is None or d.runs_needed > runs_max:
@@ -300,26 +370,61 @@ def _welch_df(a: Estimate, b: Estimate, drift_se: float = 0.0, drift_df: int = 0
 
 
 def runs_needed(a: Estimate | None, b: Estimate | None, min_effect: float, alpha: float = ALPHA,
-                fixed_b: bool = False, drift_cv: float = 0.0) -> int | None:
+                fixed_b: bool = False, drift_cv: float = 0.0, drift_df: int = 0) -> int | None:
     """The runs per side at which, with the spread and the difference seen now, the interval would
     either exclude 1 beyond the minimum effect or fit inside it; None beyond MAX_RUNS_NEEDED.
     Always more than either side has: the runs already there did not decide it (Welch's degrees of
     freedom, which the verdict used, are fewer than this pooled estimate's when the spreads differ).
     ``fixed_b``: B's runs are all there is (a baseline sweep): only A grows, and B's own standard
-    error stays; then None also where no number of A's runs would decide it."""
+    error stays; then None also where no number of A's runs would decide it. ``drift_cv``: the
+    drift between two sweeps (with ``drift_df`` degrees of freedom), which more runs never shrink."""
     if a is None or b is None or a.sd is None or b.sd is None:
         return None
-    change = abs(a.mean / b.mean - 1)
-    room = change if change >= min_effect else min_effect - change
-    # A difference needs the 1 - alpha interval clear of 1, "no change" the 1 - 2 alpha one inside.
-    level = alpha if change >= min_effect else 2 * alpha
+    room, level = _room(a, b, min_effect, alpha)
     for n in range(max(2, a.n + 1, 2 if fixed_b else b.n + 1), MAX_RUNS_NEEDED + 1):
         n_b = b.n if fixed_b else n
-        # The drift between two sweeps does not shrink with more runs.
-        se = math.sqrt(a.sd**2 / n + b.sd**2 / n_b + (drift_cv * b.mean) ** 2) / b.mean
-        if t_two_sided(level, n + n_b - 2) * se < room:
+        within = math.sqrt(a.sd**2 / n + b.sd**2 / n_b)
+        if _half_width(within, n + n_b - 2, a, drift_cv, drift_df, level) < room * b.mean:
             return n
     return None
+
+
+def undecidable(a: Estimate | None, b: Estimate | None, min_effect: float, alpha: float = ALPHA,
+                fixed_b: bool = False, drift_cv: float = 0.0, drift_df: int = 0) -> str | None:
+    """Why no number of runs would decide A against B, or None: with A's runs (and B's, unless
+    ``fixed_b``) grown without end their standard errors vanish, and what is left, the drift between
+    two sweeps (and a fixed baseline's own runs), is still wider than the change could be told from."""
+    if a is None or b is None or a.sd is None or b.sd is None or not b.mean or not (drift_cv or fixed_b):
+        return None
+    room, level = _room(a, b, min_effect, alpha)
+    b_se, b_df = (b.sd / math.sqrt(b.n), b.n - 1) if fixed_b else (0.0, 0)
+    if _half_width(b_se, b_df, a, drift_cv, drift_df, level) < room * b.mean:
+        return None
+    drift_se = _drift_se(a, drift_cv)
+    if drift_se >= b_se:
+        return (f"drift between sweeps dominates (±{drift_cv:.1%} between two sweeps, {drift_df} df: at this level "
+                f"wider than the {room:.1%} that would decide it, whatever the runs; record A/A pairs on this cluster)")
+    return (f"the baseline's {b.n} runs are too spread ({b_se / b.mean:.1%} standard error) to decide it, "
+            "whatever this sweep's runs")
+
+
+def _room(a: Estimate, b: Estimate, min_effect: float, alpha: float) -> tuple[float, float]:
+    """How narrow the interval must get to decide, and at which level: a difference needs the
+    ``1 - alpha`` interval clear of 1, "no change" the ``1 - 2 alpha`` one inside the margin."""
+    change = abs(a.mean / b.mean - 1)
+    return (change, alpha) if change >= min_effect else (min_effect - change, 2 * alpha)
+
+
+def _half_width(within_se: float, within_df: int, a: Estimate, drift_cv: float, drift_df: int, level: float) -> float:
+    """The half-width of the ``1 - level`` interval of mean(A) - mean(B): the runs' standard error
+    (``within_df``: the pooled degrees of freedom) and the drift's, in quadrature, with
+    Welch-Satterthwaite's degrees of freedom (without drift: the runs' own)."""
+    drift_se = _drift_se(a, drift_cv)
+    se2 = within_se**2 + drift_se**2
+    if se2 == 0:
+        return 0.0
+    parts = [se**4 / df for se, df in ((within_se, within_df), (drift_se, drift_df)) if se and df]
+    return t_two_sided(level, se2**2 / sum(parts) if parts else math.inf) * math.sqrt(se2)
 
 
 def ci_text(row: dict[str, Any], floor: Floor | None = None) -> str:
