@@ -23,7 +23,7 @@ import time
 import pytest
 import torch
 
-from launcher.report import compare
+from launcher.report import compare, comparetable
 from launcher.report.__main__ import main as report_main
 from launcher.report.collect import collect, looks_of
 from launcher.state import SweepState
@@ -119,7 +119,7 @@ def test_aa_claims_nothing_and_a_real_slowdown_is_a_regression(tmp_path, fast_ov
     looks = looks_of(state)
     result = compare.compare(base, slow, looks=looks)
     verdicts = {d.metric: d for m in result.matches for d in m.deltas}
-    print(compare.render(result, "6 runs", f"runs=auto sleeping {7 * step_ms:.1f} ms per forward"))
+    print(comparetable.render(result, "6 runs", f"runs=auto sleeping {7 * step_ms:.1f} ms per forward"))
     # On the recorded noise this rule missed an eighth of the throughput in none of 20,000 simulated
     # sweeps (bench/sequential_aa.py's rule, baseline of 6, looks at 3 and 5 runs; 95% upper bound
     # 0.015%; a quarter was missed in 1%): fewer than 1 in 1,000 suite runs fail here.

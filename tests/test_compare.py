@@ -10,7 +10,7 @@ from contract.spec import Layout
 from launcher import finish as report
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.clusterschema import ClusterConfig
-from launcher.report import compare, noisefloor, stats
+from launcher.report import compare, comparetable, noisefloor, stats
 from launcher.report.__main__ import main as report_main
 from launcher.state import SweepState
 
@@ -96,7 +96,7 @@ def test_cells_match_by_settings_and_get_noise_aware_verdicts(tmp_path):
     assert verdicts[("strategy=ddp nodes=1", "model state MiB")].verdict == "no change"
     assert [(m.name, d.metric) for m, d in result.regressions()] == [
         ("strategy=ddp nodes=2", "samples/s"), ("strategy=ddp nodes=2", "step p50 ms")]
-    text = compare.render(result, "a", "b")
+    text = comparetable.render(result, "a", "b")
     assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 140.0 | -22.2% | **regression** | 99.6% CI" in text
     assert "2 regression(s) beyond the noise and the threshold of 10%" in text
     assert "Sweep-to-sweep drift in the noise: peak_memory 2.5%, step_time 2.5%, throughput 2.5% (the default 10% " \
@@ -167,7 +167,7 @@ def test_failed_and_unmatched_cells(tmp_path):
     by_name = {m.name: m for m in result.matches}
     assert by_name["strategy=ddp nodes=1"].by == "name"
     assert [r["cell"] for r in result.only_b] == ["strategy=zero2 nodes=2 (3 runs)"] and not result.only_a
-    text = compare.render(result, "a", "b")
+    text = comparetable.render(result, "a", "b")
     assert "strategy=ddp nodes=1 (matched by name; differs in batch_size: the setting under test)" in text and "Only in B: strategy=zero2 nodes=2" in text
 
 
@@ -234,7 +234,7 @@ def test_unlike_configurations_are_listed_not_compared_and_never_pass_the_gate(t
     assert not result.matches and len(result.not_compared) == 4
     assert all(m.why_not.startswith("different models (A: gpt_tiny, B: mlp)") for m in result.not_compared)
     assert result.gate()[0] is False and not result.regressions()
-    text = compare.render(result, "a", "b")
+    text = comparetable.render(result, "a", "b")
     assert "Not compared (4 pair(s): no claim, never a pass of the gate):" in text and "improvement" not in text
     # Two settings changed at once: not the one under test.
     rows_b = rows(b)
@@ -273,7 +273,7 @@ def test_the_family_is_stated_and_step_time_never_claims_what_throughput_does_no
     assert step.verdict == "inconclusive" and step.note.startswith("not claimed: throughput on the same runs is")
     assert not result.regressions()
     assert "False claims controlled over the family of 12 judged row(s) (Bonferroni): each row at 0.417%" in \
-        compare.render(result, "a", "b")
+        comparetable.render(result, "a", "b")
 
 
 def test_sweep_to_sweep_drift_is_recorded_from_an_aa_pair_and_widens_later_comparisons(tmp_path, capsys):

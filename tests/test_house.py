@@ -168,6 +168,12 @@ def test_the_launchers_longest_import_chain_is_at_most_10_modules():
     assert len(chain) <= 10, f"{len(chain)} modules: {' -> '.join(chain)}"
 
 
+def test_no_launcher_module_is_over_450_lines():
+    """A module that grows past this holds more than one concern: split it by concern."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "launcher").rglob("*.py")}
+    assert not {path: n for path, n in sizes.items() if n > 450}
+
+
 def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
     for path in (ROOT / "jobs").rglob("*.py"):
         text = path.read_text()

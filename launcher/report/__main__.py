@@ -26,7 +26,7 @@ from contract.spec import ConfigError
 from launcher.cli import guarded
 from launcher.finish import finalize
 from launcher.plan import shellsafe
-from launcher.report import compare, noisefloor, stats
+from launcher.report import compare, comparetable, noisefloor, stats
 from launcher.report.collect import ReportError, collect, looks_of, rows_from_parent_run
 from launcher.report.markdown import write_experiment_report
 from launcher.report.noisefloor import floor_key
@@ -108,7 +108,7 @@ def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None, gat
     result = compare.compare(rows_a, rows_b, threshold, floor, baseline_looks(a, b), drift)
     if record_drift:
         return _record_drift(a, b, result, where)
-    print(compare.render(result, a, b))
+    print(comparetable.render(result, a, b))
     if floor:
         print(f"noise floor for single runs: {floor.where}")
     if gate:
@@ -123,7 +123,7 @@ def _record_drift(a: str, b: str, result: compare.Comparison, where: tuple[Path,
     matched by its settings, ran and ended on both sides."""
     problems = [f"{m.name}: {m.why_not}" for m in result.not_compared]
     problems += [f"{m.name}: matched by name only (its settings differ)" for m in result.matches if m.by == "name"]
-    problems += [f"{compare._name(r)}: only in one sweep" for r in [*result.only_a, *result.only_b]]
+    problems += [f"{compare.row_name(r)}: only in one sweep" for r in [*result.only_a, *result.only_b]]
     if result.running:
         problems.append(f"{result.running} cell(s) have not ended")
     if problems or where is None:
