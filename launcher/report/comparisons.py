@@ -169,7 +169,10 @@ def verdict_text(c: Comparison) -> str:
     if d is None or c.caveat:
         return f"not claimed: {c.caveat}" + (sequence_text(d, c.looks) if d is not None else "")
     words = _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
-    return words + (" (one rank: the wrappers' cost, not a strategy result)" if c.wrappers_only else "")
+    return words + (_WRAPPERS_ONLY if c.wrappers_only else "")
+
+
+_WRAPPERS_ONLY = " (one rank: the wrappers' cost, not a strategy result)"
 
 
 def _verdict_words(a_label: str, d: Diff) -> str:
@@ -272,7 +275,8 @@ def unclaimed_parts(comps: list[Comparison]) -> list[str]:
         if c.claimed or c.why is None:
             continue
         where = f"{c.world_size} rank(s)" + (f", {c.context}" if c.context else "")
-        reason = verdict_text(c).removeprefix("not claimed: ")
+        reason = verdict_text(c).removeprefix("not claimed: ").removesuffix(_WRAPPERS_ONLY)
+        reason += "; one rank: the wrappers' cost, not a strategy result" if c.wrappers_only else ""
         out += [f"- {where}: {c.a_label} against {c.b_label}, not claimed ({md_cell(reason)}):",
                 *why_lines(c.why)]
     return ([""] + out) if out else []
