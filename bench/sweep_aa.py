@@ -65,7 +65,7 @@ def record(pairs: Sequence[tuple[Path, Path]], out: Path = DRIFT_DATA) -> dict[s
         entry: dict[str, Any] = {"a": str(a), "b": str(b), "configurations": {}, "not_compared": [
             f"{m.name}: {m.why_not}" for m in result.not_compared]}
         for m in result.matches:
-            if m.caveat:  # kept: the noise of this machine tonight is what the rule must hold against
+            if m.caveat:  # kept: the recorded noise of this machine is what the rule must hold against
                 entry.setdefault("flagged", []).append(f"{m.name}: {m.caveat}")
             plain = [{k: v for k, v in row.items() if k != "interference"} for row in (m.a, m.b)]
             plain = [{**r, "_members": [{k: v for k, v in x.items() if k != "interference"}
