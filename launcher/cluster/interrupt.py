@@ -23,7 +23,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import SweepState
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 NAMES: dict[int, str] = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
@@ -157,3 +160,51 @@ def stop_waiting() -> Iterator[None]:
 
 
 __all__ = ["NAMES", "SIGNALS", "Interrupts", "stop_waiting"]
+
+
+# ---- cells in turn on this machine (cluster=local, cluster=torchrun) ------------------------------
+
+def run_in_turn(state: SweepState, cells: Sequence[Cell], run_cell: Callable[[Cell, Interrupts], None],
+                after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None = None) -> None:
+    """``run_cell`` on each cell to its end, one after another on this machine, then ``after_each_cell``
+    (every backend whose cells share this machine: local, torchrun). Ctrl-C, SIGTERM or SIGHUP
+    (``interrupts``, or handlers of this call's own) stop the running cell at a step boundary and
+    start no further cell (the Interrupts above); the cells stopped or never started are
+    cancelled, and ``after_each_cell`` sees them too (their MLflow runs end KILLED)."""
+    own = interrupts is None
+    stops = interrupts if interrupts is not None else Interrupts()
+    if stops.on_abort is None:
+        stops.on_abort = lambda reason: _abandon(state, cells, reason)
+    with stops if own else contextlib.nullcontext():
+        for cell in cells:
+            if stops.requested:
+                break
+            run_cell(cell, stops)
+            if after_each_cell is not None:
+                after_each_cell(cell)
+        if stops.requested:
+            for cell in _abandon(state, cells, stops.reason):
+                if after_each_cell is not None:
+                    after_each_cell(cell)
+            print(f"{stops.reason}: the sweep stopped; {_stopped_summary(cells)}.\nResume with: python -m "
+                  f"launcher.status {state.sweep_dir} --resubmit-failed", file=sys.stderr, flush=True)
+
+
+def _abandon(state: SweepState, cells: Sequence[Cell], reason: str) -> list[Cell]:
+    """Cancel what an interrupt leaves: a cell still running (its processes were killed) and the cells
+    not started. Returns the cells it changed; the document is saved."""
+    changed = [c for c in cells if not c.status.terminal]
+    for cell in changed:
+        if cell.status is CellStatus.planned:
+            cell.status, cell.error = CellStatus.cancelled, f"{NOT_STARTED}{reason}"
+        else:
+            cell.status, cell.error = CellStatus.cancelled, f"killed at once by {reason}; no checkpoint"
+    state.save()
+    return changed
+
+
+def _stopped_summary(cells: Sequence[Cell]) -> str:
+    cancelled = [c for c in cells if c.status is CellStatus.cancelled]
+    unstarted = sum((c.error or "").startswith(NOT_STARTED) for c in cancelled)
+    return (f"{len(cancelled) - unstarted} cell(s) stopped, {unstarted} not started, all marked cancelled in "
+            f"sweep.json")

@@ -9,7 +9,6 @@ memory cgroup where it has a memory limit (memlimit.py), and a Ctrl-C stops it a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -26,7 +25,7 @@ from contract.health import NodeProbeSpec
 from contract.spec import Layout
 from launcher.cluster.base import python_command
 from launcher.cluster.failures import OOM, classify, first_failure
-from launcher.cluster.interrupt import NOT_STARTED, Interrupts
+from launcher.cluster.interrupt import Interrupts, run_in_turn
 from launcher.cluster.local import memlimit
 from launcher.cluster.local.ranks import OnLocal
 from launcher.plan.cell import Cell, CellStatus
@@ -36,28 +35,8 @@ from launcher.state import SweepState
 
 def run(state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
         interrupts: Interrupts | None = None) -> None:
-    """Each cell to its end, one after another, then ``after_each_cell``
-    (tracking, progress). Ctrl-C, SIGTERM or SIGHUP (``interrupts``, or handlers of this call's own)
-    stop the running cell at a step boundary and start no further cell (launcher/cluster/interrupt.py); the
-    cells stopped or never started are cancelled, and ``after_each_cell`` sees them too (their MLflow
-    runs end KILLED)."""
-    own = interrupts is None
-    stops = interrupts if interrupts is not None else Interrupts()
-    if stops.on_abort is None:
-        stops.on_abort = lambda reason: _abandon(state, cells, reason)
-    with stops if own else contextlib.nullcontext():
-        for cell in cells:
-            if stops.requested:
-                break
-            _run_cell(state, cell, stops)
-            if after_each_cell is not None:
-                after_each_cell(cell)
-        if stops.requested:
-            for cell in _abandon(state, cells, stops.reason):
-                if after_each_cell is not None:
-                    after_each_cell(cell)
-            print(f"{stops.reason}: the sweep stopped; {_stopped_summary(cells)}.\nResume with: python -m "
-                  f"launcher.status {state.sweep_dir} --resubmit-failed", file=sys.stderr, flush=True)
+    """Each cell to its end, one after another, then ``after_each_cell`` (tracking, progress)."""
+    run_in_turn(state, cells, functools.partial(_run_cell, state), after_each_cell, interrupts)
 
 
 def _run_cell(state: SweepState, cell: Cell, stops: Interrupts) -> None:
@@ -89,19 +68,6 @@ def _run_cell(state: SweepState, cell: Cell, stops: Interrupts) -> None:
     state.save()
 
 
-def _abandon(state: SweepState, cells: Sequence[Cell], reason: str) -> list[Cell]:
-    """Cancel what an interrupt leaves: a cell still running (its processes were killed) and the cells
-    not started. Returns the cells it changed; the document is saved."""
-    changed = [c for c in cells if not c.status.terminal]
-    for cell in changed:
-        if cell.status is CellStatus.planned:
-            cell.status, cell.error = CellStatus.cancelled, f"{NOT_STARTED}{reason}"
-        else:
-            cell.status, cell.error = CellStatus.cancelled, f"killed at once by {reason}; no checkpoint"
-    state.save()
-    return changed
-
-
 def _record_interrupted(state: SweepState, cell: Cell, stops: Interrupts) -> None:
     """A cell the interrupt stopped before its measured window completed: cancelled, never done."""
     cell_dir = state.cell_dir(cell)
@@ -117,13 +83,6 @@ def _record_interrupted(state: SweepState, cell: Cell, stops: Interrupts) -> Non
            else "checkpoint saved: --resubmit-failed resumes it from there" if saved else "no checkpoint")
     cell.status, cell.failure_class = CellStatus.cancelled, None
     cell.error = f"interrupted by {stops.reason}{at}, before its measured window completed; {how}"
-
-
-def _stopped_summary(cells: Sequence[Cell]) -> str:
-    cancelled = [c for c in cells if c.status is CellStatus.cancelled]
-    unstarted = sum((c.error or "").startswith(NOT_STARTED) for c in cancelled)
-    return (f"{len(cancelled) - unstarted} cell(s) stopped, {unstarted} not started, all marked cancelled in "
-            f"sweep.json")
 
 
 def _record_local_failure(state: SweepState, cell: Cell, exc: Exception, cgroup: Path | None) -> None:

@@ -8,17 +8,15 @@ torchrun passes it to each rank, which saves its checkpoint at the next step bou
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 
 from launcher.cluster.failures import classify, first_failure
-from launcher.cluster.interrupt import NOT_STARTED, Interrupts
+from launcher.cluster.interrupt import Interrupts, run_in_turn
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SPEC_FILE, SweepState
 
@@ -30,26 +28,15 @@ def run(state: SweepState, cells: Sequence[Cell], launch: Callable[[Cell], str],
         after_each_cell: Callable[[Cell], None] | None, interrupts: Interrupts | None = None) -> None:
     """Each cell to its end, then ``after_each_cell``; ``launch``: the cell's ranks' command before its
     spec.json (the backend's ``rank_launch``, as in its reproduce.sh). A stop request ends the
-    running cell at a step boundary and cancels the cells not started."""
-    own = interrupts is None
-    stops = interrupts if interrupts is not None else Interrupts()
-    if stops.on_abort is None:
-        stops.on_abort = lambda reason: _cancel_rest(state, cells, reason)
-    with stops if own else contextlib.nullcontext():
-        for cell in cells:
-            if stops.requested:
-                break
-            ranks = f"{launch(cell)} {shlex.quote(str(state.cell_dir(cell) / SPEC_FILE))}"
-            # cluster.setup's lines first, in the shell that then becomes torchrun (its pid the cell's job id)
-            _run_cell(state, cell, ["sh", "-c", " && ".join([*cell.cluster.setup, f"exec {ranks}"])], stops)
-            if after_each_cell is not None:
-                after_each_cell(cell)
-        if stops.requested:
-            for cell in _cancel_rest(state, cells, stops.reason):
-                if after_each_cell is not None:
-                    after_each_cell(cell)
-            print(f"{stops.reason}: the sweep stopped. Resume with: python -m launcher.status {state.sweep_dir} "
-                  f"--resubmit-failed", file=sys.stderr, flush=True)
+    running cell at a step boundary and cancels the cells not started (the same loop as
+    cluster=local: launcher/cluster/interrupt.py, run_in_turn)."""
+
+    def run_cell(cell: Cell, stops: Interrupts) -> None:
+        ranks = f"{launch(cell)} {shlex.quote(str(state.cell_dir(cell) / SPEC_FILE))}"
+        # cluster.setup's lines first, in the shell that then becomes torchrun (its pid the cell's job id)
+        _run_cell(state, cell, ["sh", "-c", " && ".join([*cell.cluster.setup, f"exec {ranks}"])], stops)
+
+    run_in_turn(state, cells, run_cell, after_each_cell, interrupts)
 
 
 def _run_cell(state: SweepState, cell: Cell, argv: list[str], stops: Interrupts) -> None:
@@ -90,13 +77,3 @@ def _run_cell(state: SweepState, cell: Cell, argv: list[str], stops: Interrupts)
         cell.error = first_failure(cell_dir) or f"torchrun exited with {process.returncode}: see {cell_dir / LOG_FILE}"
         cell.failure_class = classify(cell_dir, None, cell.error)
     state.save()
-
-
-def _cancel_rest(state: SweepState, cells: Sequence[Cell], reason: str) -> list[Cell]:
-    changed = [c for c in cells if not c.status.terminal]
-    for cell in changed:
-        started = cell.status is not CellStatus.planned
-        cell.status = CellStatus.cancelled
-        cell.error = f"killed at once by {reason}" if started else f"{NOT_STARTED}{reason}"
-    state.save()
-    return changed
