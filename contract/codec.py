@@ -100,6 +100,9 @@ def _build(tp: Any, data: Any, where: str) -> Any:
     if kind == "dataclass":
         if not isinstance(data, dict):
             raise TypeError(f"{where}: expected a mapping for {tp.__name__}, got {type(data).__name__}")
+        if hasattr(tp, "variant"):  # a base class whose record names its subclass (a backend's settings)
+            tp, data = tp.variant(data)
+            kind, detail = _plan(tp)
         hints, names = detail
         unknown = sorted(set(data) - names)
         if unknown:

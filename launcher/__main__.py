@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.cluster.backends import backend_for
 
         # Declared nodes ask nothing of a cluster, its MaxArraySize included.
-        size = None if cells[0].cluster.declared else backend_for(cells[0].cluster.name.value).max_array_size(cells)
+        size = None if cells[0].cluster.declared else backend_for(cells[0].cluster.name).max_array_size(cells)
         print(preview.render(cells, predicted, size))
         return 0
 

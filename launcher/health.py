@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 from launcher.cli import USER_ERROR_EXIT, guarded
+from launcher.cluster import registry
 from launcher.healthprobe import NODES_PER_JOB, Asked, cluster_key, plan_cost, run, said
-from launcher.plan.clusterschema import ClusterConfig, ClusterKind
+from launcher.plan.clusterschema import settings_class
 from launcher.report import health
 
 KEYS = {"cluster": "local | slurm", "cluster.partition": "a partition", "cluster.nodelist": "nodes, e.g. node[1-4]",
@@ -52,11 +53,10 @@ def parse(args: list[str]) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def asked_from(settings: dict[str, str]) -> Asked:
-    try:
-        kind = ClusterKind(settings.get("cluster", "local"))
-    except ValueError:
-        raise ValueError(f"cluster={settings['cluster']!r}: use cluster=local or cluster=slurm") from None
-    cluster = ClusterConfig(name=kind, partition=settings.get("cluster.partition"),
+    name = settings.get("cluster", "local")
+    if name not in registry.known():
+        raise ValueError(f"cluster={name!r}: use one of {', '.join(f'cluster={n}' for n in sorted(registry.known()))}")
+    cluster = settings_class(name)(partition=settings.get("cluster.partition"),
                             nodelist=settings.get("cluster.nodelist"), exclude=settings.get("cluster.exclude"),
                             gpus_per_node=int(settings.get("cluster.gpus_per_node", 0)),
                             timeout_min=int(settings.get("cluster.timeout_min", 15)),

@@ -60,11 +60,11 @@ class Probed:
 
 def cluster_key(cluster: ClusterConfig) -> str:
     """The cluster as the fabric record and the noise floor name it (``slurm:debug``, ``local:<host>``)."""
-    return backend_for(cluster.name.value).noise_floor_key(cluster.partition, cluster.gpu_type)
+    return backend_for(cluster.name).noise_floor_key(cluster.partition, cluster.gpu_type)
 
 
 def nodes_of(asked: Asked) -> list[str]:
-    backend = backend_for(asked.cluster.name.value)
+    backend = backend_for(asked.cluster.name)
     nodes = asked.nodes or backend.health_nodes(asked.cluster.partition, asked.cluster.nodelist)
     excluded = set(expand_nodelist(asked.cluster.exclude)) if asked.cluster.exclude else set()
     return [n for n in nodes if n not in excluded]
@@ -79,7 +79,7 @@ def plan_cost(nodes: int, nodes_per_job: int, in_turn: bool) -> dict[str, Any]:
 
 def run(asked: Asked) -> Probed:
     """Probe the nodes, judge them, append the ledger, log the MLflow run."""
-    one_machine = asked.cluster.name.one_machine
+    one_machine = asked.cluster.one_machine
     names = nodes_of(asked)
     if not names:
         raise RuntimeError(f"no node to probe: partition {asked.cluster.partition or '(default)'} has no node that "
@@ -115,19 +115,18 @@ def run(asked: Asked) -> Probed:
 
 def _one_job(asked: Asked, chunk: list[str], out: Path) -> tuple[dict[str, Any] | None, str | None, str | None]:
     c = asked.cluster
-    one_machine = c.name.one_machine
+    one_machine = c.one_machine
     n = asked.emulated_nodes if one_machine else len(chunk)
-    cluster = ClusterConfig(name=c.name, partition=c.partition, account=c.account, qos=c.qos,
-                            nodelist=None if one_machine else ",".join(chunk), exclusive=True,
-                            timeout_min=c.timeout_min, setup=list(c.setup), python=c.python,
-                            additional_parameters=dict(c.additional_parameters), srun_args=list(c.srun_args))
+    # The sweep's cluster settings (its account, QOS, sbatch and srun options), on these nodes, whole.
+    cluster = dataclasses.replace(c, nodelist=None if one_machine else ",".join(chunk), exclude=None, exclusive=True,
+                                  cpus_per_task=None, mem_gb=None)
     layout = Layout(nodes=1 if one_machine else n, tasks_per_node=n if one_machine else 1,
                     gpus_per_node=c.gpus_per_node, cpus_per_task=1)
     spec = NodeProbeSpec(out_dir=str(out), nodes=n, cpus_per_task=0, gpus_per_node=c.gpus_per_node,
                          repeats=asked.repeats, emulate_nodes=one_machine, dcgm=asked.dcgm)
     out.mkdir(parents=True, exist_ok=True)
     (out / "asked.json").write_text(json.dumps(to_plain(spec), indent=1, sort_keys=True))
-    job, error = backend_for(c.name.value).run_health(out / "submitit", cluster, layout, spec)
+    job, error = backend_for(c.name).run_health(out / "submitit", cluster, layout, spec)
     try:
         return json.loads((out / RESULT_FILE).read_text()), error, job
     except (OSError, ValueError):

@@ -37,7 +37,7 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     if cells[0].cluster.declared:
         _declared_gpu_memory(cells)
     else:
-        resources = backend_for(cells[0].cluster.name.value).check_resources(cells)
+        resources = backend_for(cells[0].cluster.name).check_resources(cells)
         resources.apply(cells)
         for warning in resources.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)

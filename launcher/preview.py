@@ -66,5 +66,5 @@ def _traffic(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[st
 
 def _submissions(cells: list[Cell], max_array_size: int | None) -> list[str]:
     folder = Path(cells[0].config.output_root).resolve() / "<sweep>" / "submitit"
-    backend = backend_for(cells[0].cluster.name.value)
+    backend = backend_for(cells[0].cluster.name)
     return backend.describe_submission(cells, folder, max_array_size)

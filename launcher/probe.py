@@ -67,7 +67,7 @@ def _one_shape(state: SweepState, backend: Backend, cell: Cell, cfg: Config, fol
         return None
     sizes, iters, warmup = plan(cell.layout.gpus_per_node > 0, cfg.fabric.full)
     spec = ProbeSpec(out_dir=str(folder), layout=cell.layout, sizes_bytes=sizes, iters=iters, warmup_iters=warmup,
-                     emulate_nodes=c.name.one_machine, collective_timeout_s=cfg.collective_timeout_s)
+                     emulate_nodes=c.one_machine, collective_timeout_s=cfg.collective_timeout_s)
     asked = {"identity": wanted, "spec": to_plain(spec)}
     fabric.write_asked(folder, asked)
     print(f"fabric {wanted['shape']}: probing {len(sizes)} sizes x 3 collectives, {iters} iterations each", flush=True)

@@ -25,6 +25,9 @@ from launcher.plan.cell import Cell, CellStatus
 
 STATE_FILE = "sweep.json"
 SPEC_FILE = "spec.json"
+# Written into each cell's directory at submission (launcher/cluster/base.py): the command that runs
+# its ranks again by hand.
+REPRODUCE_FILE = "reproduce.sh"
 # The MLflow ids, one file each, written by whichever process creates the runs (the launcher, or
 # `launcher.sync` in the background for a large sweep): no two processes ever write one file, and
 # every load of the document adopts them.

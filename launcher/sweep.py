@@ -99,7 +99,7 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
     if (sweep_dir / STATE_FILE).exists():
         return resume(sweep_dir, cells)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name.value,
+    state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name,
                        argv=argv, experiment=cfg.tracking.experiment if cfg.tracking.enabled else None,
                        submitter=this_process(), code=tracking.code_provenance())
     if cfg.tracking.enabled:

@@ -37,7 +37,7 @@ def test_every_group_option_composes(group, option):
 def test_defaults_and_overrides_are_typed():
     cfg = one()
     assert cfg.strategy.name is Strategy.ddp and cfg.precision.name is Precision.fp32
-    assert cfg.model.input is InputKind.tokens and cfg.cluster.name.value == "local"
+    assert cfg.model.input is InputKind.tokens and cfg.cluster.name == "local"
     cfg = one("strategy=zero2", "nodes=3", "batch_size=4", "model.seq_len=64", "strategy.bucket_cap_mb=50",
               "precision=bf16", "cluster.tasks_per_node=2")
     assert cfg.strategy.sharding is Sharding.grad_op and cfg.nodes == 3 and cfg.batch_size == 4
@@ -45,7 +45,8 @@ def test_defaults_and_overrides_are_typed():
 
 
 def test_grid_expansion_and_resources_per_point():
-    points, swept = expand(["strategy=ddp,fsdp", "nodes=1,2", "cluster.tasks_per_node=2", "runs=1"], multirun=True)
+    points, swept = expand(["strategy=ddp,fsdp", "nodes=1,2", "cluster=slurm", "cluster.tasks_per_node=2", "runs=1"],
+                           multirun=True)
     cells = plan(compose(points, swept))
     assert [c.name for c in cells] == ["strategy=ddp nodes=1", "strategy=ddp nodes=2",
                                        "strategy=fsdp nodes=1", "strategy=fsdp nodes=2"]
@@ -175,3 +176,65 @@ def test_a_site_config_dir_adds_its_own_cluster_and_experiment(tmp_path):
     planned = plan(compose(*expand(["+experiment=nightly", "runs=1"], True, extra), extra=extra))
     assert [c.config.seed for c in planned] == [1, 2, 3]
     assert {(c.config.cluster.timeout_min, c.layout.tasks_per_node, c.config.steps) for c in planned} == {(9, 2, 22)}
+
+
+SITE_SETTINGS = '''
+from dataclasses import dataclass, field
+
+from launcher.plan.clusterschema import ClusterConfig, shell
+
+
+@dataclass
+class KubeSettings(ClusterConfig):
+    name: str = "kube"
+    namespace: str = field(default="bench", metadata=shell("plain"))
+'''
+SITE_BACKEND = '''
+from launcher.cluster.local.backend import LocalBackend
+
+
+class KubeBackend(LocalBackend):
+    name = "kube"
+
+    def describe_submission(self, cells, folder, max_array_size):
+        return [f"kube: {len(cells)} job(s) in namespace {cells[0].cluster.namespace}"]
+'''
+
+
+def test_a_sites_backend_is_its_package_an_entry_point_and_its_conf_file(tmp_path):
+    """The rehearsal of a new backend, done for real outside the repository: a package with its
+    settings (its own key, shell-checked) and its backend, found through the entry point group, and
+    its conf file in a site's config directory. No file of the project is edited: the schema reads
+    its keys, refuses another backend's, and --plan runs through it."""
+    import os
+    import subprocess
+    import sys
+
+    from launcher.cluster.registry import ENTRY_POINT_GROUP
+
+    site = tmp_path / "site"
+    (site / "kube_site").mkdir(parents=True)
+    (site / "kube_site" / "__init__.py").write_text("")
+    (site / "kube_site" / "settings.py").write_text(SITE_SETTINGS)
+    (site / "kube_site" / "backend.py").write_text(SITE_BACKEND)
+    meta = site / "kube_site-0.1.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: kube-site\nVersion: 0.1\n")
+    (meta / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nkube = kube_site\n")
+    (tmp_path / "conf" / "cluster").mkdir(parents=True)
+    (tmp_path / "conf" / "cluster" / "kube.yaml").write_text("defaults:\n  - kube_schema\n  - _self_\nname: kube\n"
+                                                            "namespace: team-a\n")
+
+    def launcher(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "launcher", "--plan", "--config-dir", str(tmp_path / "conf"),
+                               "cluster=kube", f"output_root={tmp_path / 'out'}", *args], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(site)}, timeout=300)
+
+    planned = launcher("cluster.namespace=team-b")
+    assert planned.returncode == 0, planned.stderr
+    assert "kube: 3 job(s) in namespace team-b" in planned.stdout  # the default 3 runs
+    wrong = launcher("cluster.account=x")
+    assert wrong.returncode == 2 and "cluster.account is read only by cluster=slurm" in wrong.stderr, wrong.stderr
+    hostile = launcher("cluster.namespace='a;b'")
+    assert hostile.returncode == 2 and "cluster.namespace" in hostile.stderr, hostile.stderr
+    assert not (tmp_path / "out").exists()

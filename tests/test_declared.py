@@ -42,7 +42,7 @@ def test_declared_gpus_must_say_their_memory_and_are_never_submitted(tmp_path, c
     assert "add --plan" in capsys.readouterr().err and not (tmp_path / "out").exists()
     # A local what-if may name its GPUs' type; a live local cluster may not (only Slurm reads it).
     assert main(["--plan", "cluster.gpus_per_node=1", "cluster.gpu_type=h100", out]) == 2
-    assert "only Slurm reads it" in capsys.readouterr().err
+    assert "cluster.gpu_type='h100': names nodes, and cluster=local runs every rank on this machine" in capsys.readouterr().err
 
 
 def plan_examples() -> list[tuple[str, str, list[str]]]:

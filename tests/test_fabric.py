@@ -106,7 +106,7 @@ def test_emulated_nodes_sharing_cores_are_said():
 def test_the_partitions_nodes_name_the_hardware_and_the_cells_start_after_the_probe(tmp_path):
     from launcher.cluster.slurm import submit
     from launcher.cluster.slurm.resources import describe_nodes, parse_nodes
-    from launcher.plan.clusterschema import ClusterConfig, ClusterKind
+    from launcher.cluster.slurm.settings import SlurmSettings
 
     text = ("node1|debug*|2|3900|(null)|(null)|idle\nnode2|debug*|2|3900|(null)|(null)|allocated\n"
             "gpu1|gpu|64|512000|gpu:h100:8(S:0-1)|ib|mixed\n")
@@ -115,10 +115,10 @@ def test_the_partitions_nodes_name_the_hardware_and_the_cells_start_after_the_pr
     assert describe_nodes(nodes, {"debug"}) == "node1 2 CPUs 3900 MB no GPUs; node2 2 CPUs 3900 MB no GPUs"
     assert describe_nodes(nodes, {"gpu"}) == "gpu1 64 CPUs 512000 MB h100:8"
     # sbatch --dependency: the probe's job, beside a dependency of the site's own.
-    cluster = ClusterConfig(name=ClusterKind.slurm, additional_parameters={"dependency": "afterok:7"})
+    cluster = SlurmSettings(additional_parameters={"dependency": "afterok:7"})
     executor = submit.slurm_executor(tmp_path, cluster, Layout(nodes=2), "s", after=["12", "13"])
     assert executor.parameters["additional_parameters"]["dependency"] == "afterok:7,afterany:12:13"
-    assert "dependency" not in submit.slurm_executor(tmp_path, ClusterConfig(name=ClusterKind.slurm), Layout(), "s"
+    assert "dependency" not in submit.slurm_executor(tmp_path, SlurmSettings(), Layout(), "s"
                                                      ).parameters["additional_parameters"]
 
 

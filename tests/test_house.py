@@ -94,10 +94,17 @@ def command_modules() -> tuple[str, ...]:
 
 COMMAND_LINES = command_modules()
 
+def _backend_folders() -> list[str]:
+    """The backends: each folder of launcher/cluster/ with a backend module."""
+    return sorted(p.parent.name for p in (ROOT / "launcher" / "cluster").glob("*/backend.py"))
+
+
 # The launcher's layers in the order a sweep flows through them: a module imports its own layer and
 # the layers before it, never one after it. The commands are the last floor, side by side.
 FLOW = [
-    ("launcher.plan",),  # the command -> cells
+    # the command -> cells; with it, what composing a grid reads of the backends: their registry and
+    # each backend's settings (launcher/cluster/NAME/settings.py)
+    ("launcher.plan", "launcher.cluster.registry", *(f"launcher.cluster.{name}.settings" for name in _backend_folders())),
     ("launcher.state", "launcher.masking", "launcher.cli"),  # the sweep document; what every command shares
     ("launcher.cluster",),  # cells -> jobs: backends, submission, failures, co-location
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
@@ -227,11 +234,6 @@ def test_the_launcher_imports_only_the_contract_from_jobs():
     assert set(LAUNCHER_USES_OF_JOBS) <= set(used), set(LAUNCHER_USES_OF_JOBS) - set(used)
 
 
-def _backend_folders() -> list[str]:
-    """The backends: each folder of launcher/cluster/ with a backend module."""
-    return sorted(p.parent.name for p in (ROOT / "launcher" / "cluster").glob("*/backend.py"))
-
-
 def _imported_roots(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     return {n.split(".")[0] for node in ast.walk(tree)
@@ -270,11 +272,15 @@ def test_a_backend_is_a_folder_and_one_registry_line():
     import subprocess
     import sys
 
-    from launcher.cluster.backends import BACKENDS, backend_class
+    from launcher.cluster.backends import backend_class
+    from launcher.cluster.registry import BACKENDS
+    from launcher.plan.clusterschema import settings_class
 
     assert sorted(BACKENDS) == _backend_folders()
-    assert all(backend_class(name).__module__ == f"launcher.cluster.{name}.backend" and backend_class(name).name == name
-               for name in BACKENDS)
+    for name in BACKENDS:  # its classes in its folder, and its conf file composing its settings
+        assert backend_class(name).__module__ == f"launcher.cluster.{name}.backend" and backend_class(name).name == name
+        assert settings_class(name).__module__ == f"launcher.cluster.{name}.settings" and settings_class(name).name == name
+        assert f"- {name}_schema" in (ROOT / "launcher" / "conf" / "cluster" / f"{name}.yaml").read_text()
     probe = ("import sys, launcher.cluster.backends, launcher.report.collect, launcher.report.markdown, launcher.decide; "
              "print(sorted(m for m in sys.modules if m.startswith('launcher.cluster.') and m.endswith('.backend')))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -291,8 +297,7 @@ def _backend_comparisons(path: Path) -> list[int]:
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             names = [e for o in operands for e in (o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [o])]
-            if any(isinstance(n, ast.Constant) and n.value in BACKEND_NAMES or isinstance(n, ast.Attribute)
-                   and n.attr in BACKEND_NAMES and _root(n) == "ClusterKind" for n in names):
+            if any(isinstance(n, ast.Constant) and n.value in BACKEND_NAMES for n in names):
                 lines.append(node.lineno)
     return lines
 
@@ -301,12 +306,10 @@ def test_only_the_backend_modules_compare_backend_names():
     """What differs between clusters is asked of the backend (launcher/cluster/base.py), never decided
     by comparing ``state.cluster`` with a name. Scoped to launcher/: jobs/dist.py reads submitit's
     ``SUBMITIT_EXECUTOR == "local"`` to find the rank environment, which is the worker's own concern.
-    ``ClusterKind.local`` counts as a name too, except in the schema that declares the kinds and which
-    keys each reads."""
+    What a backend reads and refuses is its settings class's (launcher/cluster/NAME/settings.py)."""
     assert {"slurm", "local"} <= BACKEND_NAMES
     backends = {p for name in BACKEND_NAMES for p in (ROOT / "launcher" / "cluster" / name).rglob("*.py")}
-    backends |= {ROOT / "launcher" / "cluster" / "backends.py", ROOT / "launcher" / "plan" / "schema.py",
-                 ROOT / "launcher" / "plan" / "clusterschema.py"}
+    backends |= {ROOT / "launcher" / "cluster" / "registry.py"}
     found = {str(p.relative_to(ROOT)): _backend_comparisons(p) for p in (ROOT / "launcher").rglob("*.py")
              if p not in backends}
     assert not {path: lines for path, lines in found.items() if lines}

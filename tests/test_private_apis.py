@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from contract.spec import Layout
-from launcher.plan.clusterschema import ClusterConfig
+from launcher.cluster.slurm.settings import SlurmSettings
 
 
 def _moved(what: str, where: str, why: str) -> str:
@@ -50,7 +50,7 @@ def test_submitits_sbatch_renderer_renders_what_the_launcher_gives_it(tmp_path):
         from submitit.slurm.slurm import _make_sbatch_string
     except ImportError:
         pytest.fail(_moved(what, where, why))
-    cluster, layout = ClusterConfig(partition="debug", timeout_min=7), Layout(nodes=2, tasks_per_node=2)
+    cluster, layout = SlurmSettings(partition="debug", timeout_min=7), Layout(nodes=2, tasks_per_node=2)
     params = {**slurm_parameters(cluster, layout, "bench"), "map_count": 3}
     accepted = set(inspect.signature(_make_sbatch_string).parameters)
     assert {"command", "folder", *params} <= accepted, _moved(what, where, f"{why}; it no longer takes "

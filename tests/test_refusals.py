@@ -69,19 +69,21 @@ def _text_settings() -> list[str]:
     from launcher.plan.schemakeys import field_type, schema_keys
 
     found = []
-    for key in schema_keys():
-        cls: object = Config
-        for part in key.split(".")[:-1]:
-            cls = field_type(cls, part)
-        tp = repr(field_type(cls, key.rpartition(".")[2]))
-        if any(word in tp for word in ("str", "Any", "dict", "list")):
+    for key in schema_keys():  # every backend's cluster settings among them
+        types: list = [Config]
+        for part in key.split("."):
+            classes = [v for t in types for v in (t.subtypes() if hasattr(t, "subtypes") else [t])]
+            types = [t for t in (field_type(c, part) for c in classes) if t is not None]
+        if any(word in repr(types) for word in ("str", "Any", "dict", "list")):
             found.append(key)
     return found
 
 
 def test_every_text_setting_of_the_schema_is_said_to_reach_a_shell_or_not():
-    from launcher.plan.shellsafe import NOT_SHELL_BOUND, SHELL_BOUND
+    from launcher.plan.clusterschema import ClusterConfig
+    from launcher.plan.shellsafe import NOT_SHELL_BOUND, shell_bound
 
+    SHELL_BOUND = shell_bound(*ClusterConfig.subtypes())
     found = _text_settings()
     unsaid = [k for k in found if k not in SHELL_BOUND and k not in NOT_SHELL_BOUND]
     assert not unsaid, f"say in launcher/plan/shellsafe.py whether these reach a script or a file name: {unsaid}"
@@ -90,13 +92,12 @@ def test_every_text_setting_of_the_schema_is_said_to_reach_a_shell_or_not():
 
 
 def _with(setting: str, value: str):
-    import dataclasses
 
-    from launcher.plan.clusterschema import ClusterKind
+    from launcher.plan.clusterschema import settings_class
     from launcher.plan.schema import Config
 
     config = Config()
-    config.cluster = dataclasses.replace(config.cluster, name=ClusterKind.slurm)
+    config.cluster = settings_class("slurm")()
     *path, last = setting.split(".")
     owner = config
     for part in path:
@@ -109,10 +110,11 @@ def _with(setting: str, value: str):
 
 def test_every_shell_bound_setting_refuses_a_new_line():
     from contract.spec import ConfigError
-    from launcher.plan.shellsafe import SHELL_BOUND, check_config
+    from launcher.plan.clusterschema import settings_class
+    from launcher.plan.shellsafe import check_config, shell_bound
 
     check_config(_with("cluster.partition", "gpu"))  # a plain value passes
-    for setting in SHELL_BOUND:
+    for setting in shell_bound(settings_class("slurm")):
         try:
             check_config(_with(setting, "n1\n#SBATCH --wrap=reboot"))
         except ConfigError as exc:

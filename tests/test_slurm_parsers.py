@@ -8,7 +8,7 @@ import time
 import pytest
 
 from contract.spec import Layout
-from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation, python_command
+from launcher.cluster.base import CANCELLED_BY_LAUNCHER, Allocation
 from launcher.cluster.colocation import overlaps
 from launcher.cluster.slurm import accounting
 from launcher.cluster.slurm import backend as slurm_backend
@@ -20,9 +20,9 @@ from launcher.cluster.slurm.accounting import (
     slurm_status,
 )
 from launcher.cluster.slurm.resources import parse_max_array_size
+from launcher.cluster.slurm.settings import ContainerConfig, ContainerRuntime, SlurmSettings
 from launcher.cluster.slurm.submit import group_key, groups, slurm_parameters
 from launcher.plan.cell import Cell, CellStatus
-from launcher.plan.clusterschema import ClusterConfig, ContainerConfig, ContainerRuntime
 from launcher.state import SweepState
 from launcher.track import reconcile
 
@@ -96,7 +96,7 @@ def test_sacct_times_and_overlap_on_shared_hosts():
 
 def _cell(index, **cluster):
     return Cell(index=index, name=f"c{index}", dirname=f"{index:02d}", overrides=[], strategy="ddp",
-                     precision="fp32", model="gpt_tiny", cluster=ClusterConfig(**cluster), layout=Layout())
+                     precision="fp32", model="gpt_tiny", cluster=SlurmSettings(**cluster), layout=Layout())
 
 
 def test_cells_group_only_when_every_sbatch_parameter_matches_and_arrays_are_split():
@@ -108,20 +108,20 @@ def test_cells_group_only_when_every_sbatch_parameter_matches_and_arrays_are_spl
 
 
 def test_container_parameters_for_pyxis_apptainer_and_slurms_oci():
-    pyxis = ClusterConfig(container=ContainerConfig(runtime=ContainerRuntime.pyxis, image="nvcr.io#nvidia/pytorch:24.05-py3",
+    pyxis = SlurmSettings(container=ContainerConfig(runtime=ContainerRuntime.pyxis, image="nvcr.io#nvidia/pytorch:24.05-py3",
                                                     mounts=["/data:/data"]), gpus_per_node=8, tasks_per_node=8)
     params = slurm_parameters(pyxis, Layout(nodes=2, tasks_per_node=8, gpus_per_node=8, cpus_per_task=12), "s")
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in params["srun_args"]
     assert "--container-mounts=/data:/data" in params["srun_args"]
     assert params["gpus_per_node"] == 8 and params["exclusive"] is True and params["nodes"] == 2
-    assert python_command(pyxis) == "python"
-    apptainer = ClusterConfig(container=ContainerConfig(runtime=ContainerRuntime.apptainer, image="/img/bench.sif",
+    assert pyxis.python_command() == "python"
+    apptainer = SlurmSettings(container=ContainerConfig(runtime=ContainerRuntime.apptainer, image="/img/bench.sif",
                                                         mounts=["/scratch"]), gpus_per_node=4)
-    assert python_command(apptainer) == "apptainer exec --nv --bind /scratch /img/bench.sif python"
-    oci = ClusterConfig(container=ContainerConfig(runtime=ContainerRuntime.oci, image="/shared/bundles/cpu"))
+    assert apptainer.python_command() == "apptainer exec --nv --bind /scratch /img/bench.sif python"
+    oci = SlurmSettings(container=ContainerConfig(runtime=ContainerRuntime.oci, image="/shared/bundles/cpu"))
     assert slurm_parameters(oci, Layout(nodes=2), "s")["srun_args"][-1] == "--container=/shared/bundles/cpu"
-    assert python_command(oci) == "python"  # the bundle's own (scripts/oci-bundle)
-    assert "exclusive" not in slurm_parameters(ClusterConfig(exclusive=False), Layout(), "s")
+    assert oci.python_command() == "python"  # the bundle's own (scripts/oci-bundle)
+    assert "exclusive" not in slurm_parameters(SlurmSettings(exclusive=False), Layout(), "s")
 
 
 def test_a_job_unknown_to_queue_and_accounting_becomes_lost_after_a_grace_period(tmp_path):
@@ -350,7 +350,7 @@ def test_resource_checks_resolve_without_changing_the_cell():
 
     (part,) = parse_sinfo("gpu*|2|1:00:00|64|512000|gpu:h100:8(S:0-1)\n").values()
     cell = Cell(index=3, name="c3", dirname="03", overrides=[], strategy="ddp", precision="bf16", model="gpt_tiny",
-                cluster=ClusterConfig(gpus_per_node=8, tasks_per_node=8), layout=Layout(tasks_per_node=8, gpus_per_node=8))
+                cluster=SlurmSettings(gpus_per_node=8, tasks_per_node=8), layout=Layout(tasks_per_node=8, gpus_per_node=8))
     before = (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib)
     resolved = resolve(cell, part)
     assert (resolved.cpus_per_task, resolved.mem_gb, resolved.gpu_mem_gib) == (8, 500.0, 79.6)
@@ -360,7 +360,7 @@ def test_resource_checks_resolve_without_changing_the_cell():
     assert (cell.layout.cpus_per_task, cell.cluster.mem_gb, cell.cluster.gpu_mem_gib) == (8, 500.0, 79.6)
     # What the cell gave itself stays: only settings left open are resolved.
     own = Cell(index=4, name="c4", dirname="04", overrides=[], strategy="ddp", precision="bf16", model="gpt_tiny",
-               cluster=ClusterConfig(gpus_per_node=8, tasks_per_node=8, cpus_per_task=2, mem_gb=64, gpu_mem_gib=40),
+               cluster=SlurmSettings(gpus_per_node=8, tasks_per_node=8, cpus_per_task=2, mem_gb=64, gpu_mem_gib=40),
                layout=Layout(tasks_per_node=8, gpus_per_node=8, cpus_per_task=2))
     assert resolve(own, part) == type(resolved)()
 

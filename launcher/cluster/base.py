@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,21 +18,19 @@ from typing import TYPE_CHECKING
 
 from launcher.plan import spread
 from launcher.plan.cell import Cell
-from launcher.plan.clusterschema import ClusterConfig, ContainerRuntime
-from launcher.state import SweepState, this_process
+from launcher.state import REPRODUCE_FILE, SweepState, this_process
 
 if TYPE_CHECKING:
     from contract.fabric import ProbeSpec
     from contract.health import NodeProbeSpec
     from contract.spec import Layout
     from launcher.cluster.interrupt import Interrupts
+    from launcher.plan.clusterschema import ClusterConfig
 
 # {job id: (start s, end s, hosts)} of jobs whose start and end the cluster recorded.
 JobTimes = dict[str, tuple[float, float, list[str]]]
 
 CANCELLED_BY_LAUNCHER = "cancelled by launcher.status --cancel"
-# Written into each cell's directory at submission: the command that runs its ranks again by hand.
-REPRODUCE_FILE = "reproduce.sh"
 
 
 @dataclass(frozen=True)
@@ -178,7 +175,7 @@ class Backend(ABC):
         """How to start ``cell``'s ranks by hand, the command before its spec.json (reproduce.sh:
         :func:`write_reproduce`): ``python -m jobs`` under torchrun on one machine, the default; a
         backend whose ranks run elsewhere says how (Slurm: srun, its variables translated first)."""
-        return (f"{python_command(cell.cluster)} -m torch.distributed.run --standalone --nnodes 1 "
+        return (f"{cell.cluster.python_command()} -m torch.distributed.run --standalone --nnodes 1 "
                 f"--nproc-per-node {cell.world_size} -m jobs")
 
     def worker_tracking_uri(self, state: SweepState) -> str | None:
@@ -188,18 +185,6 @@ class Backend(ABC):
     def creates_runs_in_background(self, cell_count: int) -> bool:
         """Whether the sweep's MLflow runs are created by a background process, not inline."""
         return False
-
-
-def python_command(cluster: ClusterConfig) -> str:
-    """The interpreter command a cell's ranks run with: this one, cluster.python, or the container's."""
-    python = cluster.python or shlex.quote(sys.executable)
-    if cluster.container.runtime is ContainerRuntime.apptainer:
-        binds = " ".join(f"--bind {shlex.quote(m)}" for m in cluster.container.mounts)
-        gpu = " --nv" if cluster.gpus_per_node else ""
-        return f"apptainer exec{gpu} {binds} {shlex.quote(cluster.container.image or '')} {cluster.python or 'python'}"
-    if cluster.container.runtime in (ContainerRuntime.pyxis, ContainerRuntime.oci):
-        return cluster.python or "python"
-    return python
 
 
 def write_reproduce(cell_dir: Path, launch: str) -> Path:

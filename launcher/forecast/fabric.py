@@ -65,7 +65,7 @@ def software(cluster: ClusterConfig) -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         torch_version = None
     return {"torch": torch_version, "python": cluster.python or sys.executable,
-            "container": f"{cluster.container.runtime.value}:{cluster.container.image or ''}",
+            "container": cluster.software(),
             "setup": list(cluster.setup)}
 
 

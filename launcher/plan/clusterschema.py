@@ -1,63 +1,37 @@
-"""The cluster's settings (``cluster.*``): which backend runs the cells, the resources a cell asks
-for, its container, its prices, and the keys only Slurm reads (refused on a one-machine cluster,
-never silently dropped). Imports no module of the launcher: plan/schema.py composes it into Config."""
+"""The cluster's settings every backend shares (``cluster.*``): which backend runs the cells, the
+resources a cell asks for, the nodes it may use, its prices. Each backend's own settings subclass
+:class:`ClusterConfig` in its folder (``launcher/cluster/NAME/settings.py``), with their checks: the
+composed config's ``cluster`` is the chosen backend's class (conf/cluster/NAME.yaml names it), so a
+key another backend reads is refused by the schema itself. Imports no module of the launcher but the
+backends' registry (launcher/cluster/registry.py): plan/schema.py composes it into Config."""
 
 from __future__ import annotations
 
-import enum
+import dataclasses
+import functools
+import shlex
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from contract.codec import to_plain
 from contract.spec import ConfigError
+from launcher.cluster import registry
+
+# The settings that name nodes: only a cluster with nodes to choose from reads them.
+PLACEMENT = ("partition", "exclude", "nodelist", "gpu_type")
 
 
-class ClusterKind(enum.Enum):
-    local = "local"  # submitit's LocalExecutor: real processes on this machine
-    slurm = "slurm"
-    torchrun = "torchrun"  # one machine, each cell's ranks under torchrun (python -m jobs spec.json)
-
-    @property
-    def one_machine(self) -> bool:
-        """Whether every node of a cell is a group of ranks on this machine: planning emulates the nodes
-        and shares the machine's cores among all ranks. (What else differs is the backend's:
-        launcher/cluster/base.py.)"""
-        return self in (ClusterKind.local, ClusterKind.torchrun)
-
-
-class ContainerRuntime(enum.Enum):
-    none = "none"
-    pyxis = "pyxis"  # srun --container-image (enroot)
-    apptainer = "apptainer"  # apptainer exec <image> python ...
-    oci = "oci"  # srun --container=<OCI bundle directory>: Slurm's own OCI support (oci.conf, runc)
-
-
-@dataclass
-class ContainerConfig:
-    runtime: ContainerRuntime = ContainerRuntime.none
-    image: str | None = None
-    mounts: list[str] = field(default_factory=list)
-
-
-def check_oci_bundle(container: ContainerConfig) -> None:
-    """Slurm's OCI mode runs each task in a bundle directory on a shared file system: one the login
-    node cannot see is one the nodes will not run, so it is refused here, before sbatch."""
-    import os
-
-    bundle = str(container.image)
-    if not os.path.isfile(os.path.join(bundle, "config.json")):
-        raise ConfigError("cluster.container.image", bundle, "is not an OCI bundle (a directory with config.json and "
-                          "rootfs/), which cluster.container.runtime=oci runs each task in.",
-                          "make one from the worker image: scripts/oci-bundle localhost/ddp-fsdp-bench:cpu "
-                          "/shared/bundles/cpu /shared (see docker/README.md), and give its directory.")
-    if container.mounts:
-        raise ConfigError("cluster.container.mounts", container.mounts, "is not read in the oci mode: the bundle's "
-                          "config.json holds its mounts.", "pass the directories to scripts/oci-bundle instead.")
+def shell(kind: str, fix: str | None = None) -> dict[str, str]:
+    """A field's metadata saying that its value reaches a script or a command line, and as what
+    (launcher/plan/shellsafe.py: plain, word, line); ``fix``: how to write it instead."""
+    return {"shell": kind, **({"fix": fix} if fix else {})}
 
 
 @dataclass
 class ClusterConfig:
-    name: ClusterKind = ClusterKind.local
+    name: str = "local"  # the backend: a name in launcher/cluster/backends.py's registry
     tasks_per_node: int = 1  # one rank per task
     gpus_per_node: int = 0  # 0 = CPU ranks on gloo
     cpus_per_task: int | None = None  # None: this machine's cores / ranks per node (local)
@@ -65,22 +39,21 @@ class ClusterConfig:
     # Host memory per node: sbatch --mem on Slurm, a memory cgroup of mem_gb x nodes locally.
     mem_gb: float | None = None
     signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)
-    setup: list[str] = field(default_factory=list)  # shell lines before the ranks start: modules, venv
-    python: str | None = None  # interpreter of the ranks; default: this one
+    # Shell lines before the ranks start: modules, venv.
+    setup: list[str] = field(default_factory=list, metadata=shell(
+        "line", "give one list entry per command, e.g. cluster.setup='[module load cuda, source venv/bin/activate]'."))
+    python: str | None = field(default=None, metadata=shell("line", "give the interpreter's path."))  # default: this one
     # Whole nodes per cell: a benchmark that shares a node measures its neighbours too (local cells
     # never share: they run one after another).
     exclusive: bool = True
-    # Slurm only (submitit's parameter names where they exist); refused on cluster=local.
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclude: str | None = None
-    nodelist: str | None = None  # sbatch --nodelist: these nodes (at least), e.g. "node[1-2]"
-    additional_parameters: dict[str, Any] = field(default_factory=dict)
-    srun_args: list[str] = field(default_factory=list)
-    container: ContainerConfig = field(default_factory=ContainerConfig)
-    array_parallelism: int = 64
+    # The nodes a cell may use (PLACEMENT), read where the cluster has nodes to choose from: a
+    # partition (the launcher spreads runs over its nodes and keeps slow ones out), nodes asked for
+    # (sbatch --nodelist: "node[1-2]") or kept out, and the GPU model to ask for (its gres type, e.g.
+    # h100: sbatch --gpus-per-node=<type>:<n>).
+    partition: str | None = field(default=None, metadata=shell("plain"))
+    exclude: str | None = field(default=None, metadata=shell("plain"))
+    nodelist: str | None = field(default=None, metadata=shell("plain"))
+    gpu_type: str | None = field(default=None, metadata=shell("plain"))
     # Prices, for cost_per_1m_samples / cost_per_1m_tokens: per device-hour (GPU, or CPU rank) or per
     # node-hour (the device price wins when both are set).
     cost_per_device_hour: float | None = None
@@ -88,28 +61,77 @@ class ClusterConfig:
     # GPU memory per GPU: a cell whose predicted model state exceeds it is refused before submission.
     # None: known from gpu_type, the partition's GPU type (sinfo's gres) or the local GPUs (nvidia-smi).
     gpu_mem_gib: float | None = None
-    # The GPU model to ask Slurm for, as its gres type (e.g. h100): sbatch --gpus-per-node=<type>:<n>.
-    gpu_type: str | None = None
-    # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
-    max_array_size: int | None = None
     # Nodes declared, not asked: --plan checks the cells against these settings alone (GPUs per node,
     # cluster.gpu_mem_gib or cluster.gpu_type), without sinfo, scontrol or nvidia-smi, so that a laptop
     # can ask "does it fit on 24 GB GPUs?". Such a grid is planned, never submitted.
     declared: bool = False
 
+    # Whether every node of a cell is a group of ranks on this machine: planning emulates the nodes
+    # and shares the machine's cores among all ranks, and no setting of PLACEMENT is read.
+    one_machine: ClassVar[bool] = False
+    # Whether the backend can keep slow nodes out of a sweep (health=auto: cluster.exclude).
+    excludes_nodes: ClassVar[bool] = True
 
-SLURM_ONLY = ("partition", "account", "qos", "constraint", "exclude", "nodelist", "additional_parameters", "srun_args",
-              "container", "array_parallelism", "max_array_size", "gpu_type")
+    @classmethod
+    def subtype_for(cls, data: Mapping[str, Any]) -> type[ClusterConfig]:
+        """The settings class of the backend ``data`` names: how sweep.json's cells and a composed
+        config's keys are read (contract/codec.py, launcher/plan/schemakeys.py)."""
+        name = str(data.get("name", cls.name))
+        if name not in registry.known():
+            raise ConfigError("cluster", name, "names no backend known here.",
+                              f"use one of {', '.join(f'cluster={n}' for n in sorted(registry.known()))}, or add "
+                              "a backend (docs/backends.md).")
+        return settings_class(name)
+
+    @classmethod
+    def variant(cls, data: Mapping[str, Any]) -> tuple[type[ClusterConfig], dict[str, Any]]:
+        """The class a record (sweep.json's cell) is read as, and the record without the keys of other
+        backends left at their defaults: an earlier version kept every backend's keys in one class."""
+        sub = cls.subtype_for(data)
+        own = {f.name for f in dataclasses.fields(sub)}
+        defaults = {name: to_plain(value) for other in cls.subtypes()
+                    for name, value in dataclasses.asdict(other()).items() if name not in own}
+        return sub, {k: v for k, v in data.items() if k in own or defaults.get(k, object()) != v}
+
+    @classmethod
+    def subtypes(cls) -> list[type[ClusterConfig]]:
+        """The settings classes a field of this type may hold: every backend's for ClusterConfig (the
+        keys ``cluster.*`` may hold somewhere), only itself for a backend's own."""
+        if cls is not ClusterConfig:
+            return [cls]
+        return [settings_class(name) for name in sorted(registry.known())]
+
+    def validate(self) -> None:
+        """The backend's own checks of its settings, before anything is created; the shared ones
+        (ranges, prices, declared nodes) are plan/schema.py's."""
+        if self.one_machine:
+            refuse_placement(self)
+
+    def python_command(self) -> str:
+        """The interpreter command a cell's ranks run with: cluster.python, or this one."""
+        return self.python or shlex.quote(sys.executable)
+
+    def software(self) -> str:
+        """The container the ranks run in, as the fabric record's identity names it: none here."""
+        return "none:"
 
 
-def refuse_slurm_only(c: ClusterConfig) -> None:
-    """A Slurm setting on the local cluster would be silently dropped: refuse it instead. A declared
-    machine's cluster.gpu_type says its GPUs' memory (nothing asks Slurm for it)."""
-    default = ClusterConfig()
-    for key in SLURM_ONLY:
+@functools.cache
+def settings_class(name: str) -> type[ClusterConfig]:
+    """The settings of backend ``name`` (its ``settings.py``): what ``cluster.*`` may hold there."""
+    found = registry.load(name, "settings")
+    if not issubclass(found, ClusterConfig):
+        raise TypeError(f"{found.__module__}.{found.__name__} is no ClusterConfig: a backend's settings subclass it")
+    return found
+
+
+def refuse_placement(c: ClusterConfig) -> None:
+    """A setting that names nodes would be silently dropped on one machine: refuse it instead. A
+    declared machine's cluster.gpu_type says its GPUs' memory (nothing asks a scheduler for it)."""
+    for key in PLACEMENT:
         if key == "gpu_type" and c.declared:
             continue
-        if getattr(c, key) != getattr(default, key):
+        if getattr(c, key) is not None:
             raise ConfigError(f"cluster.{key}", to_plain(getattr(c, key)),
-                              "only Slurm reads it, and this cell runs on cluster=local (processes on this machine).",
-                              f"drop cluster.{key}, or use cluster=slurm.")
+                              f"names nodes, and cluster={c.name} runs every rank on this machine: nothing would "
+                              "read it.", f"drop cluster.{key}, or use cluster=slurm (a cluster with nodes).")

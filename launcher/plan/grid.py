@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from contract.spec import ConfigError
+from launcher.plan.clusterschema import ClusterConfig, settings_class
 from launcher.plan.schema import Config
-from launcher.plan.schemakeys import did_you_mean, field_type, non_finite, schema_keys, unknown_keys
+from launcher.plan.schemakeys import did_you_mean, field_type, non_finite, read_by, schema_keys, unknown_keys
 
 # Package data: found next to this module in a checkout, an editable install and a wheel alike.
 CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))
@@ -239,9 +240,21 @@ def _template(cfg) -> tuple[object, Config]:
     its objects: the base that the fast path copies."""
     from omegaconf import OmegaConf
 
+    _typed_cluster(cfg)
     _open_dicts(cfg)
     _check_keys(cast(dict, OmegaConf.to_container(cfg, resolve=False)))
     return cfg, cast(Config, OmegaConf.to_object(cfg))
+
+
+def _typed_cluster(cfg) -> None:
+    """A cluster composed without its backend's settings class (a site's conf/cluster/NAME.yaml that
+    sets only the shared settings, and no ``defaults: [BACKEND_schema, _self_]``) is read as that class
+    here, so it holds its backend's defaults and refuses what its backend does not read."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.get_type(cfg.cluster) is ClusterConfig:
+        shared = OmegaConf.to_container(cfg.cluster, resolve=False)
+        cfg.cluster = OmegaConf.merge(OmegaConf.structured(settings_class(str(cfg.cluster.name))), shared)
 
 
 def _fast_apply(base: Config, parsed) -> Config | None:
@@ -337,7 +350,9 @@ def _check_keys(tree: dict) -> None:
     unknown = unknown_keys(tree)
     if unknown:
         key = unknown[0]
-        raise ConfigError(key, _value_at(tree, key), "is not a setting of this tool (nothing would read it).",
+        why = (f"is not read by cluster={_value_at(tree, 'cluster.name')}." if read_by(key)
+               else "is not a setting of this tool (nothing would read it).")
+        raise ConfigError(key, _value_at(tree, key), why,
                           f"{did_you_mean(key)} Keys may be added only inside open dicts: "
                           f"{', '.join(k for k, is_open in schema_keys().items() if is_open)}.")
 

@@ -24,11 +24,11 @@ def layout_for(config: Config) -> Layout:
     """The cell's resources; its parallel layout made from them here first (contract/parallel.py), so
     a strategy the layout cannot hold is refused before anything is created."""
     c = config.cluster
-    ranks_per_machine = c.tasks_per_node * (config.nodes if c.name.one_machine else 1)
+    ranks_per_machine = c.tasks_per_node * (config.nodes if c.one_machine else 1)
     cpus = c.cpus_per_task
     if cpus is None:
         # Local: share this machine's cores among all its ranks. Slurm: 1 unless asked.
-        cpus = max(1, (os.cpu_count() or 1) // ranks_per_machine) if c.name.one_machine else 1
+        cpus = max(1, (os.cpu_count() or 1) // ranks_per_machine) if c.one_machine else 1
     layout = Layout(nodes=config.nodes, tasks_per_node=c.tasks_per_node, gpus_per_node=c.gpus_per_node,
                     cpus_per_task=cpus)
     ParallelDims.of(config.strategy, layout)
@@ -123,7 +123,7 @@ def run_spec(cell: Cell, sweep_dir: Path, tracking_uri: str | None, run_id: str 
         cell=cell.name, out_dir=str((sweep_dir / "cells" / cell.dirname).resolve()),
         strategy=cfg.strategy, precision=cfg.precision, model=cfg.model, data=cfg.data, train=train,
         layout=cell.layout, tracking_uri=tracking_uri, run_id=run_id,
-        emulate_nodes=cfg.cluster.name.one_machine, collective_timeout_s=cfg.collective_timeout_s,
+        emulate_nodes=cfg.cluster.one_machine, collective_timeout_s=cfg.collective_timeout_s,
         cost_per_device_hour=cfg.cluster.cost_per_device_hour, cost_per_node_hour=cfg.cluster.cost_per_node_hour,
         checkpoint=cfg.checkpoint,
     )

@@ -30,13 +30,8 @@ from contract.spec import (
     _non_negative,
     _positive,
 )
-from launcher.plan.clusterschema import (
-    ClusterConfig,
-    ClusterKind,
-    ContainerRuntime,
-    check_oci_bundle,
-    refuse_slurm_only,
-)
+from launcher.cluster import registry
+from launcher.plan.clusterschema import ClusterConfig, settings_class
 from launcher.plan.fit import gpu_mem_gib_of
 from launcher.plan.shellsafe import check_config
 
@@ -219,7 +214,7 @@ class Config(TrainSpec):
             raise ConfigError("nodes", self.nodes, f"is beyond limits.nodes={lim.nodes} nodes per cell.",
                               f"use fewer nodes, or raise limits.nodes={self.nodes} if the cluster has them.")
         c = self.cluster
-        if c.name.one_machine and not c.declared:
+        if c.one_machine and not c.declared:
             import os
 
             cores = os.cpu_count() or 1
@@ -265,9 +260,9 @@ class Config(TrainSpec):
     def _validate_cluster_settings(self) -> None:
         """What reaches sbatch or MLflow: plain values, ranges, an image for a container runtime."""
         c = self.cluster
+        _check_settings_class(c)
         check_config(self)  # every value that reaches a script, a command line or a file name
-        if c.name.one_machine:
-            refuse_slurm_only(c)
+        c.validate()  # the backend's own checks (launcher/cluster/NAME/settings.py)
         _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
         for key in ("cost_per_device_hour", "cost_per_node_hour", "gpu_mem_gib"):
             if getattr(c, key) is not None:
@@ -277,18 +272,12 @@ class Config(TrainSpec):
         if not self.tracking.experiment.strip():
             raise ConfigError("tracking.experiment", self.tracking.experiment, "is empty.",
                               "name the MLflow experiment, e.g. tracking.experiment=ddp-vs-fsdp.")
-        if c.container.runtime is not None and c.container.runtime.value != "none" and not c.container.image:
-            raise ConfigError("cluster.container.image", None,
-                              f"cluster.container.runtime={c.container.runtime.value} needs an image.",
-                              "set cluster.container.image to the worker image (see docker/).")
-        if c.container.runtime is ContainerRuntime.oci:
-            check_oci_bundle(c.container)
         if c.declared:
             _check_declared(c)
-        if self.health is not HealthMode.off and c.name is ClusterKind.local:
-            raise ConfigError("health", self.health.value, "excludes slow nodes with cluster.exclude, which the local cluster "
-                              "(one machine) does not have.", "use health=auto with cluster=slurm, or probe this "
-                              "machine with python -m launcher.health cluster=local health.nodes=3.")
+        if self.health is not HealthMode.off and not c.excludes_nodes:
+            raise ConfigError("health", self.health.value, f"excludes slow nodes with cluster.exclude, which cluster="
+                              f"{c.name} (one machine) does not have.", "use health=auto with cluster=slurm, or probe "
+                              "this machine with python -m launcher.health cluster=local health.nodes=3.")
 
     def _validate_precision_mode(self) -> None:
         """Settings that only FSDP's parameter casting reads."""
@@ -351,7 +340,22 @@ def _check_declared(c: ClusterConfig) -> None:
                           "cluster.gpu_type (h100, h200, a100_80g, a100_40g, l40s, a10g, l4, t4, v100_32g, mi300x).")
 
 
+def _check_settings_class(c: ClusterConfig) -> None:
+    """cluster=NAME composes NAME's settings class only when conf/cluster/NAME.yaml names it first."""
+    wanted = settings_class(c.name)
+    if type(c) is not wanted:
+        raise ConfigError("cluster.name", c.name, f"composed as {type(c).__name__}, not as its backend's settings "
+                          f"({wanted.__name__}): nothing would read the keys only {c.name} has.",
+                          f"start conf/cluster/{c.name}.yaml with 'defaults: [{c.name}_schema, _self_]' "
+                          "(docs/backends.md).")
+
+
 def register() -> None:
+    """The schema, and each backend's settings as the option ``NAME_schema`` of the cluster group
+    (conf/cluster/NAME.yaml's first default): a composed ``cluster`` is its backend's class."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for name in registry.known():
+        store.store(group="cluster", name=f"{name}_schema", node=settings_class(name))

@@ -9,8 +9,9 @@ import difflib
 import functools
 import math
 import typing
-from typing import Any, Union
+from typing import Any, Union, cast
 
+from launcher.plan.clusterschema import ClusterConfig
 from launcher.plan.schema import Config
 
 
@@ -34,21 +35,31 @@ def _is_open(tp: Any) -> bool:
     return typing.get_origin(tp) in (dict, dict) or tp is dict
 
 
+def _variants(tp: type) -> list[type]:
+    """The classes a field of dataclass type ``tp`` may hold: the backends' settings for ``cluster``
+    (ClusterConfig.subtypes), else ``tp`` itself."""
+    return tp.subtypes() if hasattr(tp, "subtypes") else [tp]
+
+
 @functools.cache
 def schema_keys(cls: type | None = None, prefix: str = "") -> dict[str, bool]:
-    """{dotted key: is an open dict} for every key of the schema (Config by default)."""
+    """{dotted key: is an open dict} for every key of the schema (Config by default), every backend's
+    cluster settings included."""
     out: dict[str, bool] = {}
-    for name, tp in _hints(cls or Config).items():
-        key = prefix + name
-        out[key] = _is_open(tp)
-        if _is_dataclass_type(tp):
-            out.update(schema_keys(tp, key + "."))
+    for variant in _variants(cls or Config):
+        for name, tp in _hints(variant).items():
+            key = prefix + name
+            out[key] = _is_open(tp)
+            if _is_dataclass_type(tp):
+                out.update(schema_keys(tp, key + "."))
     return out
 
 
 def unknown_keys(tree: Any, cls: type | None = None, prefix: str = "") -> list[str]:
-    """Keys of a composed config (plain dicts) that the schema does not have; open dicts are not looked into."""
-    hints = _hints(cls or Config)
+    """Keys of a composed config (plain dicts) that the schema does not have; open dicts are not
+    looked into. ``cluster`` is read as the settings of the backend it names."""
+    cls = cls or Config
+    hints = _hints(cls.subtype_for(tree) if hasattr(cls, "subtype_for") else cls)
     found = []
     for key, value in (tree or {}).items():
         if key not in hints:
@@ -58,8 +69,20 @@ def unknown_keys(tree: Any, cls: type | None = None, prefix: str = "") -> list[s
     return found
 
 
+def read_by(key: str) -> list[str]:
+    """The backends whose settings have ``cluster.*`` key ``key`` (all of them for the shared ones)."""
+    if not key.startswith("cluster."):
+        return []
+    return [sub.name for sub in ClusterConfig.subtypes() if key in schema_keys(cast(type, sub), "cluster.")]
+
+
 def did_you_mean(key: str) -> str:
-    """The closest valid key, as a hint: "did you mean strategy.bucket_cap_mb?" (or the group's keys)."""
+    """The closest valid key, as a hint: "did you mean strategy.bucket_cap_mb?" (or the group's keys);
+    for a key of another backend's settings, that backend."""
+    owners = read_by(key)
+    if owners:
+        return (f"{key} is read only by {', '.join(f'cluster={n}' for n in owners)}: drop it, or use "
+                f"cluster={owners[0]}.")
     keys = list(schema_keys())
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if close:

@@ -5,8 +5,8 @@ submitit writes ``#SBATCH --key=value`` lines, joins ``srun_args`` into the srun
 pastes ``setup`` lines into the script; the sweep directory is written into the script's
 ``#SBATCH --output`` line. A newline in any of them would start a new script line (a new command
 or a new #SBATCH directive); shell syntax in a value that is meant to be plain (a partition name)
-would run. So every such setting is listed in :data:`SHELL_BOUND` with its kind, and
-:func:`check_config` puts each through the one check, :func:`check`:
+would run. So every such setting says its kind (:func:`shell_bound`: :data:`SHELL_BOUND`, and the
+cluster settings' own metadata), and :func:`check_config` puts each through the one check, :func:`check`:
 
 * ``plain``: Slurm names and lists, letters, digits and ``. , : = @ % / + - _ [ ]`` only;
 * ``word``: one shell word (srun and container arguments; ``#`` too, never first: Pyxis images);
@@ -17,14 +17,16 @@ would run. So every such setting is listed in :data:`SHELL_BOUND` with its kind,
 * ``name``: one file name component (a report directory named after an experiment): no ``/``,
   not ``.`` or ``..``, no control characters.
 
-Every string-valued setting of the schema is either in :data:`SHELL_BOUND` or in
-:data:`NOT_SHELL_BOUND` with the reason; tests/test_refusals.py walks the schema so that a new
+Every string-valued setting of the schema is either shell-bound or in :data:`NOT_SHELL_BOUND` with
+the reason; tests/test_refusals.py walks the schema so that a new
 setting cannot be added without saying which.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 from typing import Any
 
 from contract.spec import ConfigError
@@ -47,15 +49,10 @@ _WHY = {
             "must stay where it belongs).",
 }
 
-# Every setting whose value reaches a script, a command line or a file name, with its kind.
-SHELL_BOUND: dict[str, str] = {
-    "cluster.partition": "plain", "cluster.account": "plain", "cluster.qos": "plain", "cluster.constraint": "plain",
-    "cluster.exclude": "plain", "cluster.nodelist": "plain", "cluster.gpu_type": "plain",
-    "cluster.additional_parameters": "plain",  # each value; each key an sbatch option name
-    "cluster.srun_args": "word", "cluster.container.mounts": "word", "cluster.container.image": "word",
-    "cluster.setup": "line", "cluster.python": "line",
-    "output_root": "path", "sweep_dir": "path", "baseline": "path",
-}
+# Every setting outside ``cluster.*`` whose value reaches a script, a command line or a file name,
+# with its kind. The cluster's settings say it in their fields' metadata (``shell(kind, fix)`` in
+# launcher/plan/clusterschema.py and each backend's settings.py): :func:`shell_bound` reads both.
+SHELL_BOUND: dict[str, str] = {"output_root": "path", "sweep_dir": "path", "baseline": "path"}
 
 # String-valued settings that reach no script, command line or file name, and why.
 NOT_SHELL_BOUND: dict[str, str] = {
@@ -72,18 +69,9 @@ NOT_SHELL_BOUND: dict[str, str] = {
     "tracking.experiment": "an MLflow experiment name (launcher.report --experiment checks it as a name where it "
                            "names a directory)",
     "runs": "an int or auto (refused otherwise)",
+    "cluster.name": "a backend's name, refused unless the registry knows it (launcher/cluster/registry.py)",
 }
 
-_FIX = {
-    "cluster.additional_parameters": "write the value plainly, e.g. cluster.additional_parameters.reservation=bench.",
-    "cluster.srun_args": "write options as --name=value, one per entry.",
-    "cluster.container.mounts": "write options as --name=value, one per entry.",
-    "cluster.container.image": "use a registry path or file path, e.g. nvcr.io#nvidia/pytorch:24.05-py3 or "
-                               "/shared/images/bench.sif.",
-    "cluster.setup": "give one list entry per command, e.g. cluster.setup='[module load cuda, source "
-                     "venv/bin/activate]'.",
-    "cluster.python": "give the interpreter's path.",
-}
 
 
 def check(setting: str, value: Any, kind: str, fix: str | None = None) -> None:
@@ -96,9 +84,30 @@ def check(setting: str, value: Any, kind: str, fix: str | None = None) -> None:
            "name": lambda: bool(CONTROL.search(text)) or "/" in text or text in ("", ".", "..")}[kind]()
     if bad:
         name = setting.rpartition(".")[2]
-        raise ConfigError(setting, value, _WHY[kind], fix or _FIX.get(setting) or {
+        raise ConfigError(setting, value, _WHY[kind], fix or {
             "plain": f"give the plain Slurm {name} name.", "path": "give a directory path on one line.",
             "name": "give a plain name, or --out DIR for where the report goes."}.get(kind, "give a plain value."))
+
+
+def _fields(cls: type, prefix: str) -> dict[str, tuple[str, str | None]]:
+    """{dotted key: (kind, fix)} of the fields of dataclass ``cls`` whose metadata says a kind."""
+    out: dict[str, tuple[str, str | None]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if "shell" in f.metadata:
+            out[prefix + f.name] = (f.metadata["shell"], f.metadata.get("fix"))
+        elif dataclasses.is_dataclass(hints[f.name]):
+            out.update(_fields(hints[f.name], f"{prefix}{f.name}."))
+    return out
+
+
+def shell_bound(*cluster_classes: type) -> dict[str, tuple[str, str | None]]:
+    """{setting: (kind, fix)} of every setting that reaches a script: :data:`SHELL_BOUND`, and the
+    cluster settings of ``cluster_classes`` (ClusterConfig.subtypes(): of every backend)."""
+    out: dict[str, tuple[str, str | None]] = {key: (kind, None) for key, kind in SHELL_BOUND.items()}
+    for cls in cluster_classes:
+        out.update(_fields(cls, "cluster."))
+    return out
 
 
 def _at(config: Any, dotted: str) -> Any:
@@ -108,8 +117,8 @@ def _at(config: Any, dotted: str) -> Any:
 
 
 def check_config(config: Any) -> None:
-    """Every SHELL_BOUND setting of a composed Config (launcher/plan/schema.py) through :func:`check`."""
-    for setting, kind in SHELL_BOUND.items():
+    """Every shell-bound setting of a composed Config (launcher/plan/schema.py) through :func:`check`."""
+    for setting, (kind, fix) in shell_bound(type(config.cluster)).items():
         value = _at(config, setting)
         if isinstance(value, dict):
             for key, item in value.items():
@@ -117,9 +126,9 @@ def check_config(config: Any) -> None:
                     raise ConfigError(f"{setting}.{key}", item, "is not an sbatch option name.",
                                       "use the long option name with underscores, e.g. reservation or mail_type.")
                 if not isinstance(item, bool):
-                    check(f"{setting}.{key}", item, kind, _FIX.get(setting))
+                    check(f"{setting}.{key}", item, kind, fix)
         elif isinstance(value, (list, tuple)):
             for item in value:
-                check(setting, item, kind)
+                check(setting, item, kind, fix)
         else:
-            check(setting, value, kind)
+            check(setting, value, kind, fix)

@@ -10,10 +10,9 @@ from typing import Any
 
 from contract import metrics, mlflow_client
 from contract.metrics import PREDICTED_ACTIVATION_BYTES, PREDICTED_MODEL_STATE_BYTES
-from launcher.cluster.base import REPRODUCE_FILE
 from launcher.report import sequential, stats
 from launcher.report.rows import WHERE_KEYS, add_derived
-from launcher.state import FROM_MLFLOW, StateError, SweepState
+from launcher.state import FROM_MLFLOW, REPRODUCE_FILE, StateError, SweepState
 from launcher.track import tracking
 
 # Settings that say where and how a sweep was run, not what was measured: two runs that differ

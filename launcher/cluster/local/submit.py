@@ -23,7 +23,6 @@ from typing import Any
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import Layout
-from launcher.cluster.base import python_command
 from launcher.cluster.failures import OOM, classify, first_failure
 from launcher.cluster.interrupt import Interrupts, run_in_turn
 from launcher.cluster.local import memlimit
@@ -162,7 +161,7 @@ def _to_its_end(job) -> tuple[str | None, str | None]:
 def local_executor(folder: Path, cluster: ClusterConfig, layout: Layout, cgroup: Path | None = None):
     """submitit's LocalExecutor with the cell's settings: the time limit and its warning, the setup
     lines and interpreter, and the memory cgroup the job joins before its ranks start."""
-    executor = _own_session_executor()(folder=str(folder), python=python_command(cluster))
+    executor = _own_session_executor()(folder=str(folder), python=cluster.python_command())
     # The local executor has one "node": all ranks of the emulated nodes are its tasks, and each
     # rank gets one of this machine's GPUs when the cell asks for GPUs.
     setup = [*([memlimit.join_line(cgroup)] if cgroup is not None else []), *cluster.setup]

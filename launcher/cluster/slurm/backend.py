@@ -30,10 +30,9 @@ from launcher.cluster.base import (
     Resolved,
     ResourceCheck,
     Wording,
-    python_command,
 )
 from launcher.cluster.failures import first_failure
-from launcher.cluster.slurm import accounting, resources, submit
+from launcher.cluster.slurm import accounting, resources, settings, submit
 from launcher.cluster.slurm.accounting import JobRecord, first_word, slurm_status
 from launcher.plan import spread
 from launcher.plan.cell import Cell, CellStatus
@@ -69,16 +68,16 @@ class SlurmBackend(Backend):
         translating Slurm's variables before ``python -m jobs`` (launcher/cluster/slurm/ranks.py)."""
         c, lay = cell.cluster, cell.layout
         gpus = f" --gpus-per-node={c.gpus_per_node}" if c.gpus_per_node else ""
-        extra = "".join(f" {shlex.quote(a)}" for a in c.srun_args)
+        extra = "".join(f" {shlex.quote(a)}" for a in settings.of(c).srun_args)
         return (f"srun --nodes={lay.nodes} --ntasks-per-node={lay.tasks_per_node} "
-                f"--cpus-per-task={lay.cpus_per_task}{gpus}{extra} {python_command(c)} -m launcher.cluster.slurm.ranks")
+                f"--cpus-per-task={lay.cpus_per_task}{gpus}{extra} {c.python_command()} -m launcher.cluster.slurm.ranks")
 
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
-        return submit.submit_probe(state.path / "submitit", cell.cluster, cell.layout, f"{state.name}-fabric", spec)
+        return submit.submit_probe(state.path / "submitit", settings.of(cell.cluster), cell.layout, f"{state.name}-fabric", spec)
 
     def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
                    ) -> tuple[str | None, str | None]:
-        return submit.run_node_probe(folder, cluster, layout, spec)
+        return submit.run_node_probe(folder, settings.of(cluster), layout, spec)
 
     def health_nodes(self, partition: str | None, nodelist: str | None) -> list[str]:
         from contract.nodelist import expand_nodelist
@@ -101,7 +100,7 @@ class SlurmBackend(Backend):
 
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
         """The cells' own cluster.max_array_size where set, else the cluster's MaxArraySize."""
-        configured = [c.cluster.max_array_size for c in cells if c.cluster.max_array_size]
+        configured = [size for c in cells if (size := settings.of(c.cluster).max_array_size)]
         return min(configured) if configured else resources.max_array_size()
 
     def describe_submission(self, cells: Sequence[Cell], folder: Path, max_array_size: int | None) -> list[str]:

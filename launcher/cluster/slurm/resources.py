@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from contract.nodelist import expand_nodelist
 from launcher.cluster.base import Resolved, ResourceCheck
+from launcher.cluster.slurm import settings
 from launcher.cluster.slurm.commands import CONF_PATHS, call, configured, run
 from launcher.plan import fit
 from launcher.plan.cell import Cell
@@ -247,8 +248,9 @@ def _shortfalls(cell: Cell, node: Node) -> dict[str, str]:
     if lay.gpus_per_node and node.gpu_count(c.gpu_type) < lay.gpus_per_node:
         missing["gpus"] = f"{lay.gpus_per_node} {c.gpu_type + ' ' if c.gpu_type else ''}GPUs per node " \
                           f"(cluster.gpus_per_node)"
-    if c.constraint and _features_match(c.constraint, node.features) is False:
-        missing["features"] = f"nodes with features {c.constraint} (cluster.constraint)"
+    constraint = settings.of(c).constraint
+    if constraint and _features_match(constraint, node.features) is False:
+        missing["features"] = f"nodes with features {constraint} (cluster.constraint)"
     return missing
 
 
@@ -293,7 +295,8 @@ def check_capacity(cell: Cell, partition: str, nodes: dict[str, Node]) -> list[s
                 f"sbatch would refuse it. Fix: ask for what the nodes have (sinfo -N -l), or use another partition."
                 for kind, request in short.items()]
     narrowed = " after " + " and ".join(x for x in (f"cluster.exclude={c.exclude}" if excluded else "",
-                                                   f"cluster.constraint={c.constraint}" if c.constraint else "") if x)
+                                                   f"cluster.constraint={settings.of(c).constraint}"
+                                                   if settings.of(c).constraint else "") if x)
     return [f"{where} nodes={want}: only {len(fitting)} of the {len(members)} node(s) of partition {partition} can "
             f"hold it{narrowed if narrowed != ' after ' else ''} ({', '.join(n.name for n in fitting)}). sbatch "
             f"would refuse it (or leave it pending for good). Fix: nodes<={len(fitting)}, exclude fewer nodes, or "
@@ -353,7 +356,7 @@ def parse_associations(text: str) -> tuple[set[str], set[str]]:
 def _accounting(cells: Sequence[Cell], out: ResourceCheck) -> None:
     """cluster.account and cluster.qos against the user's associations: an error where the cluster
     enforces them, a warning where it does not (Slurm then accepts any name silently)."""
-    asked = {(c.cluster.account, c.cluster.qos) for c in cells}
+    asked = {(settings.of(c.cluster).account, settings.of(c.cluster).qos) for c in cells}
     if all(a is None and q is None for a, q in asked) or not shutil.which("sacctmgr"):
         return
     import getpass

@@ -19,15 +19,15 @@ from contract.codec import to_plain
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import Layout
-from launcher.cluster.base import python_command
 from launcher.cluster.failures import SUBMIT_REFUSED
+from launcher.cluster.slurm import settings
 from launcher.cluster.slurm.ranks import OnSlurm
+from launcher.cluster.slurm.settings import ContainerRuntime, SlurmSettings
 from launcher.plan.cell import Cell, CellStatus
-from launcher.plan.clusterschema import ClusterConfig, ContainerRuntime
 from launcher.state import SweepState
 
 
-def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> dict[str, Any]:
+def slurm_parameters(cluster: SlurmSettings, layout: Layout, job_name: str) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one resource shape (submitit renders and quotes them)."""
     params: dict[str, Any] = dict(
         job_name=job_name, nodes=layout.nodes, ntasks_per_node=layout.tasks_per_node,
@@ -59,8 +59,8 @@ def slurm_parameters(cluster: ClusterConfig, layout: Layout, job_name: str) -> d
 
 def group_key(cell: Cell) -> str:
     """Cells with equal keys may share one sbatch call: every submission parameter is identical."""
-    params = slurm_parameters(cell.cluster, cell.layout, "")
-    return json.dumps([to_plain(params), python_command(cell.cluster)], sort_keys=True, default=str)
+    params = slurm_parameters(settings.of(cell.cluster), cell.layout, "")
+    return json.dumps([to_plain(params), cell.cluster.python_command()], sort_keys=True, default=str)
 
 
 def groups(cells: Sequence[Cell], max_array_size: int | None) -> list[list[Cell]]:
@@ -80,7 +80,7 @@ def submit(state: SweepState, cells: Sequence[Cell], max_array_size: int | None,
     calls = groups(cells, max_array_size)
     refused = 0
     for group in calls:
-        executor = slurm_executor(state.path / "submitit", group[0].cluster, group[0].layout, state.name, after)
+        executor = slurm_executor(state.path / "submitit", settings.of(group[0].cluster), group[0].layout, state.name, after)
         try:
             with executor.batch():
                 jobs = [executor.submit(OnSlurm(Worker()), state.load_spec(cell)) for cell in group]
@@ -122,17 +122,17 @@ def sbatch_script(group: Sequence[Cell], folder: Path, job_name: str) -> str:
     tests/test_private_apis.py fails, naming what moved, when a submitit release changes them."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    executor = slurm_executor(folder, group[0].cluster, group[0].layout, job_name)
+    executor = slurm_executor(folder, settings.of(group[0].cluster), group[0].layout, job_name)
     params: dict[str, Any] = dict(executor.parameters)
     if len(group) > 1:
         params["map_count"] = len(group)
     return _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
 
 
-def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str, after: Sequence[str] = ()):
+def slurm_executor(folder: Path, cluster: SlurmSettings, layout: Layout, job_name: str, after: Sequence[str] = ()):
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=str(folder), python=python_command(cluster))
+    executor = submitit.SlurmExecutor(folder=str(folder), python=cluster.python_command())
     params = slurm_parameters(cluster, layout, job_name)
     if after:  # beside a dependency of the site's own (cluster.additional_parameters), both must hold
         own = params["additional_parameters"].get("dependency")
@@ -142,7 +142,7 @@ def slurm_executor(folder: Path, cluster: ClusterConfig, layout: Layout, job_nam
     return executor
 
 
-def submit_probe(folder: Path, cluster: ClusterConfig, layout: Layout, job_name: str, spec: ProbeSpec
+def submit_probe(folder: Path, cluster: SlurmSettings, layout: Layout, job_name: str, spec: ProbeSpec
                  ) -> tuple[str | None, str | None]:
     """The fabric probe as a Slurm job of the cells' shape, returning at once: (job id, sbatch's refusal)."""
     from jobs.fabric import Probe
@@ -154,7 +154,7 @@ def submit_probe(folder: Path, cluster: ClusterConfig, layout: Layout, job_name:
         return None, lines[-1] if lines else type(exc).__name__
 
 
-def run_node_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
+def run_node_probe(folder: Path, cluster: SlurmSettings, layout: Layout, spec: NodeProbeSpec
                    ) -> tuple[str | None, str | None]:
     """The node health probe as one Slurm job, one task per node on the nodes ``cluster.nodelist``
     names, waited for (submitit polls sacct): (job id, why it failed)."""
