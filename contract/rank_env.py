@@ -15,3 +15,9 @@ LAUNCHER = "DDP_BENCH_LAUNCHER"
 JOB_ID = "DDP_BENCH_JOB_ID"
 NODE_NAME = "DDP_BENCH_NODE_NAME"
 REQUEUE = "DDP_BENCH_REQUEUE"
+# Where a backend emulates several nodes on one machine (cluster=local), every rank of the job shares
+# the machine's GPUs: this rank's index among the ranks on its machine, and their number, so that the
+# rank picks its GPU by these and not by its emulated node's LOCAL_RANK. Unset: LOCAL_RANK and
+# LOCAL_WORLD_SIZE (one node per machine).
+MACHINE_RANK = "DDP_BENCH_MACHINE_RANK"
+MACHINE_RANKS = "DDP_BENCH_MACHINE_RANKS"

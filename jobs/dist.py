@@ -46,6 +46,10 @@ class DistEnv:
     source: str = "single"  # torchrun | slurm (translated by its backend) | submitit-local | single
     # The command that requeues this job (its scheduler's, from its backend); "" where none can.
     requeue_command: str = ""
+    # This rank's index among the ranks that share its machine's GPUs, and their number: its node's
+    # (local_rank, local_world_size) unless its backend emulates several nodes on one machine.
+    machine_rank: int | None = None
+    machine_ranks: int | None = None
 
     @property
     def is_head(self) -> bool:
@@ -68,6 +72,8 @@ class DistEnv:
                 master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
                 hostname=hostname, job_id=env.get(rank_env.JOB_ID) or env.get("TORCHELASTIC_RUN_ID", ""),
                 source=env.get(rank_env.LAUNCHER, "torchrun"), requeue_command=env.get(rank_env.REQUEUE, ""),
+                machine_rank=int(env[rank_env.MACHINE_RANK]) if rank_env.MACHINE_RANK in env else None,
+                machine_ranks=int(env[rank_env.MACHINE_RANKS]) if rank_env.MACHINE_RANKS in env else None,
             )
         return cls(hostname=hostname, master_port=free_port(), source="single")
 

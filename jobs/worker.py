@@ -105,11 +105,11 @@ def resolve_device(gpus_per_node: int, env: DistEnv):
 
 
 def machine_slot(env: DistEnv) -> tuple[int, int]:
-    """(this rank's index among the ranks on its machine, how many there are). The local cluster
-    emulates nodes as groups of local processes on ONE machine: there every rank of the job shares
-    the machine's GPUs, so the global rank picks the GPU, not the emulated node's local rank."""
-    if env.source == "submitit-local":
-        return env.rank, env.world_size
+    """(this rank's index among the ranks on its machine, how many there are). A backend that
+    emulates nodes as groups of processes on ONE machine (cluster=local) says so in the rank's
+    variables (contract/rank_env.py's MACHINE_RANK): there every rank shares the machine's GPUs."""
+    if env.machine_rank is not None and env.machine_ranks is not None:
+        return env.machine_rank, env.machine_ranks
     return env.local_rank, env.local_world_size
 
 

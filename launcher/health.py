@@ -22,7 +22,7 @@ from launcher.healthprobe import NODES_PER_JOB, Asked, cluster_key, plan_cost, r
 from launcher.plan.clusterschema import settings_class
 from launcher.report import health
 
-KEYS = {"cluster": "local | slurm", "cluster.partition": "a partition", "cluster.nodelist": "nodes, e.g. node[1-4]",
+KEYS = {"cluster": "a backend of launcher/cluster/registry.py (local, slurm, torchrun)", "cluster.partition": "a partition", "cluster.nodelist": "nodes, e.g. node[1-4]",
         "cluster.exclude": "nodes left out", "cluster.gpus_per_node": "GPUs per node (0: CPU)",
         "cluster.timeout_min": "the job's time limit", "cluster.python": "the nodes' interpreter",
         "cluster.declared": "true: --plan against health.nodes declared nodes", "output_root": "where the ledger is",

@@ -145,7 +145,7 @@ def test_choose_device_fails_fast_with_the_count_and_the_fix(gpus, local_rank, l
 
 
 @pytest.mark.parametrize("env, slot", [
-    (dict(rank=3, world_size=4, local_rank=1, local_world_size=2, source="submitit-local"), (3, 4)),  # 2 emulated nodes
+    (dict(rank=3, world_size=4, local_rank=1, local_world_size=2, machine_rank=3, machine_ranks=4), (3, 4)),  # emulated
     (dict(rank=3, world_size=4, local_rank=1, local_world_size=2, source="slurm"), (1, 2)),
     (dict(rank=5, world_size=16, local_rank=5, local_world_size=8, source="torchrun"), (5, 8)),
     (dict(), (0, 1)),
@@ -156,7 +156,7 @@ def test_machine_slot_on_emulated_and_real_nodes(env, slot):
 
     assert machine_slot(DistEnv(**env)) == slot
     # cluster=local nodes=2 cluster.tasks_per_node=2 cluster.gpus_per_node=2: 4 GPUs visible, rank 3 on cuda:3.
-    if env.get("source") == "submitit-local":
+    if "machine_rank" in env:
         assert dist.choose_device(2, *machine_slot(DistEnv(**env)), 4) == ("cuda:3", "nccl")
 
 

@@ -304,9 +304,8 @@ def _backend_comparisons(path: Path) -> list[int]:
 
 def test_only_the_backend_modules_compare_backend_names():
     """What differs between clusters is asked of the backend (launcher/cluster/base.py), never decided
-    by comparing ``state.cluster`` with a name. Scoped to launcher/: jobs/dist.py reads submitit's
-    ``SUBMITIT_EXECUTOR == "local"`` to find the rank environment, which is the worker's own concern.
-    What a backend reads and refuses is its settings class's (launcher/cluster/NAME/settings.py)."""
+    by comparing ``state.cluster`` with a name (the ranks' side, jobs/, compares none: what a
+    backend's ranks need is in the variables it gives them, contract/rank_env.py). What a backend reads and refuses is its settings class's (launcher/cluster/NAME/settings.py)."""
     assert {"slurm", "local"} <= BACKEND_NAMES
     backends = {p for name in BACKEND_NAMES for p in (ROOT / "launcher" / "cluster" / name).rglob("*.py")}
     backends |= {ROOT / "launcher" / "cluster" / "registry.py"}

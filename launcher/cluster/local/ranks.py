@@ -25,7 +25,9 @@ def torchrun_env(env: Mapping[str, str], tasks_per_node: int | None = None) -> d
     return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % per_node),
             "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(rank // per_node),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port_for_job(job_id)),
-            rank_env.LAUNCHER: "submitit-local", rank_env.JOB_ID: job_id}
+            rank_env.LAUNCHER: "submitit-local", rank_env.JOB_ID: job_id,
+            # every emulated node is this machine: a rank's GPU is picked among all of the job's ranks
+            rank_env.MACHINE_RANK: str(rank), rank_env.MACHINE_RANKS: str(world)}
 
 
 class OnLocal:
