@@ -89,3 +89,21 @@ def _key(state):
     from launcher.report.noisefloor import floor_key
 
     return floor_key(state)
+
+
+def test_a_forecast_counts_with_the_workers_flops_and_builds_no_model(sweep, monkeypatch, tmp_path, capsys):
+    """The worker records its model's FLOPs per sample; a forecast keeps that count for the model's
+    other cells (launcher/plan/fitcache.py), so forecasting them counts nothing again. An empty cache
+    here: nothing the launch itself kept."""
+    from contract.metrics import FLOPS_PER_SAMPLE
+    from contract.tuning import resolved_model
+    from launcher.plan import fit, fitcache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(fit, "count_flops", lambda model: pytest.fail("a model was built to count its FLOPs"))
+    assert forecast.main([str(sweep.path), "nodes=4", "batch_size=4"]) == 0
+    assert "| nodes=4" in capsys.readouterr().out
+    result = json.loads((sweep.cell_dir(sweep.cells[0]) / "result.json").read_text())
+    spec = sweep.load_spec(sweep.cells[0])
+    kept = fitcache.flops_per_sample(resolved_model(spec.model, cuda=False))
+    assert kept == (result.get(FLOPS_PER_SAMPLE) or result["summary"][FLOPS_PER_SAMPLE]) > 0

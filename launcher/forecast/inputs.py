@@ -1,7 +1,8 @@
 """Forecasts checked on every sweep: each measured configuration forecast from the others.
 
 A cell becomes the performance model's input (launcher/forecast/perfmodel.py) here: its training
-FLOPs per rank (launcher/plan/fitcache.py counts them per sample on the meta device), the bytes its
+FLOPs per rank (the worker's own count per sample, from its results, kept in launcher/plan/fitcache.py
+for the model's other cells; a model that never ran is counted there once, on the meta device), the bytes its
 strategy moves by collective kind (the theory, launcher/plan/traffic.py, which the launcher puts on
 each cell before launch), the calls per step where the anatomy measured them, and the cores a rank
 really has. A measured configuration adds its window: step time from its throughput, and the
@@ -312,9 +313,14 @@ def points_of(state: SweepState, rows: Sequence[dict[str, Any]], cpus: float | N
             spec = state.load_spec(cells[members[0]["cell"]])
         except (KeyError, OSError, ValueError, TypeError, StateError):
             continue  # a sweep copied without its specs: the model cannot tell what it ran
-        # The worker's own count (its results); a sweep from before it recorded one: counted here.
-        flops = num(unit.get(FLOPS_PER_SAMPLE)) or fitcache.flops_per_sample(
-            resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0))
+        # The worker's own count (its results), kept for the forecasts of this model's other cells; a
+        # sweep from before it recorded one: counted here, on the meta device.
+        model = resolved_model(spec.model, cuda=spec.layout.gpus_per_node > 0)
+        flops = num(unit.get(FLOPS_PER_SAMPLE))
+        if flops:
+            fitcache.keep_flops_per_sample(model, flops)
+        else:
+            flops = fitcache.flops_per_sample(model)
         if not flops:
             continue
         foreign = num(unit.get(FOREIGN_CPU_SHARE))

@@ -81,6 +81,16 @@ def flops_per_sample(model: spec.ModelSpec) -> float | None:
     return value
 
 
+def keep_flops_per_sample(model: spec.ModelSpec, value: float) -> None:
+    """The worker's own count for ``model`` (its results' flops_per_sample), kept where
+    :func:`flops_per_sample` reads it: a forecast of any cell of a model that ran builds nothing."""
+    from contract.codec import to_plain
+
+    cache_key = key(to_plain(model), {"count": FLOPS_PER_SAMPLE})
+    if (read(cache_key) or {}).get(FLOPS_PER_SAMPLE) != value:
+        write(cache_key, {FLOPS_PER_SAMPLE: value})
+
+
 def buffer_bytes(model: spec.ModelSpec) -> int:
     """Bytes of ``model``'s buffers (launcher/plan/fit.py, count_buffer_bytes), kept like the FLOPs."""
     from contract.codec import to_plain
