@@ -238,3 +238,19 @@ def test_a_sites_backend_is_its_package_an_entry_point_and_its_conf_file(tmp_pat
     hostile = launcher("cluster.namespace='a;b'")
     assert hostile.returncode == 2 and "cluster.namespace" in hostile.stderr, hostile.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cells_cluster_settings_are_read_back_as_its_backends_class():
+    """sweep.json keeps each cell's settings; they are read back as the class of the backend they
+    name. A record from before settings were per backend (every backend's keys in one class) reads
+    back while the keys it does not have hold their defaults, and is refused when one was set."""
+    from contract.codec import from_plain, to_plain
+    from launcher.cluster.slurm.settings import ContainerConfig, ContainerRuntime, SlurmSettings
+    from launcher.plan.clusterschema import ClusterConfig, settings_class
+
+    slurm = SlurmSettings(account="a", container=ContainerConfig(ContainerRuntime.pyxis, "img"), partition="gpu")
+    assert from_plain(ClusterConfig, to_plain(slurm)) == slurm
+    earlier = {**to_plain(SlurmSettings()), "name": "local"}
+    assert type(from_plain(ClusterConfig, earlier)) is settings_class("local")
+    with pytest.raises(ValueError, match="unknown field.*account"):
+        from_plain(ClusterConfig, {**earlier, "account": "a"})

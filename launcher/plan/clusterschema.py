@@ -88,10 +88,8 @@ class ClusterConfig:
         """The class a record (sweep.json's cell) is read as, and the record without the keys of other
         backends left at their defaults: an earlier version kept every backend's keys in one class."""
         sub = cls.subtype_for(data)
-        own = {f.name for f in dataclasses.fields(sub)}
-        defaults = {name: to_plain(value) for other in cls.subtypes()
-                    for name, value in dataclasses.asdict(other()).items() if name not in own}
-        return sub, {k: v for k, v in data.items() if k in own or defaults.get(k, object()) != v}
+        own, foreign = _keys_of(sub.name)
+        return sub, {k: v for k, v in data.items() if k in own or foreign.get(k, object()) != v}
 
     @classmethod
     def subtypes(cls) -> list[type[ClusterConfig]]:
@@ -123,6 +121,16 @@ def settings_class(name: str) -> type[ClusterConfig]:
     if not issubclass(found, ClusterConfig):
         raise TypeError(f"{found.__module__}.{found.__name__} is no ClusterConfig: a backend's settings subclass it")
     return found
+
+
+@functools.cache
+def _keys_of(name: str) -> tuple[frozenset[str], dict[str, Any]]:
+    """The keys of backend ``name``'s settings, and the other backends' keys with their defaults (as
+    written): read once per backend, for a sweep document of a thousand cells."""
+    own = frozenset(f.name for f in dataclasses.fields(settings_class(name)))
+    foreign = {name: to_plain(value) for other in ClusterConfig.subtypes()
+               for name, value in dataclasses.asdict(other()).items() if name not in own}
+    return own, foreign
 
 
 def refuse_placement(c: ClusterConfig) -> None:
