@@ -1,5 +1,6 @@
 """Figure 5: ``python -m launcher --help`` and config composition import neither torch nor MLflow.
-Beside it, ``python -m bench.imports chain``: each package's longest import chain, from the source.
+Beside it, ``python -m bench.imports chain``: each package's longest import chain, from the source
+(the imports that run, inside functions included; and with the type checker's beside it).
 
 Each check runs in a fresh interpreter: ``--help`` under ``python -X importtime`` (the modules it
 imported are read from that report), composition of the 16-cell grid (expand, compose, validate,
@@ -93,9 +94,16 @@ def run(settings: Settings, log: Callable[[str], None]) -> tuple[list[Row], dict
     return rows, {"help_heavy_imports": help_heavy, "compose_heavy_imports": compose_heavy}
 
 
-def import_graph(package: str, root: Path = REPO) -> dict[str, set[str]]:
+def _type_only(tree: ast.AST) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:``: imports for the type checker, which never run."""
+    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test).endswith(
+        "TYPE_CHECKING") for stmt in node.body for n in ast.walk(stmt)}
+
+
+def import_graph(package: str, root: Path = REPO, run_only: bool = True) -> dict[str, set[str]]:
     """Every module of ``package`` (a package's __init__ counts as one) -> the modules of ``package`` it
-    imports, at the top or inside functions (``from a.b import c`` is ``a.b.c`` where that is a module)."""
+    imports, at the top or inside functions (``from a.b import c`` is ``a.b.c`` where that is a module);
+    with ``run_only``, not those under ``if TYPE_CHECKING:``."""
     def name(path: Path) -> str:
         parts = path.relative_to(root).with_suffix("").parts
         return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -104,7 +112,11 @@ def import_graph(package: str, root: Path = REPO) -> dict[str, set[str]]:
     graph = {}
     for module, path in paths.items():
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        skipped = _type_only(tree) if run_only else set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
                           for a in node.names}
@@ -114,9 +126,10 @@ def import_graph(package: str, root: Path = REPO) -> dict[str, set[str]]:
     return graph
 
 
-def longest_chain(package: str, root: Path = REPO) -> list[str]:
-    """The longest path of imports inside ``package``: a -> b -> c means a imports b, which imports c."""
-    graph = import_graph(package, root)
+def longest_chain(package: str, root: Path = REPO, run_only: bool = True) -> list[str]:
+    """The longest path of imports inside ``package``: a -> b -> c means a imports b, which imports c
+    (``run_only``: the imports that run; else the type checker's too)."""
+    graph = import_graph(package, root, run_only)
 
     @functools.cache
     def longest(module: str) -> tuple[str, ...]:
@@ -133,7 +146,9 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["chain"]:
         for package in ("launcher", "jobs"):
             chain = longest_chain(package)
+            checker = longest_chain(package, run_only=False)
             print(f"{package}: {len(chain)} modules: {' -> '.join(chain)}")
+            print(f"  (with the imports under `if TYPE_CHECKING:`, which never run: {len(checker)} modules)")
         raise SystemExit(0)
     rows, details = run(Settings(repeats=2), print)
     print(render_table(rows))
