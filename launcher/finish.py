@@ -145,7 +145,7 @@ def _claims(findings: str) -> str:
             if heading:
                 out.append(f"{heading}:")
                 heading = None
-            out.append(line)
+            out.append(line.removesuffix(":"))  # its sub-points (why, next) are report.md's
     return "\n".join(out) or "no measurable difference to report"
 
 

@@ -34,6 +34,9 @@ CORPUS = [
     # Slurm settings on the local cluster would be dropped: refused
     (["cluster.partition=gpu"], "cluster.partition='gpu'", "use cluster=slurm"),
     (["cluster.gpu_type=h100"], "cluster.gpu_type='h100'", "use cluster=slurm"),
+    (["cluster.account=x"], "cluster.account is read only by cluster=slurm", "use cluster=slurm"),
+    (["cluster=torchrun", "cluster.srun_args=[--x]"], "read only by cluster=slurm", "drop it"),
+    (["cluster.name=slurm"], "cluster.name='slurm'", "use cluster=slurm instead of cluster.name=slurm"),
     (["cluster.srun_args=['--mpi=pmix']"], "cluster.srun_args", "use cluster=slurm"),
     (["cluster.container.runtime=apptainer", "cluster.container.image=x.sif"], "cluster.container",
      "use cluster=slurm"),

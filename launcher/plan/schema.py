@@ -341,13 +341,15 @@ def _check_declared(c: ClusterConfig) -> None:
 
 
 def _check_settings_class(c: ClusterConfig) -> None:
-    """cluster=NAME composes NAME's settings class only when conf/cluster/NAME.yaml names it first."""
-    wanted = settings_class(c.name)
-    if type(c) is not wanted:
-        raise ConfigError("cluster.name", c.name, f"composed as {type(c).__name__}, not as its backend's settings "
-                          f"({wanted.__name__}): nothing would read the keys only {c.name} has.",
-                          f"start conf/cluster/{c.name}.yaml with 'defaults: [{c.name}_schema, _self_]' "
-                          "(docs/backends.md).")
+    """The backend is chosen with the group (cluster=NAME), which composes NAME's settings class:
+    ``cluster.name`` changed alone would leave the settings of another backend."""
+    backends = ", ".join(f"cluster={n}" for n in sorted(registry.known()))
+    if c.name not in registry.known():
+        raise ConfigError("cluster.name", c.name, "names no backend known here.", f"use one of {backends}.")
+    if type(c) is not settings_class(c.name):
+        raise ConfigError("cluster.name", c.name, f"is not the backend these settings were composed for "
+                          f"({type(c).__name__}): a backend is chosen with the config group, which brings its "
+                          "own settings.", f"use cluster={c.name} instead of cluster.name={c.name}.")
 
 
 def register() -> None:
