@@ -11,7 +11,7 @@ from bench.common import Row, Settings, render_table
 
 # Each part of the suite (python -m bench --only NAME) and the figures it measures.
 FIGURE_NUMBERS = {"throughput": "figures 1, 1b, 2, 2b-2d", "paired": "figure 1c", "startup": "figure 3",
-                  "slurm": "figure 4", "imports": "figure 5"}
+                  "slurm": "figure 4", "imports": "figure 5", "thousand": "figure 6"}
 
 METHOD = """\
 ## How each figure is measured
@@ -100,6 +100,14 @@ by the suite once its sbatch has returned.
 are read from its report), and expand + compose + validate + plan of the 16-cell grid in a fresh
 interpreter that lists the heavy modules in `sys.modules` afterwards. The reference time is the
 Hydra app of figure 4 answering `--help`.
+
+**6. A thousand cells** (`bench/thousand.py`). `seed=range(0,250) strategy=ddp,fsdp nodes=1,2` on
+the Slurm cluster, every job held: our command with `tracking=off` and with SQLite MLflow (its runs
+created by a background `launcher.sync`) against hydra-submitit-launcher having the same grid
+accepted by sbatch; then `launcher.status` as the sweep changes under it: untouched, after 10 jobs
+and then the other 990 are cancelled by hand (scancel, as an administrator would), and the call
+after. Each once per repeat. Needs a `MaxArraySize` that admits 1000 tasks (the plugin submits one
+array); against a smaller one it is skipped, with the reason.
 """
 
 def _fmt(x: float) -> str:

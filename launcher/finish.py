@@ -74,10 +74,12 @@ def finalize(state: SweepState, force: bool = True, background: bool = False) ->
     return _said(state, written) if written else None
 
 
-def refresh(state: SweepState) -> reconcile.Refreshed:
-    """Each cell's state from its backend, and the runs of the cells that changed settled inline."""
+def refresh(state: SweepState, settle: bool = True) -> reconcile.Refreshed:
+    """Each cell's state from its backend and, with ``settle``, the runs of the cells that changed
+    settled inline. A plain ``launcher.status`` leaves them to :func:`finalize`'s detached
+    ``launcher.finish``: importing MLflow alone takes about 2 s, and a thousand changed cells a minute."""
     refreshed = reconcile.refresh(state)
-    if refreshed.changed:
+    if refreshed.changed and settle:
         settle_cells(state, refreshed.changed)
     return refreshed
 

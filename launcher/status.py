@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print("timed out waiting", file=sys.stderr)
         return 3
     if not args.cancel:
-        refresh(state)
+        refresh(state, settle=args.wait)  # MLflow: in the background (finalize), unless this call waited
         if all(c.status.terminal for c in state.cells):
             decide.advance(state)  # runs=auto: the next round, where comparisons are still open
     # The one finishing step (reconciliation, interference, report once the sweep has ended); MLflow's

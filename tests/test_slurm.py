@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from datetime import datetime
 
@@ -352,9 +353,18 @@ def test_a_pending_task_cancelled_by_hand_is_cancelled_with_its_reason(tmp_path)
         subprocess.run(["scancel", by_hand.job_id], check=True)
         t0 = time.monotonic()
         while by_hand.status is not CellStatus.cancelled and time.monotonic() - t0 < 10:
-            status.refresh(state)  # accounting may not know a just-submitted array for a second
+            # As a user asks: status answers without importing MLflow, whose runs a detached process settles.
+            said = subprocess.run([sys.executable, "-c", "import sys; from launcher.status import main; main(sys.argv[1:]); "
+                                   "print('mlflow imported' if 'mlflow' in sys.modules else 'no mlflow')",
+                                   state.sweep_dir], capture_output=True, text=True, timeout=120)
+            assert said.stdout.splitlines()[-1] == "no mlflow", said.stdout + said.stderr
+            state = SweepState.load(state.path)  # accounting may not know a just-submitted array for a second
+            by_hand = state.cells[1]
             time.sleep(0.5)
         assert by_hand.status is CellStatus.cancelled, status.render(state)
+        assert finish.wait_for_settled(state.path)
+        state = SweepState.load(state.path)  # with the runs the settler created
+        by_hand = state.cells[1]
         assert "left the queue before it started" in by_hand.error
         assert [c.status for c in state.cells] == [CellStatus.pending, CellStatus.cancelled, CellStatus.pending]
         client = MlflowClient(tracking_uri=state.tracking_uri)
