@@ -7,31 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import imports as bench_imports
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _type_only(tree: ast.AST) -> set[int]:
-    """The ids of the nodes under ``if TYPE_CHECKING:``: imports for the type checker, never run."""
-    return {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
-            for stmt in node.body for n in ast.walk(stmt)}
-
-
-def _imports(path: Path, package: str, modules: set[str], run_only: bool = False) -> set[str]:
-    """The ``modules`` of ``package`` that ``path`` imports, at the top or inside functions (with
-    ``run_only``, not those under ``if TYPE_CHECKING:``, which never run). From ``from a.b import c``:
-    ``a.b.c`` when it is a module, else ``a.b``."""
-    found = set()
-    tree = ast.parse(path.read_text())
-    skipped = _type_only(tree) if run_only else set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith(package + "."):
-            names = {f"{node.module}.{a.name}" for a in node.names}
-            found.update(names & modules if names <= modules else {node.module, *(names & modules)})
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith(package + "."))
-    return found & modules
 
 
 def _module_name(path: Path) -> str:
@@ -41,11 +19,10 @@ def _module_name(path: Path) -> str:
 
 
 def import_graph(package: str, run_only: bool = False) -> dict[str, set[str]]:
-    """Every module of ``package`` and its subpackages -> the modules of ``package`` it imports
-    (``run_only``: those a run imports, not the type checker's). A package (its __init__) counts as a
-    module too, except the root, which imports nothing."""
-    modules = {_module_name(p): p for p in (ROOT / package).rglob("*.py") if _module_name(p) != package}
-    return {name: _imports(path, package, set(modules), run_only) - {name} for name, path in modules.items()}
+    """Every module of ``package`` -> the modules of ``package`` it imports, at the top or inside
+    functions (``run_only``: those a run imports, not the type checker's under ``if TYPE_CHECKING:``):
+    bench/imports.py's graph, the one ``python -m bench.imports chain`` prints."""
+    return bench_imports.import_graph(package, ROOT, run_only)
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -157,21 +134,9 @@ def test_commands_do_not_import_commands():
     assert not found, f"{found}: move what they share a floor down (launcher/finish.py, launcher/forecast/cells.py)"
 
 
-def longest_chain(graph: dict[str, set[str]]) -> list[str]:
-    """The longest path of imports in ``graph`` (which has no circles), as the modules along it."""
-    memo: dict[str, list[str]] = {}
-
-    def down(module: str) -> list[str]:
-        if module not in memo:
-            memo[module] = [module, *max((down(n) for n in sorted(graph[module])), key=len, default=[])]
-        return memo[module]
-
-    return max((down(m) for m in sorted(graph)), key=len)
-
-
 def test_the_launchers_longest_import_chain_is_at_most_10_modules():
     """Imports inside functions count; those under ``if TYPE_CHECKING:`` never run, and do not."""
-    chain = longest_chain(import_graph("launcher", run_only=True))
+    chain = bench_imports.longest_chain("launcher", ROOT)
     assert len(chain) <= 10, f"{len(chain)} modules: {' -> '.join(chain)}"
 
 
