@@ -17,12 +17,11 @@ import sys
 from pathlib import Path
 
 from launcher.cli import USER_ERROR_EXIT, guarded
-from launcher.cluster import registry
 from launcher.healthprobe import NODES_PER_JOB, Asked, cluster_key, plan_cost, run, said
-from launcher.plan.clusterschema import settings_class
+from launcher.plan.clusterschema import known_backend, settings_class
 from launcher.report import health
 
-KEYS = {"cluster": "a backend of launcher/cluster/registry.py (local, slurm, torchrun)", "cluster.partition": "a partition", "cluster.nodelist": "nodes, e.g. node[1-4]",
+KEYS = {"cluster": "a backend's name (launcher/cluster/registry.py)", "cluster.partition": "a partition", "cluster.nodelist": "nodes, e.g. node[1-4]",
         "cluster.exclude": "nodes left out", "cluster.gpus_per_node": "GPUs per node (0: CPU)",
         "cluster.timeout_min": "the job's time limit", "cluster.python": "the nodes' interpreter",
         "cluster.declared": "true: --plan against health.nodes declared nodes", "output_root": "where the ledger is",
@@ -53,10 +52,7 @@ def parse(args: list[str]) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def asked_from(settings: dict[str, str]) -> Asked:
-    name = settings.get("cluster", "local")
-    if name not in registry.known():
-        raise ValueError(f"cluster={name!r}: use one of {', '.join(f'cluster={n}' for n in sorted(registry.known()))}")
-    cluster = settings_class(name)(partition=settings.get("cluster.partition"),
+    cluster = settings_class(known_backend(settings.get("cluster", "local")))(partition=settings.get("cluster.partition"),
                             nodelist=settings.get("cluster.nodelist"), exclude=settings.get("cluster.exclude"),
                             gpus_per_node=int(settings.get("cluster.gpus_per_node", 0)),
                             timeout_min=int(settings.get("cluster.timeout_min", 15)),
@@ -103,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(plan_lines(asked)))
             return 0
     except ValueError as exc:
-        print(f"error: {exc}. Nothing was probed.", file=sys.stderr)
+        print(f"error: {str(exc).rstrip('.')}. Nothing was probed.", file=sys.stderr)
         return USER_ERROR_EXIT
     if asked.cluster.declared:
         print("error: cluster.declared=true describes nodes that are not there: use it with --plan",

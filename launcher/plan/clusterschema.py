@@ -76,12 +76,7 @@ class ClusterConfig:
     def subtype_for(cls, data: Mapping[str, Any]) -> type[ClusterConfig]:
         """The settings class of the backend ``data`` names: how sweep.json's cells and a composed
         config's keys are read (contract/codec.py, launcher/plan/schemakeys.py)."""
-        name = str(data.get("name", cls.name))
-        if name not in registry.known():
-            raise ConfigError("cluster", name, "names no backend known here.",
-                              f"use one of {', '.join(f'cluster={n}' for n in sorted(registry.known()))}, or add "
-                              "a backend (docs/backends.md).")
-        return settings_class(name)
+        return settings_class(known_backend(str(data.get("name", cls.name))))
 
     @classmethod
     def variant(cls, data: Mapping[str, Any]) -> tuple[type[ClusterConfig], dict[str, Any]]:
@@ -112,6 +107,15 @@ class ClusterConfig:
     def software(self) -> str:
         """The container the ranks run in, as the fabric record's identity names it: none here."""
         return "none:"
+
+
+def known_backend(name: str, setting: str = "cluster") -> str:
+    """``name`` when the registry has a backend of that name; else the refusal, naming ``setting``."""
+    if name not in registry.known():
+        raise ConfigError(setting, name, "names no backend known here.",
+                          f"use one of {', '.join(f'cluster={n}' for n in sorted(registry.known()))}, or add a "
+                          "backend (docs/backends.md).")
+    return name
 
 
 @functools.cache

@@ -69,10 +69,9 @@ def write(cache_key: str | None, value: dict) -> None:
 def flops_per_sample(model: spec.ModelSpec) -> float | None:
     """Training FLOPs of one sample of ``model`` (launcher/plan/fit.py, count_flops), kept here like the
     analysis: a forecast or a report reads them without importing torch once a launch counted them."""
-    from contract.codec import to_plain
     from launcher.plan import fit
 
-    cache_key = key(to_plain(model), {"count": FLOPS_PER_SAMPLE})
+    cache_key = _flops_key(model)
     hit = read(cache_key)
     if hit is not None:
         return hit.get(FLOPS_PER_SAMPLE)
@@ -84,11 +83,15 @@ def flops_per_sample(model: spec.ModelSpec) -> float | None:
 def keep_flops_per_sample(model: spec.ModelSpec, value: float) -> None:
     """The worker's own count for ``model`` (its results' flops_per_sample), kept where
     :func:`flops_per_sample` reads it: a forecast of any cell of a model that ran builds nothing."""
-    from contract.codec import to_plain
-
-    cache_key = key(to_plain(model), {"count": FLOPS_PER_SAMPLE})
+    cache_key = _flops_key(model)
     if (read(cache_key) or {}).get(FLOPS_PER_SAMPLE) != value:
         write(cache_key, {FLOPS_PER_SAMPLE: value})
+
+
+def _flops_key(model: spec.ModelSpec) -> str | None:
+    from contract.codec import to_plain
+
+    return key(to_plain(model), {"count": FLOPS_PER_SAMPLE})
 
 
 def buffer_bytes(model: spec.ModelSpec) -> int:

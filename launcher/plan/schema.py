@@ -31,7 +31,7 @@ from contract.spec import (
     _positive,
 )
 from launcher.cluster import registry
-from launcher.plan.clusterschema import ClusterConfig, settings_class
+from launcher.plan.clusterschema import ClusterConfig, known_backend, settings_class
 from launcher.plan.fit import gpu_mem_gib_of
 from launcher.plan.shellsafe import check_config
 
@@ -343,10 +343,7 @@ def _check_declared(c: ClusterConfig) -> None:
 def _check_settings_class(c: ClusterConfig) -> None:
     """The backend is chosen with the group (cluster=NAME), which composes NAME's settings class:
     ``cluster.name`` changed alone would leave the settings of another backend."""
-    backends = ", ".join(f"cluster={n}" for n in sorted(registry.known()))
-    if c.name not in registry.known():
-        raise ConfigError("cluster.name", c.name, "names no backend known here.", f"use one of {backends}.")
-    if type(c) is not settings_class(c.name):
+    if type(c) is not settings_class(known_backend(c.name, "cluster.name")):
         raise ConfigError("cluster.name", c.name, f"is not the backend these settings were composed for "
                           f"({type(c).__name__}): a backend is chosen with the config group, which brings its "
                           "own settings.", f"use cluster={c.name} instead of cluster.name={c.name}.")

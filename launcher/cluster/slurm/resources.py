@@ -294,9 +294,9 @@ def check_capacity(cell: Cell, partition: str, nodes: dict[str, Node]) -> list[s
         return [f"{where} {request}: no node of partition {partition} can give it ({_most(kind, cell, usable)}). "
                 f"sbatch would refuse it. Fix: ask for what the nodes have (sinfo -N -l), or use another partition."
                 for kind, request in short.items()]
+    constraint = settings.of(c).constraint
     narrowed = " after " + " and ".join(x for x in (f"cluster.exclude={c.exclude}" if excluded else "",
-                                                   f"cluster.constraint={settings.of(c).constraint}"
-                                                   if settings.of(c).constraint else "") if x)
+                                                   f"cluster.constraint={constraint}" if constraint else "") if x)
     return [f"{where} nodes={want}: only {len(fitting)} of the {len(members)} node(s) of partition {partition} can "
             f"hold it{narrowed if narrowed != ' after ' else ''} ({', '.join(n.name for n in fitting)}). sbatch "
             f"would refuse it (or leave it pending for good). Fix: nodes<={len(fitting)}, exclude fewer nodes, or "
@@ -356,7 +356,7 @@ def parse_associations(text: str) -> tuple[set[str], set[str]]:
 def _accounting(cells: Sequence[Cell], out: ResourceCheck) -> None:
     """cluster.account and cluster.qos against the user's associations: an error where the cluster
     enforces them, a warning where it does not (Slurm then accepts any name silently)."""
-    asked = {(settings.of(c.cluster).account, settings.of(c.cluster).qos) for c in cells}
+    asked = {(s.account, s.qos) for s in (settings.of(c.cluster) for c in cells)}
     if all(a is None and q is None for a, q in asked) or not shutil.which("sacctmgr"):
         return
     import getpass
