@@ -215,16 +215,8 @@ class Config(TrainSpec):
                               f"use fewer nodes, or raise limits.nodes={self.nodes} if the cluster has them.")
         c = self.cluster
         if c.one_machine and not c.declared:
-            import os
-
-            cores = os.cpu_count() or 1
-            ranks = self.nodes * c.tasks_per_node
-            if ranks > lim.local_ranks_per_core * cores:
-                raise ConfigError("nodes", self.nodes, f"x cluster.tasks_per_node={c.tasks_per_node} starts {ranks} "
-                                  f"ranks on this machine's {cores} core(s), beyond limits.local_ranks_per_core="
-                                  f"{lim.local_ranks_per_core} per core: they would measure the machine's scheduler.",
-                                  f"use at most {lim.local_ranks_per_core * cores} ranks here, cluster=slurm for more, "
-                                  f"or raise limits.local_ranks_per_core.")
+            check_local_ranks("nodes", self.nodes, self.nodes * c.tasks_per_node, lim.local_ranks_per_core,
+                              f"x cluster.tasks_per_node={c.tasks_per_node} ")
         for setting, minutes in (("runs_budget_min", self.runs_budget_min), ("cluster.timeout_min", c.timeout_min)):
             if minutes is not None and minutes > lim.budget_min:
                 raise ConfigError(setting, minutes, f"is beyond limits.budget_min={lim.budget_min:g} minutes.",
@@ -324,6 +316,22 @@ class Config(TrainSpec):
 
 
 AUTO = "auto"  # runs=auto
+
+
+def check_local_ranks(setting: str, value: Any, ranks: int, per_core: int, how: str = "") -> None:
+    """One machine's bound (limits.local_ranks_per_core): at most ``per_core`` ranks per core, else
+    the ranks would measure the machine's scheduler. The sweep's cells and launcher.health's emulated
+    nodes alike; ``setting`` is what the user gave, ``how`` how it makes ``ranks``."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if ranks > per_core * cores:
+        raise ConfigError(setting, value, f"{how}starts {ranks} ranks on this machine's {cores} core(s), beyond "
+                          f"limits.local_ranks_per_core={per_core} per core: they would measure the machine's "
+                          "scheduler.", f"use at most {per_core * cores} ranks here, cluster=slurm for more, or raise "
+                          "limits.local_ranks_per_core.")
+
+
 def declared_gpu_mem_gib(c: ClusterConfig) -> float | None:
     """The memory of a declared node's GPUs: cluster.gpu_mem_gib, or what cluster.gpu_type holds."""
     return c.gpu_mem_gib or (gpu_mem_gib_of(c.gpu_type) if c.gpu_type else None)
