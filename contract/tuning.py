@@ -7,8 +7,8 @@ by hand gets the same answers. What needs torch to decide (fused optimizers on t
 compiler for torch.compile on CPU) is checked on the rank (jobs/tuning.py).
 
 GPU defaults are a tuned training loop's (torchtitan, llm.c): fused AdamW, channels-last with
-cuDNN autotuning, torch.compile, a vocabulary padded to 64, a loss that never upcasts the whole
-logits, step timing by CUDA events. CPU defaults are what measured fastest on CPU
+cuDNN autotuning, torch.compile (the loss inside it), a vocabulary padded to 64, a loss that never
+upcasts the whole logits (compiled: fused by inductor; eager: chunked), step timing by CUDA events. CPU defaults are what measured fastest on CPU
 (docs/performance.md, "The step's tuning settings on CPU").
 """
 
@@ -106,24 +106,30 @@ def resolve(train: TrainSpec, strategy: StrategySpec, model: ModelSpec, *, cuda:
     """Each setting resolved for ``cuda`` (else CPU), or :class:`ConfigError` naming the fix."""
     device = "CUDA" if cuda else "CPU"
     image = model.input is InputKind.image
+    compiled = train.compile if train.compile is not None else (True if cuda else CPU_COMPILE)
     return Tuning(
         optimizer_impl=_optimizer_impl(train, strategy),
         channels_last=_channels_last(train.channels_last, image, cuda),
         cudnn_benchmark=_cuda_only("cudnn_benchmark", train.cudnn_benchmark, cuda, device,
                                    "cuDNN's autotuner picks convolution kernels on NVIDIA GPUs"),
-        compile=train.compile if train.compile is not None else (True if cuda else CPU_COMPILE),
+        compile=compiled,
         reshard_after_forward=reshards_after_forward(strategy, shard_degree(strategy, world_size, tasks_per_node)),
         vocab_multiple=_vocab_multiple(model, cuda),
-        loss=_loss(train.loss, image, cuda),
+        loss=_loss(train.loss, image, cuda, compiled),
         step_timing=_step_timing(train.step_timing, cuda),
     )
 
 
-def _loss(value: LossImpl, image: bool, cuda: bool) -> str:
+def _loss(value: LossImpl, image: bool, cuda: bool, compiled: bool) -> str:
     value = LossImpl(value)
     if value is not LossImpl.auto:
         return value.value
     if image:  # a classifier's logits are small: nothing to chunk
+        return LossImpl.full.value
+    if compiled:
+        # Compiled with the model (jobs/compiling.py), the whole cross-entropy is fused by inductor: the
+        # upcast happens inside its kernels, so no fp32 copy of the logits is made, and no chunk loop
+        # unrolls into a hundred small graphs' worth of kernels.
         return LossImpl.full.value
     return (LossImpl.chunked if cuda else CPU_LOSS).value
 

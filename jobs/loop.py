@@ -90,6 +90,7 @@ class Trainer:
         vocab: int | None = None,
         chunked_loss: bool = False,
         events: bool = False,
+        step_forward: Callable[[Callable], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
     ) -> None:
         self.model, self.optimizer, self.accum_steps = model, optimizer, accum_steps
         self.device, self.no_sync, self.scaler = device, no_sync, scaler
@@ -97,6 +98,9 @@ class Trainer:
         # The loss: over the first `vocab` columns (a padded vocabulary's real ones), chunked or not
         # (jobs/loss.py); `events`: steps timed by CUDA events (step_timing=events).
         self.vocab, self.chunked_loss, self.events = vocab, chunked_loss, events
+        # (x, y) -> loss: the model and the loss, compiled together where train.compile is on
+        # (jobs.parallel.Parallelized.step_forward), else run as they are.
+        self.forward_loss = step_forward(self.loss) if step_forward else (lambda x, y: self.loss(self.model(x), y))
         # Gradient bytes this rank holds after a backward (local shards under FSDP), read once on
         # the first step: gradients are freed after every step, so they cannot be read afterwards.
         self.grad_bytes: int | None = None
@@ -130,7 +134,7 @@ class Trainer:
             # micro-batch communicates (DDP no_sync, FSDP2 set_requires_gradient_sync).
             with contextlib.nullcontext() if last else self.no_sync():
                 with self._part("forward"), self._autocast():
-                    loss = self.loss(self.model(x), y) / self.accum_steps
+                    loss = self.forward_loss(x, y) / self.accum_steps
                 with self._part("backward"):
                     (self.scaler.scale(loss) if self.scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
@@ -206,7 +210,7 @@ def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, s
         x, y = next(batches)
         with trainer.no_sync():
             with trainer._autocast():
-                loss = trainer.loss(trainer.model(x), y)
+                loss = trainer.forward_loss(x, y)
             loss.backward()
         sync()
         times.append(time.perf_counter() - t0)

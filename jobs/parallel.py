@@ -36,6 +36,8 @@ from contract.spec import (
     StrategySpec,
     precision_plan,
 )
+from jobs import compiling
+from jobs.compiling import CompilePlan
 from jobs.shards import shard_of
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -223,11 +225,22 @@ def materialize(model: nn.Module, device: torch.device, *, offload: bool = False
 
 @dataclass
 class Parallelized:
-    model: nn.Module  # what the step calls (compiled when asked)
+    model: nn.Module  # the wrapped model (under FSDP with compile, its units and outer regions compiled)
     no_sync: Callable[[], AbstractContextManager]  # skips gradient communication (accumulation micro-steps)
     autocast_dtype: torch.dtype | None
     scaler: object  # torch.amp.GradScaler or None
     plan: PrecisionPlan
+    compile_plan: CompilePlan = CompilePlan("off")
+    world_size: int = 1
+    compile_backend: Any = "inductor"
+
+    def step_forward(self, loss: Callable) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The step's forward and loss, ``(x, y) -> loss``, compiled as :attr:`compile_plan` says
+        (jobs/compiling.py: the loss always inside a compiled graph)."""
+        if self.compile_plan.scope == "off":
+            return compiling.eager_forward_loss(self.model, loss)
+        return compiling.forward_loss(self.model, loss, whole=self.compile_plan.scope == "whole",
+                                      world_size=self.world_size, backend=self.compile_backend)
 
 
 @contextlib.contextmanager
@@ -283,11 +296,14 @@ def room_for_unsynced_grads(model: nn.Module, device: torch.device) -> bool:
 
 
 def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSpec, *, device: torch.device,
-                dims: ParallelDims | None = None, compile: bool = False,
+                dims: ParallelDims | None = None, compile: bool = False, compile_backend: Any = "inductor",
                 reshard_after_forward: bool | None = None, channels_last: bool = False) -> Parallelized:
     """Wrap ``model`` for ``strategy``: DDP expects it built on ``device``; FSDP expects it on
     meta (or anywhere: a materialised model is sharded as is) and materialises it after sharding.
     ``dims``: the cell's parallel layout (contract/parallel.py), which gives FSDP its mesh.
+    ``compile``: DDP's model is compiled with the loss, whole (:meth:`Parallelized.step_forward`);
+    FSDP's units and outer regions are compiled here, before sharding (jobs/compiling.py).
+    ``compile_backend``: inductor, or a trace-only backend (bench/census.py counts the graphs).
     ``reshard_after_forward``: FSDP's, resolved (contract/tuning.py; None: not under grad_op).
     ``channels_last``: the weights of 4-D convolutions in the channels-last memory format under DDP.
     FSDP2 refuses non-contiguous parameters ("FSDP does not support non-contiguous parameters yet",
@@ -309,8 +325,15 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
             broadcast_buffers=strategy.broadcast_buffers,
         )
         no_sync = model.no_sync
+        compile_plan = CompilePlan("whole", single_graph=dims is None or dims.world_size == 1) if compile \
+            else CompilePlan("off")
     else:
         on_meta = any(p.is_meta for p in model.parameters())
+        compile_plan = CompilePlan("off")
+        if compile:
+            # Before sharding, so that FSDP's hooks go on the compiled modules, outside their graphs.
+            compile_plan = CompilePlan("regions", units=compiling.compile_units(model, backend=compile_backend),
+                                       regions=compiling.compile_regions(model, backend=compile_backend))
         mesh = fsdp_mesh(device.type, dims or ParallelDims.of(strategy, Layout()))  # None: one rank
         model = apply_fsdp(
             model, mesh, units=models.shard_units(model) if strategy.wrap.value == "block" else [],
@@ -322,11 +345,9 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
             materialize(model, device, offload=strategy.cpu_offload)
         # Bound now, to the FSDP module itself: not to whatever `model` names after compiling.
         no_sync = functools.partial(_fsdp_no_sync, model)
-    if compile:
-        # An nn.Module compiles to an OptimizedModule (an nn.Module); torch's stub says a plain callable.
-        model = torch.compile(model)  # type: ignore[assignment]
     scaler = make_grad_scaler(device.type, offload=strategy.cpu_offload) if plan.grad_scaler else None
-    return Parallelized(model, no_sync, torch_dtype(plan.autocast), scaler, plan)
+    return Parallelized(model, no_sync, torch_dtype(plan.autocast), scaler, plan, compile_plan,
+                        dims.world_size if dims is not None else 1, compile_backend)
 
 
 # torch.optim's flags for each optimizer_impl (contract.spec.OptimizerImpl, resolved).

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from contract.metrics import RESTARTS
 from jobs import checkpoint, preempt
+from jobs.compiling import graph_count
 from jobs.loop import StepTrace, Trainer, read_times, run_steps
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class Outcome:
     # Periodic checkpoints saved inside the measured window: outside every step time, but inside
     # the window's peak memory (the save stages tensors through host memory) and its wall time.
     checkpoints_in_window: int = 0
+    # Graphs torch.compile made inside the measured window (a recompile there: those steps held it).
+    graphs_in_window: int = 0
 
     @property
     def total_steps(self) -> int:
@@ -182,6 +185,7 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
     deciding = not progress.resumed and schedule.warmup_extend_max > 0
     first_step_unix_s = time.time()
     saved_in_window = 0
+    graphs_at_window = None
     try:
         step = start
         while step < total:
@@ -200,6 +204,7 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
                 # includes waiting for a slower rank to finish its warm-up.
                 dist.barrier()
                 measuring = True
+                graphs_at_window = graph_count()
                 hooks.on_window("start")
             hooks.before_step(step)
             run_steps(trainer, batches, 1, hooks.sync, history.trace)
@@ -219,8 +224,9 @@ def run(trainer: Trainer, batches, *, env, device, out_dir: Path, schedule: Sche
         stop.finish()
     finally:
         stop.restore()
+    graphs_in_window = graph_count() - graphs_at_window if graphs_at_window is not None else 0
     return Outcome(history, progress.restarts, progress.logged_through, first_step_unix_s,
-                   start if progress.resumed else None, progress.extended, saved_in_window)
+                   start if progress.resumed else None, progress.extended, saved_in_window, graphs_in_window)
 
 
 def _agree_still_falling(history: History, control_group) -> bool:

@@ -311,6 +311,10 @@ def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary
             **provenance(torch, device), **extra_tags}
     if run.setup.tuning is not None:
         tags.update(run.setup.tuning.tags())
+    tags.update(par.compile_plan.tags())
+    if outcome.graphs_in_window:
+        # torch.compile compiled inside the measured window: those steps held compilation.
+        tags["compile.graphs_in_window"] = str(outcome.graphs_in_window)
     tags.update(mfu_figures(run, summary, [r.get("matmul_peak") for r in per_rank]))
     if rank.gpu_uuids:
         tags["gpu_uuids"] = ",".join(f"{host}/{uuid}" for host, uuid in rank.gpu_uuids)[:TAG_MAX_CHARS]

@@ -196,8 +196,9 @@ def benchmark(rank: Rank) -> dict[str, Any]:
     return reported.result
 
 
-def set_up(rank: Rank) -> Setup:
-    """Model (on meta for FSDP), wrapping, matmul peak, optimizer, data and the step."""
+def set_up(rank: Rank, compile_backend: Any = "inductor") -> Setup:
+    """Model (on meta for FSDP), wrapping, matmul peak, optimizer, data and the step.
+    ``compile_backend``: inductor, or a trace-only backend that counts graphs (bench/census.py)."""
     import torch
 
     from jobs import matmul_peak, memory, parallel
@@ -212,7 +213,7 @@ def set_up(rank: Rank) -> Setup:
     rss_before = memory.current_rss_bytes()
     memory.reset_peak_memory(device)
     par = parallel.parallelize(build_model_to_wrap(spec, device, tuning), spec.strategy, spec.precision, device=device,
-                               dims=rank.dims, compile=tuning.compile,
+                               dims=rank.dims, compile=tuning.compile, compile_backend=compile_backend,
                                reshard_after_forward=tuning.reshard_after_forward, channels_last=tuning.channels_last)
     setup_bytes = memory.setup_memory(device, rss_before)
     # The device's own matmul peak (CUDA only, ~a second), in the math the model's main ops run in
@@ -231,7 +232,7 @@ def set_up(rank: Rank) -> Setup:
     trainer = Trainer(par.model, optimizer, accum_steps=train.grad_accum_steps, autocast_dtype=par.autocast_dtype,
                       device=device, no_sync=par.no_sync, scaler=par.scaler,
                       vocab=spec.model.vocab_size if padded else None, chunked_loss=tuning.loss == "chunked",
-                      events=tuning.step_timing == "events")
+                      events=tuning.step_timing == "events", step_forward=par.step_forward)
     return Setup(par, optimizer, batches, trainer, lr, setup_bytes, matmul, tuning)
 
 

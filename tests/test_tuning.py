@@ -40,7 +40,7 @@ def _resolve(train=None, strategy=DDP, model=GPT2, *, cuda: bool, world_size: in
 def test_gpu_defaults_are_a_tuned_loops_and_cpu_defaults_what_measured_fastest():
     gpu = _resolve(strategy=FSDP, cuda=True)
     assert (gpu.optimizer_impl, gpu.compile, gpu.loss, gpu.step_timing, gpu.vocab_multiple) == (
-        "fused", True, "chunked", "events", 64)
+        "fused", True, "full", "events", 64)  # compiled: the whole loss, fused by inductor
     assert gpu.reshard_after_forward is False  # one rank: resharding frees nothing
     assert _resolve(strategy=FSDP, cuda=True, world_size=2).reshard_after_forward is True
     assert _resolve(model=IMAGE, cuda=True).channels_last and _resolve(model=IMAGE, cuda=True).cudnn_benchmark

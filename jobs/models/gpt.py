@@ -97,14 +97,24 @@ class GPT(nn.Module):
         # module sharing the Parameter would be untied by Module.to_empty() after a meta-device
         # build, and FSDP would then shard two copies.
 
+    # The model's own layers around its blocks, as methods the worker compiles on their own when the
+    # blocks are compiled one by one (jobs/compiling.py: under FSDP, whose hooks sit between them).
+    compile_regions = ("embed", "head")
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         seq_len = idx.shape[1]
         if seq_len > self.config.block_size:
             raise ValueError(f"sequence of {seq_len} tokens exceeds block_size={self.config.block_size}.")
-        pos = torch.arange(seq_len, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.embed(idx)
         for block in self.blocks:
             x = block(x)
+        return self.head(x)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.ln_f(x), self.wte.weight)
 
     def custom_init(self) -> None:

@@ -147,7 +147,7 @@ class HFLogits(nn.Module):
         units: list[nn.Module] = []
         taken: list[str] = []
         for mod_name, module in self.named_modules():
-            inner = getattr(module, "_checkpoint_wrapped_module", module)  # after replace_units
+            inner = _wrapped_unit(module)  # after replace_units (checkpointing, compilation)
             if type(inner).__name__ not in names or any(mod_name.startswith(t) for t in taken):
                 continue
             prefix = mod_name + "."
@@ -260,3 +260,13 @@ def load_local_weights(model: nn.Module, path: str) -> None:
     if missing:
         raise ValueError(f"model.pretrained_path={path!r} lacks {len(missing)} tensors of the model, e.g. "
                          f"{missing[:3]}; was it saved from this architecture?")
+
+
+def _wrapped_unit(module: nn.Module) -> nn.Module:
+    """The block inside what jobs.models.replace_units put in its place (a checkpoint wrapper, a compiled
+    module, or both)."""
+    while True:
+        inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(module, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return module
+        module = inner

@@ -152,9 +152,19 @@ class ResNet(nn.Module):
         layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
+    # The model's own layers around its blocks, as methods the worker compiles on their own when the
+    # blocks are compiled one by one (jobs/compiling.py: under FSDP, whose hooks sit between them).
+    compile_regions = ("stem", "head")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.stem(x)
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.head(x)
+
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
     def custom_init(self) -> None:
