@@ -9,6 +9,7 @@ more than ``nodes_per_job`` nodes is probed in several jobs, one after another, 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -77,6 +78,23 @@ def plan_cost(nodes: int, nodes_per_job: int, in_turn: bool) -> dict[str, Any]:
             "measured_s": c.measured_s, "wall_s": c.wall_s * c.jobs, "in_turn": in_turn}
 
 
+def new_folder(parent: Path, stamp: str | None = None) -> Path:
+    """A folder of its own for one probe, ``<parent>/<date>_<time>``, made here: probes started in the
+    same second (a scrontab entry, health=auto sweeps, by hand) take ``-2``, ``-3``, ... Made with
+    mkdir, which fails where the name is taken, so two probes never share one, on a shared file
+    system too."""
+    stamp = stamp or time.strftime("%Y-%m-%d_%H-%M-%S")
+    parent.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        folder = parent / (stamp if i == 1 else f"{stamp}-{i}")
+        try:
+            folder.mkdir(exist_ok=False)
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")
+
+
 def run(asked: Asked) -> Probed:
     """Probe the nodes, judge them, append the ledger, log the MLflow run."""
     one_machine = asked.cluster.one_machine
@@ -84,7 +102,7 @@ def run(asked: Asked) -> Probed:
     if not names:
         raise RuntimeError(f"no node to probe: partition {asked.cluster.partition or '(default)'} has no node that "
                            f"takes jobs (sinfo -N shows their states), or cluster.nodelist/cluster.exclude left none")
-    folder = asked.output_root / "health" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    folder = new_folder(asked.output_root / "health")
     chunks = [names] if one_machine else [names[i:i + asked.nodes_per_job]
                                           for i in range(0, len(names), asked.nodes_per_job)]
     results, errors, jobs = [], [], []

@@ -15,27 +15,26 @@ the first's spread). Fewer than three nodes: no verdict.
 five nodes or more), so that a slow node's two pairs do not hide each other. A slow pair is put on a node when one of its nodes is slow in its own figures; on a node's
 network when both of a node's pairs are slow and its own figures are not; otherwise on the link.
 
-**The ledger.** Every probe of a cluster is appended to ``health-<cluster>.jsonl`` in the output root,
-beside ``fabrics.json``, under a lock and atomically (a new file replaces the old): one line per probe
-with every node's figures, every pair's, the verdicts and what was asked.
+**The ledger**: launcher/report/healthledger.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import json
 import math
-import os
 import re
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from contract.health import NODE_FIGURES, PAIR_FIGURE
+from launcher.report.healthledger import append as append
+from launcher.report.healthledger import history_dir as history_dir
+from launcher.report.healthledger import ledger_path as ledger_path
+from launcher.report.healthledger import read as read
 from launcher.report.sequential import ALPHA
 
 MARGIN = 0.10  # a node is called slow only beyond 10% below the fleet (identical GPUs differ by ~8%)
@@ -199,52 +198,7 @@ def false_alarm_text(v: Verdicts) -> str:
             f"{v.alpha:.0%}; a node is slow only beyond {v.margin:.0%} below the others")
 
 
-# ---- the ledger ------------------------------------------------------------------------------------
-
-def ledger_path(root: Path, cluster_key: str) -> Path:
-    """``<output_root>/health-slurm_debug.jsonl``: one ledger per cluster, beside fabrics.json."""
-    return Path(root) / f"health-{re.sub(r'[^A-Za-z0-9_.-]+', '_', cluster_key)}.jsonl"
-
-
-def history_dir(ledger: Path) -> Path:
-    """Where ``python -m launcher.history --ledger`` writes the ledger's history: report.md and
-    history.png in ``health-<cluster>-history/`` beside the ledger."""
-    return Path(ledger).with_name(Path(ledger).stem + "-history")
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(path) + ".lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # one writer at a time: two probes' lines never interleave
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def append(path: Path, record: dict[str, Any]) -> None:
-    """Append one probe's record: under the ledger's lock, the old lines and the new one written to a
-    new file that then replaces the ledger (a reader sees the old ledger or the new, never half a line)."""
-    with _locked(path):
-        old = path.read_text() if path.exists() else ""
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(old + json.dumps(record, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-
-
-def read(path: Path) -> list[dict[str, Any]]:
-    """Every probe of the ledger, oldest first (a damaged line is skipped)."""
-    out = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
+# ---- the ledger (launcher/report/healthledger.py) ----------------------------------------------------
 
 def record(cluster_key: str, result: dict[str, Any], verdicts: Verdicts, asked: dict[str, Any]) -> dict[str, Any]:
     """One ledger line: each node's figures (geometric means and repeats), the pairs, the verdicts."""
