@@ -16,23 +16,20 @@ the change-point package missing: the command that installs it is printed), 1 on
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from contract import mlflow_client
-from launcher.cli import USER_ERROR_EXIT
+from launcher.cli import FAILURE_EXIT, UNDECIDED_EXIT, USER_ERROR_EXIT, Parser, Refused, guarded
 from launcher.report import health
 from launcher.report import history as hist
 from launcher.report.collect import ReportError
 from launcher.track import tracking
 
-UNDECIDED_EXIT = 3
 
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launcher.history", description=__doc__.split("\n\n")[0])
+def _parser() -> Parser:
+    p = Parser(prog="python -m launcher.history", description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", nargs="?", help="the MLflow experiment whose sweeps to follow")
     p.add_argument("--ledger", help="a node ledger (health-<cluster>.jsonl) instead of an experiment")
     p.add_argument("--tracking-uri", help="the MLflow store (default: $MLFLOW_TRACKING_URI, else "
@@ -41,11 +38,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if bool(args.experiment) == bool(args.ledger):
         print("error: pass an MLflow experiment or --ledger PATH (one of them).", file=sys.stderr)
         return USER_ERROR_EXIT
+    if args.out is not None and (not args.out.strip() or (Path(args.out).exists() and not Path(args.out).is_dir())):
+        raise Refused(f"--out={args.out!r}: {'is empty' if not args.out.strip() else 'is a file'}, and the report "
+                      "goes into a directory; nothing was written. Fix: give a directory (it is made where it is "
+                      "missing), or drop --out for the default.")
+    if args.ledger is not None and Path(args.ledger).is_dir():
+        raise Refused(f"--ledger={args.ledger!r}: is a directory. Fix: pass the ledger file, "
+                      f"health-<cluster>.jsonl, in it.")
     try:
         hist.check_installed()
     except hist.MissingPackage as exc:
@@ -85,9 +90,12 @@ def _experiment(name: str, uri: str, out: str | None) -> int:
 
 
 def _ledger(ledger: Path, uri: str | None, out: str | None) -> int:
+    if not ledger.is_file():
+        raise Refused(f"--ledger={str(ledger)!r}: no such file. Fix: pass a ledger written by python -m "
+                      f"launcher.health (health-<cluster>.jsonl in its output_root).")
     records = health.read(ledger)
     if not records:
-        print(f"error: {ledger} holds no probe. Fix: pass a ledger written by python -m launcher.health "
+        print(f"error: {ledger} holds no readable probe. Fix: pass a ledger written by python -m launcher.health "
               f"(health-<cluster>.jsonl beside the store).", file=sys.stderr)
         return USER_ERROR_EXIT
     histories = hist.ledger_histories(ledger)
@@ -116,7 +124,7 @@ def _said(histories: list[hist.History], report: Path, picture: Path | None, uri
             tracking.attach(uri, run_id, [p for p in (report, picture) if p], "history")
         except Exception as exc:  # the files are written; only their copy in MLflow is missing
             print(f"error: could not attach the history to MLflow run {run_id} at {uri}: {exc}", file=sys.stderr)
-            return 1
+            return FAILURE_EXIT
         print(f"attached to MLflow run {run_id} (artifacts: history/)")
     else:
         print("no MLflow run to attach it to (no store, or no run in it)")

@@ -286,3 +286,263 @@ def test_a_comparable_baseline_passes_the_check_before_the_first_job(sweeps, tmp
     # its overrides, so cluster.tasks_per_node is the one setting apart): compared by name.
     assert main([*AUTO, "nodes=1,2", "cluster.tasks_per_node=2", "model=gpt_tiny", "batch_size=4",
                  f"baseline={paths['A']}", "--plan", f"output_root={tmp_path / 'out'}"]) == 0, capsys.readouterr().err
+
+
+# ---- health and history: launcher.health, launcher.history and the node ledger they read ------------
+# The corpus: (command, argv, exit code, text the message must hold). launcher.health's argv gets
+# output_root=<the test's out/> first; {FILE} a plain file, {NOPE} no such path, {DIR} a directory,
+# {FOREIGN} a ledger of one line of other JSON, {LEDGER} a good ledger of one probe.
+
+def _many_local_nodes() -> str:
+    import os
+
+    return f"health.nodes={8 * (os.cpu_count() or 1) + 1}"  # one past the sweep's 8 ranks per core
+
+
+HEALTH_CORPUS = [
+    ("health", ["--plan", "cluster=slurm", "cluster.declared=true", "health.nodes=10", "health.nodes_per_job=0"], 2,
+     "health.nodes_per_job=0"),
+    ("health", ["health.nodes=0"], 2, "health.nodes=0"),
+    ("health", ["health.nodes=4;touch x"], 2, "health.nodes='4;touch x'"),
+    ("health", ["health.nodes=three"], 2, "health.nodes='three'"),
+    ("health", ["health.repeats=-1"], 2, "health.repeats=-1"),
+    ("health", ["health.repeats=0"], 2, "health.repeats=0"),
+    ("health", ["cluster.gpus_per_node=-1"], 2, "cluster.gpus_per_node=-1"),
+    ("health", ["cluster.gpus_per_node=4;touch x"], 2, "cluster.gpus_per_node"),
+    ("health", ["cluster.declared=maybe"], 2, "cluster.declared"),
+    ("health", ["cluster.declared=true"], 2, "cluster.declared"),
+    ("health", ["--plan", "cluster=slurm", "cluster.declared=true"], 2, "health.nodes"),
+    ("health", ["cluster=slurm", "cluster.nodelist=n1;touch x"], 2, "cluster.nodelist='n1;touch x'"),
+    ("health", ["cluster=slurm", "cluster.nodelist=n1\n#SBATCH --wrap=reboot"], 2, "cluster.nodelist"),
+    ("health", ["cluster=slurm", "cluster.partition=gpu$(reboot)"], 2, "cluster.partition"),
+    ("health", ["cluster=slurm", "cluster.exclude=n1 n2"], 2, "cluster.exclude"),
+    ("health", ["cluster=slurm", "cluster.python=python3\nreboot"], 2, "cluster.python"),
+    ("health", ["cluster.nodelist=n1"], 2, "cluster.nodelist"),  # cluster=local reads no node list
+    ("health", ["cluster.timeout_min=0"], 2, "cluster.timeout_min=0"),
+    ("health", ["tracking.enabled=maybe"], 2, "tracking.enabled"),
+    ("health", ["cluster=pbs"], 2, "cluster='pbs'"),
+    ("health", [_many_local_nodes()], 2, "limits.local_ranks_per_core"),
+    ("health", ["health.nodes=2000"], 2, "health.nodes=2000"),
+    ("health", ["cluster=slurm", "health.nodes=3"], 2, "health.nodes"),
+    ("health", ["health.margin=nan"], 2, "health.margin"),
+    ("health", ["health.dcgm=maybe"], 2, "health.dcgm"),
+    ("health", ["nodes=3"], 2, "did you mean health.nodes"),
+    ("health", ["--show", "--last", "abc"], 2, "--last"),
+    ("health", ["--show", "--last", "0"], 2, "--last 0"),
+    ("health", ["--last", "3"], 2, "--last 3: only means something with --show"),
+    ("health", ["--shwo"], 2, "did you mean --show"),
+    ("health", ["--sh"], 2, "--sh: is not a flag"),  # never an abbreviation
+    ("health", ["--check"], 2, "--check"),
+    ("health", ["--check", ""], 2, "--check ''"),
+    ("health", ["--check", "cluster=slurm"], 2, "--check 'cluster=slurm'"),
+    ("health", ["--show", "--check", "n1"], 2, "--show and --check"),
+    ("history", ["--ledger", "{LEDGER}", "--out", "{FILE}"], 2, "--out="),
+    ("history", ["--ledger", "{LEDGER}", "--out", ""], 2, "--out=''"),
+    ("history", ["--ledger", "{NOPE}"], 2, "--ledger="),
+    ("history", ["--ledger", "{DIR}"], 2, "--ledger="),
+    ("history", ["--ledger", "{FOREIGN}"], 2, "line 1: JSON of another shape"),
+    ("history", ["--shwo"], 2, "--shwo: is not a flag"),
+    ("history", ["--ledger"], 2, "--ledger"),
+    ("history", ["nightly", "--ledger", "{LEDGER}"], 2, "one of them"),
+]
+
+
+def _probe_record(slow: str | None = None, measured_at: str = "2026-11-27T20:00:00", nodes: int = 4):
+    import random
+
+    from launcher.report import health
+    from tests.test_health import fleet
+
+    result = {**fleet(random.Random(9), nodes=nodes, slow=slow, factor=0.3), "measured_at": measured_at}
+    return health.record("local:x", result, health.judge(result), {"nodes": []})
+
+
+@pytest.fixture(scope="module")
+def ledgers(tmp_path_factory):
+    from launcher.report import health
+
+    root = tmp_path_factory.mktemp("ledgers")
+    good = root / "health-local_x.jsonl"
+    health.append(good, _probe_record())
+    (root / "foreign.jsonl").write_text('{"hello": "world"}\n')
+    (root / "plain.txt").write_text("not a ledger\n")
+    (root / "dir").mkdir()
+    return root, {"LEDGER": str(good), "FOREIGN": str(root / "foreign.jsonl"), "FILE": str(root / "plain.txt"),
+                  "NOPE": str(root / "nope.jsonl"), "DIR": str(root / "dir")}
+
+
+def _health_main(command: str):
+    if command == "health":
+        from launcher.health import main
+    else:
+        from launcher.history import main
+    return main
+
+
+@pytest.mark.parametrize("command, argv, code, says", HEALTH_CORPUS,
+                         ids=[f"{c[0]} {' '.join(c[1])}"[:80] for c in HEALTH_CORPUS])
+def test_health_and_history_refuse_hostile_input(command, argv, code, says, ledgers, tmp_path, monkeypatch, capsys):
+    root, paths = ledgers
+    argv = [a.format(**paths) for a in argv]
+    if command == "health":
+        argv = [f"output_root={tmp_path / 'out'}", *argv]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = _tree(root)
+    got = _health_main(command)(argv)
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert got == code, said
+    assert says in captured.err, said
+    assert "Traceback" not in said
+    assert _tree(root) == before
+    assert not list(tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+
+
+def test_the_health_corpus_covers_every_flag_and_both_commands():
+    assert len(HEALTH_CORPUS) >= 40
+    flags = {a for _, argv, _, _ in HEALTH_CORPUS for a in argv if a.startswith("--")}
+    assert {"--show", "--check", "--last", "--plan", "--out", "--ledger"} <= flags
+
+
+def _ledger_of(tmp_path, *lines: str) -> Path:
+    from launcher.healthprobe import cluster_key
+    from launcher.plan.clusterschema import settings_class
+    from launcher.report import health
+
+    path = health.ledger_path(tmp_path, cluster_key(settings_class("local")()))
+    path.write_text("".join(lines))
+    return path
+
+
+def _line(record) -> str:
+    return json.dumps(record, sort_keys=True) + "\n"
+
+
+def _check(tmp_path, capsys, node: str) -> tuple[int, str]:
+    from launcher.health import main
+
+    code = main([f"output_root={tmp_path}", "--check", node])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_check_is_undecided_when_the_nodes_latest_probe_line_is_cut_short(tmp_path, capsys):
+    """n0 clean in an older probe, flagged by the latest, whose line was cut short: --check must not
+    answer from the older probe (0, the node kept in service), nor call the node bad on a damaged
+    record (1, drained): undecided, exit 3, the line named; the ledger left as it was."""
+    flagged = _line(_probe_record(slow="n0", measured_at="2026-11-28T06:00:00"))
+    path = _ledger_of(tmp_path, _line(_probe_record()), flagged[: len(flagged) // 2])
+    before = path.read_bytes()
+    code, said = _check(tmp_path, capsys, "n0")
+    assert code == 3, said
+    assert "line 2" in said and path.name in said and "undecided" in said and "Traceback" not in said
+    assert path.read_bytes() == before
+
+
+def test_check_answers_from_the_latest_good_probe_when_the_damaged_line_cannot_be_the_nodes(tmp_path, capsys):
+    """A line of other JSON that does not name n0, after the probe that flagged it: named, set aside,
+    and the answer stands (1); a line of other JSON that names n0 leaves it undecided (3)."""
+    path = _ledger_of(tmp_path, _line(_probe_record(slow="n0")), '{"note": "hand-written"}\n')
+    code, said = _check(tmp_path, capsys, "n0")
+    assert code == 1 and "line 2: JSON of another shape" in said and "flagged by the probe" in said, said
+    path.write_text(path.read_text() + '["n0", "drain me"]\n')
+    code, said = _check(tmp_path, capsys, "n0")
+    assert code == 3 and "line 3" in said and "Traceback" not in said, said
+    code, said = _check(tmp_path, capsys, "n9")  # never probed, no damaged line can hold it
+    assert code == 0 and "no probe" in said, said
+
+
+def test_show_sets_aside_a_cut_line_and_other_json_and_shows_the_good_probes(tmp_path, capsys):
+    from launcher.health import main
+
+    good = _line(_probe_record())
+    path = _ledger_of(tmp_path, good, good[:40] + "\n", '{"nodes": 3}\n', '[1, 2]\n', good)
+    before = path.read_bytes()
+    assert main([f"output_root={tmp_path}", "--show"]) == 0
+    captured = capsys.readouterr()
+    assert "2 probe(s)" in captured.out and "| n0 |" in captured.out
+    for line in ("line 2: cut short", "line 3: JSON of another shape", "line 4: JSON of another shape"):
+        assert line in captured.err, captured.err
+    assert path.name in captured.err and "Traceback" not in captured.out + captured.err
+    assert path.read_bytes() == before  # set aside in the reading, nothing lost from the file
+
+
+def test_a_nan_figure_is_set_aside_alone_and_its_probe_kept(tmp_path, capsys):
+    from launcher.report import healthledger
+
+    record = _probe_record()
+    record["nodes"]["n1"]["figures"]["matmul_gflops"] = float("nan")
+    record["nodes"]["n1"]["repeats"]["copy_gb_per_s"][0] = float("inf")
+    path = _ledger_of(tmp_path, _line(_probe_record()), _line(record))
+    read = healthledger.read_ledger(path)
+    err = capsys.readouterr().err
+    assert len(read.records) == 2 and not read.damaged
+    assert "nodes.n1.figures.matmul_gflops" in err and "nodes.n1.repeats.copy_gb_per_s" in err
+    kept = read.records[1][1]["nodes"]["n1"]
+    assert kept["figures"]["matmul_gflops"] is None and kept["figures"]["copy_gb_per_s"] > 0
+    assert len(kept["repeats"]["copy_gb_per_s"]) == 4
+
+
+def test_a_probe_appended_after_a_cut_line_starts_its_own_line_and_keeps_the_damaged_one(tmp_path, capsys):
+    from launcher.report import health, healthledger
+
+    good = _line(_probe_record())
+    path = _ledger_of(tmp_path, good, good[:50])  # a writer killed mid-line: no line end
+    health.append(path, _probe_record(slow="n0", measured_at="2026-11-28T07:00:00"))
+    read = healthledger.read_ledger(path)
+    assert [n for n, _ in read.records] == [1, 3] and [n for n, _ in read.damaged] == [2]
+    assert path.read_text().splitlines()[1] == good[:50]  # still there for a person
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_history_of_a_ledger_names_its_damaged_lines_and_uses_the_good_probes(tmp_path, capsys):
+    pytest.importorskip("signal_processing_algorithms")
+    from launcher.history import main
+
+    lines = [_line(_probe_record(measured_at=f"2026-11-{20 + i:02d}T03:00:00")) for i in range(5)]
+    path = _ledger_of(tmp_path, *lines[:2], lines[2][:60] + "\n", '{"cluster": 1}\n', *lines[2:])
+    code = main(["--ledger", str(path), "--out", str(tmp_path / "h")])
+    captured = capsys.readouterr()
+    assert code in (0, 3), captured.out + captured.err
+    assert "line 3: cut short" in captured.err and "line 4: JSON of another shape" in captured.err
+    assert "Traceback" not in captured.out + captured.err and (tmp_path / "h" / "report.md").exists()
+
+
+def test_three_probes_started_in_the_same_second_get_three_folders_and_three_records(tmp_path):
+    """Three processes take a probe's folder with the same time stamp at once, then append their
+    records: three folders, three ledger lines, each naming its own folder."""
+    import subprocess
+    import sys
+
+    ledger = tmp_path / "health-local_x.jsonl"
+    code = ("import sys; from pathlib import Path; from launcher.healthprobe import new_folder; "
+            "from launcher.report import healthledger; "
+            "f = new_folder(Path(sys.argv[1]) / 'health', '2026-11-28_06-00-00'); "
+            "healthledger.append(Path(sys.argv[2]), {'folder': str(f)})")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(ledger)]) for _ in range(3)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+    folders = sorted(p.name for p in (tmp_path / "health").iterdir())
+    assert folders == ["2026-11-28_06-00-00", "2026-11-28_06-00-00-2", "2026-11-28_06-00-00-3"]
+    kept = sorted(json.loads(line)["folder"] for line in ledger.read_text().splitlines())
+    assert [Path(k).name for k in kept] == folders
+
+
+def test_the_commands_refuse_in_real_processes_with_their_exit_codes(tmp_path):
+    """As HealthCheckProgram and a shell run them: a mistyped flag, --check without a node, and a
+    damaged latest probe, each its exit code and message, no traceback."""
+    import subprocess
+    import sys
+
+    flagged = _line(_probe_record(slow="n0"))
+    path = _ledger_of(tmp_path, _line(_probe_record()), flagged[:100])
+    before = _tree(tmp_path)
+    for argv, code, says in ((["launcher.health", "--shwo"], 2, "did you mean --show"),
+                             (["launcher.health", f"output_root={tmp_path}", "--check"], 2, "--check"),
+                             (["launcher.health", f"output_root={tmp_path}", "--check", "n0"], 3, "line 2"),
+                             (["launcher.history", "--ledger", str(tmp_path / "nope"), "--shwo"], 2, "--shwo")):
+        done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+        assert done.returncode == code, done.stdout + done.stderr
+        assert says in done.stdout + done.stderr and "Traceback" not in done.stderr
+    assert _tree(tmp_path) == before and path.exists()  # nothing made, nothing lost
