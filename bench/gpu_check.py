@@ -57,8 +57,14 @@ from typing import Any
 from bench import tuning
 from bench.common import stop_group
 
+PROGRESS_PREFIX = "tuned.py progress: "  # bench/tuned.py's line (the check's process has no torch to import it)
+
 REPO = Path(__file__).resolve().parent.parent
-TOTAL_BUDGET_S = 540.0  # nine minutes: the sum of the parts' budgets (PARTS); the last part gets what is left
+# The sum of the default parts' budgets (PARTS): one device call of at most 600 s, inside 900 s of device
+# time that include the machine's start, with room for the call's own start and the files' way back.
+TOTAL_BUDGET_S = 500.0
+# The rehearsal (--cpu) adds the compile census, about two minutes on 2 cores.
+CPU_BUDGET_S = 700.0
 # A part past its budget gets SIGINT (pytest and the launcher then write what they have), and
 # SIGKILL this much later.
 GRACE_S = 8.0
@@ -95,6 +101,8 @@ class Check:
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
     cells: list[dict[str, Any]] = field(default_factory=list)
     device: str = ""
+    started: str = ""  # when the check started, and the tree that ran: the head of its files
+    tree: str = ""
 
     def remaining_s(self) -> float:
         return self.deadline - time.monotonic()
@@ -105,25 +113,42 @@ class Check:
 
 # ---- running a part's processes ---------------------------------------------------------------
 
-def run_logged(check: Check, cmd: list[str], log_name: str, budget_s: float) -> tuple[int | None, str]:
+# While a part runs, its figures so far are written into the check's files this often: a call cut
+# off mid-part (the device tool's limit kills the check itself) still brings them back.
+PROGRESS_EVERY_S = 10.0
+
+
+def run_logged(check: Check, cmd: list[str], log_name: str, budget_s: float,
+               on_progress: Callable[[str], None] | None = None) -> tuple[int | None, str]:
     """Runs ``cmd`` in its own process group, its output appended to the log; past ``budget_s``
-    SIGINT, then SIGKILL. Returns (exit status, or None when it was stopped; the output)."""
+    SIGINT, then SIGKILL. ``on_progress(output so far)`` every :data:`PROGRESS_EVERY_S` while it runs.
+    Returns (exit status, or None when it was stopped; the output)."""
     log = check.log(log_name)
     start = log.stat().st_size if log.exists() else 0
+
+    def output() -> str:
+        with log.open("rb") as f:
+            f.seek(start)
+            return f.read().decode(errors="replace")
+
     with log.open("ab") as sink:
         sink.write(f"\n$ {shlex.join(cmd)}\n".encode())
         sink.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, env=check.env, stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=max(budget_s, 1.0))
-        except subprocess.TimeoutExpired:
-            rc = None
+        end = time.monotonic() + max(budget_s, 1.0)
+        rc: int | None = None
+        while rc is None and time.monotonic() < end:
+            try:
+                rc = proc.wait(timeout=max(0.01, min(PROGRESS_EVERY_S if on_progress else float("inf"),
+                                                     end - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                if on_progress is not None:
+                    on_progress(output())
+        if rc is None:
             stop_group(proc, ((signal.SIGINT, GRACE_S), (signal.SIGKILL, 5.0)))
             sink.write(f"\n[gpu-check: stopped at its budget of {budget_s:.0f} s]\n".encode())
-    with log.open("rb") as f:
-        f.seek(start)
-        return rc, f.read().decode(errors="replace")
+    return rc, output()
 
 
 def last_json(text: str) -> dict:
@@ -281,7 +306,7 @@ def tuned_args(check: Check, part: str) -> list[str]:
                   "--batch-size", str(tuning.GPT2_BATCH)] if gpt
                  else ["--model", model, "--image-size", "224", "--batch-size", str(tuning.RESNET50_BATCH)])
         # fp16: the GradScaler backs off from 65536 over its first steps, which stay in the warm-up.
-        timing = ["--rounds", "4", "--block-s", "1.0", "--warmup-steps", "8" if precision == "fp16" else "4",
+        timing = ["--rounds", "4", "--block-s", "0.6", "--warmup-steps", "8" if precision == "fp16" else "4",
                   "--warmup-blocks", "2"]
     probes = ["--anatomy-steps", "1" if check.cpu else "3", "--fabric"] if part == "gpt2" else []
     return [*shape, *timing, *probes, "--precisions", precision]
@@ -294,8 +319,16 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
            str(REPO / "bench" / "tuned.py"), *tuned_args(check, part), "--out", str(out),
            "--budget-s", f"{max(10.0, budget_s - JOB_MARGIN_S):.0f}",
            *(a for item in check.worker_set for a in ("--worker-set", item))]
-    rc, text = run_logged(check, cmd, "tuned.log", budget_s)
-    result = _read_json(out)
+
+    def progress(text: str) -> None:
+        so_far = last_progress(text)
+        if so_far.get("configs"):
+            check.tuned[part] = {**so_far["configs"][-1], "model": so_far["model"], "device": so_far["device"],
+                                 "part": part, "fabric": so_far.get("fabric")}
+            write_results(check)
+
+    rc, text = run_logged(check, cmd, "tuned.log", budget_s, on_progress=progress)
+    result = _read_json(out) or last_progress(text)
     configs = result.get("configs") or []
     if not configs:
         return ("partial" if rc is None else "FAIL"), f"nothing measured ({'stopped' if rc is None else f'exit {rc}'})", \
@@ -307,7 +340,8 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     figures = tuned_figures(config)
     errors = [f"{name}: {side['error'].splitlines()[0]}" for name, side in config["sides"].items() if "error" in side]
     skipped = [f"{name} skipped: {side['skipped']}" for name, side in config["sides"].items() if "skipped" in side]
-    skipped += [f"rounds cut {config['rounds_cut']}"] if "rounds_cut" in config else []
+    skipped += [f"rounds cut ({', '.join(f'{k}: {v}' for k, v in config['rounds_cut'].items())})"] \
+        if isinstance(config.get("rounds_cut"), dict) else []
     measured = [n for n, f in figures.items() if f.get("throughput")]
     verdict = "FAIL" if errors or not measured else ("partial" if rc is None or len(measured) < len(config["sides"])
                                                     else "pass")
@@ -322,9 +356,26 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     return verdict, status + (summary or "; ".join(errors)), details
 
 
-def _round_ratios(numerator: list[float], denominator: list[float]) -> list[float]:
-    """Per round, one block time over its neighbour's (the rounds both sides completed)."""
-    return [a / b for a, b in zip(numerator, denominator, strict=False) if b > 0]
+def last_progress(text: str) -> dict:
+    """bench/tuned.py's last progress line in its output (a job stopped before it wrote its file)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(PROGRESS_PREFIX):
+            try:
+                return json.loads(line[len(PROGRESS_PREFIX):])
+            except json.JSONDecodeError:
+                continue
+    return {}
+
+
+def _round_ratios(config: dict[str, Any], reference: str, side: str) -> list[float]:
+    """Per round that timed both, the reference's block time over the side's (neighbouring blocks)."""
+    rounds = config.get("rounds")
+    if rounds is None:  # a result of the first layout: each side's blocks, round by round
+        pairs = list(zip(config["sides"].get(reference, {}).get("block_s") or [],
+                         config["sides"].get(side, {}).get("block_s") or [], strict=False))
+    else:
+        pairs = [(r[reference], r[side]) for r in rounds if reference in r and side in r]
+    return [a / b for a, b in pairs if b > 0]
 
 
 def tuned_figures(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -333,32 +384,32 @@ def tuned_figures(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
     tuned side and, for FSDP, to DDP: medians of the per-round ratios of neighbouring blocks."""
     from jobs.peaks import peak_flops_for
 
-    per_step = config["samples_per_block_step"] * config["block_steps"]
+    per_step = config["samples_per_block_step"] * config.get("block_steps", 0)
     unit = config["unit_per_sample"]
     peak = peak_flops_for(config.get("device", ""), config["precision"]) if config.get("device") != "cpu" else None
-    tuned_blocks = config["sides"].get("tuned", {}).get("block_s") or []
-    ddp_blocks = config["sides"].get("ddp", {}).get("block_s") or []
     out: dict[str, dict[str, Any]] = {}
     for name, side in config["sides"].items():
         blocks = side.get("block_s") or []
         f: dict[str, Any] = {"blocks": len(blocks)}
+        if not blocks and side.get("warmup_block_s"):
+            # Built and warmed up, never timed in a round (the budget): its last warm-up block, said so.
+            blocks, f["from_warmup"] = side["warmup_block_s"][-1:], True
         if blocks:
             samples_per_s = per_step / statistics.median(blocks)
             f.update(throughput=samples_per_s * unit, low=per_step / max(blocks) * unit,
                      high=per_step / min(blocks) * unit)
             if peak and config.get("flops_per_sample"):
                 f["mfu"] = config["flops_per_sample"] * samples_per_s / peak
-        if name != "tuned" and blocks and tuned_blocks:
-            ratios = _round_ratios(tuned_blocks, blocks)
+        if name != "tuned" and (ratios := _round_ratios(config, "tuned", name)):
             f.update(vs_tuned=statistics.median(ratios), vs_tuned_range=(min(ratios), max(ratios)))
-        if name == "fsdp" and blocks and ddp_blocks:
-            ratios = _round_ratios(ddp_blocks, blocks)
+        if name == "fsdp" and (ratios := _round_ratios(config, "ddp", name)):
             f.update(vs_ddp=statistics.median(ratios), vs_ddp_range=(min(ratios), max(ratios)))
         if name == "tuned":
             f["compile_s"] = side.get("compile_s")
         elif "first_block_s" in side:
             # The first block holds the compilation; the rest of it is one ordinary block.
             f["compile_s"] = max(0.0, side["first_block_s"] - statistics.median(blocks)) if blocks else None
+            f["build_s"] = side.get("build_s")
         out[name] = f
     return out
 
@@ -372,17 +423,19 @@ def tuned_details(check: Check, config: dict[str, Any], figures: dict[str, dict[
     unit, precision = config["unit"], config["precision"]
     lines = [f"**{config['model']}, {precision}, {config['samples_per_block_step']} samples per step"
              + (f" of {config['unit_per_sample']} tokens" if unit == "tokens" else "")
-             + f", {config['device']}, one rank**: blocks of {config['block_steps']} steps, each side's blocks "
-             "alternating with the others' in one job (order reversed every other round); a block starts on an idle "
-             "device and ends with one synchronisation. Ratios are medians of the per-round ratios of neighbouring "
-             "blocks (time of the reference block / time of this side's), with their range.", "",
+             + f", {config['device']}, one rank**: blocks of {config.get('block_steps', '?')} steps, each side timed as "
+             "soon as it was built, in rounds with every side built before it (tuned; tuned, ddp; tuned, ddp, fsdp), "
+             "the order reversed every other round; a block starts on an idle device and ends with one "
+             "synchronisation. Ratios are medians of the per-round ratios of neighbouring blocks (time of the "
+             "reference block / time of this side's), with their range.", "",
              f"| side | {unit}/s (median block; range) | MFU ({precision} dense peak) | vs tuned | FSDP / DDP "
              "| compile s (outside the blocks) |", "|---|---|---:|---|---|---:|"]
     for name, f in figures.items():
         if not f.get("throughput"):
             lines.append(f"| {name} | not measured | - | - | - | - |")
             continue
-        lines.append(f"| {name} | {f['throughput']:,.0f} ({f['low']:,.0f}-{f['high']:,.0f}; {f['blocks']} blocks) | "
+        said = "its last warm-up block: never timed in a round" if f.get("from_warmup") else f"{f['blocks']} blocks"
+        lines.append(f"| {name} | {f['throughput']:,.0f} ({f['low']:,.0f}-{f['high']:,.0f}; {said}) | "
                      f"{_pct(f.get('mfu'))} | "
                      + (f"{f['vs_tuned']:.3f} ({_range(f, 'vs_tuned_range')})" if "vs_tuned" in f else "-") + " | "
                      + (f"{f['vs_ddp']:.3f} ({_range(f, 'vs_ddp_range')})" if "vs_ddp" in f else "-") + " | "
@@ -395,6 +448,11 @@ def tuned_details(check: Check, config: dict[str, Any], figures: dict[str, dict[
             value = f"{low:,.0f}" if low == high else f"{low:,.0f}-{high:,.0f}"
             ratio = f"{tuned / low:.2f}" if low == high else f"{tuned / high:.2f}-{tuned / low:.2f}"
             lines.append(f"| {source} | {value} {punit} | {ratio} |")
+    caches = {n: s["inductor_cache"] for n, s in config["sides"].items() if s.get("inductor_cache")}
+    if caches:
+        lines += ["", "Inductor's FX-graph cache while each side compiled (hits: graphs found compiled, by an "
+                  "earlier side or a carried cache; misses: compiled anew): "
+                  + "; ".join(f"{n} {c['hits']} hits, {c['misses']} misses" for n, c in caches.items()) + "."]
     for name, side in config["sides"].items():
         if name == "tuned":
             lines += ["", f"- tuned: compile {side.get('compile')}, {side.get('optimizer')}, channels-last "
@@ -455,8 +513,11 @@ def _pct(x: float | None) -> str:
 
 # ---- 6. cells: the worker through the launcher ------------------------------------------------
 
-CELL_ORDER = (("gpt2-small", "ddp"), ("resnet50", "ddp"), ("gpt2-small", "fsdp"), ("resnet50", "fsdp"))
-# The rehearsal runs the same path at half the launches: each model once, each strategy once.
+# The default call runs one cell, the user's path for the configuration the targets name first; the
+# others only when asked (--only cells-more).
+CELL_ORDER = (("gpt2-small", "ddp"),)
+MORE_CELLS = (("resnet50", "ddp"), ("gpt2-small", "fsdp"), ("resnet50", "fsdp"))
+# The rehearsal runs the same path with each model and each strategy once.
 CPU_CELL_ORDER = (("gpt2-small", "ddp"), ("resnet50", "fsdp"))
 
 
@@ -525,12 +586,12 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def cells(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
+def cells(check: Check, budget_s: float, order: tuple[tuple[str, str], ...] | None = None) -> tuple[str, str, list[str]]:
     end = time.monotonic() + budget_s
     table = ["| cell | samples/s | tokens/s | MFU (denominator) | peak memory GiB | J/sample | mean W | compile s | "
              "anatomy step ms |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     notes, failures, stopped, done = [], [], [], 0
-    order = CPU_CELL_ORDER if check.cpu else CELL_ORDER
+    order = order or (CPU_CELL_ORDER if check.cpu else CELL_ORDER)
     for model, strategy in order:
         name = f"{model}-{strategy}"
         left = end - time.monotonic()
@@ -647,6 +708,24 @@ def memory(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
     return verdict, figures, table
 
 
+# ---- the compile census (the rehearsal's view of the GPU's compile path) --------------------------
+
+def compile_census(check: Check, budget_s: float) -> tuple[str, str, list[str]]:
+    """bench/census.py on GPT-2 small and ResNet-50 at real depth (CPU only: on a GPU the parts
+    above compile for real, and their compile times are in their tables)."""
+    if not check.cpu:
+        return "skipped", "on a GPU the parts compile for real; the census is the CPU's view of it", []
+    rc, text = run_logged(check, [check.python, "-m", "bench.census"], "tuned.log", budget_s)
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    failing = [line for line in table[2:] if not line.rstrip().endswith("| pass |")]
+    if rc is None:
+        return "partial", f"stopped at its budget after {max(0, len(table) - 2)} rows", table
+    verdict = "pass" if rc == 0 and table else "FAIL"
+    figures = (f"{len(table) - 2} sides, every rule held" if verdict == "pass"
+               else f"{len(failing)} side(s) failing" if failing else f"exit {rc}")
+    return verdict, figures, table or tail(text)
+
+
 # ---- the targets: issue 38's "done when" -------------------------------------------------------
 
 def targets(check: Check) -> list[tuple[str, str, str]]:
@@ -666,9 +745,12 @@ def targets(check: Check) -> list[tuple[str, str, str]]:
         model, precision = TUNED_PARTS[part]
         config = check.tuned.get(part)
         figures = tuned_figures(config) if config else {}
-        workers = {n: f["throughput"] for n, f in figures.items() if n != "tuned" and f.get("throughput")}
+        workers = {f"{n}, {config['model']}": f["throughput"] for n, f in figures.items()
+                   if config and n != "tuned" and f.get("throughput")}
+        workers.update({f"{strategy}, the cells part": value
+                        for strategy, value in cell_throughputs(check, model, precision).items()})
         best = max(workers.items(), key=lambda kv: kv[1]) if workers else None
-        shown = (f"{best[1]:,.0f} ({best[0]}, {config['model']})" if best and config else "-")
+        shown = f"{best[1]:,.0f} ({best[0]})" if best else "-"
         rows.append((f"{model} {precision}, the worker, {what} >= {threshold:,}", shown,
                      judge(best[1] if best else None, threshold)))
     for part in TUNED_PARTS:
@@ -682,12 +764,34 @@ def targets(check: Check) -> list[tuple[str, str, str]]:
         rows.append((f"{label}: FSDP / DDP at one rank >= {tuning.TARGET_FSDP_OVER_DDP}",
                      f"{fsdp['vs_ddp']:.3f} ({_range(fsdp, 'vs_ddp_range')})" if "vs_ddp" in fsdp else "-",
                      judge(fsdp.get("vs_ddp"), tuning.TARGET_FSDP_OVER_DDP)))
+        tuned_throughput = figures.get("tuned", {}).get("throughput")
+        cell_figures = cell_throughputs(check, model, precision)
         for strategy in ("ddp", "fsdp"):
             f = figures.get(strategy, {})
+            value, shown = f.get("vs_tuned"), "-"
+            if value is not None:
+                shown = f"{value:.3f} ({_range(f, 'vs_tuned_range')})"
+            elif tuned_throughput and strategy in cell_figures:
+                # The side was not timed beside the tuned loop; the cells part ran its configuration.
+                value = cell_figures[strategy] / tuned_throughput
+                shown = f"{value:.3f} (the cells part's {strategy.upper()} over the tuned blocks: not paired)"
             rows.append((f"{label}: the worker's {strategy.upper()} / the tuned loop >= {tuning.TARGET_WORKER_OVER_TUNED}",
-                         f"{f['vs_tuned']:.3f} ({_range(f, 'vs_tuned_range')})" if "vs_tuned" in f else "-",
-                         judge(f.get("vs_tuned"), tuning.TARGET_WORKER_OVER_TUNED)))
+                         shown, judge(value, tuning.TARGET_WORKER_OVER_TUNED)))
     return rows
+
+
+def cell_throughputs(check: Check, model: str, precision: str) -> dict[str, float]:
+    """Per strategy, the cells part's throughput for ``model`` in ``precision`` (tokens/s for a
+    language model, images/s otherwise), per device."""
+    key = "throughput_tokens_per_s_per_device" if model.startswith("gpt") else "throughput_samples_per_s_per_device"
+    out: dict[str, float] = {}
+    for cell in check.cells:
+        name = cell["name"]
+        if not name.startswith(model + "-") or precision != "bf16" or not cell["summary"].get(key):
+            continue
+        strategy = name[len(model) + 1:]
+        out[strategy] = max(out.get(strategy, 0.0), float(cell["summary"][key]))
+    return out
 
 
 def mfu_denominators(check: Check) -> list[str]:
@@ -706,6 +810,42 @@ def mfu_denominators(check: Check) -> list[str]:
             f"peak{tflops('fp16')}. The check's own MFU (bench/tuned.py's sides) counts the model's FLOPs "
             "(jobs.models.flops_per_sample, the real vocabulary's) over that peak; a cell's MFU is the worker's, "
             "its denominator named in its row."]
+
+
+# ---- the compiled kernels, carried between calls ------------------------------------------------
+
+KERNELS_FILE = "inductor-cache.tar.gz"
+# What comes back from a device call: at most 8 files of 16 MiB each.
+KERNELS_MAX_BYTES = 15 * 2**20
+
+
+def restore_kernels(cache: Path) -> str:
+    """A carried cache (``$GPU_CHECK_KERNELS``, or ``KERNELS_FILE`` at the checkout's root) unpacked into
+    inductor's cache directory before any part compiles; what was found, in words."""
+    carried = Path(os.environ.get("GPU_CHECK_KERNELS") or REPO / KERNELS_FILE)
+    if not carried.is_file():
+        return ""
+    cache.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(carried) as tar:
+        tar.extractall(cache, filter="data")
+    return f"inductor's cache from {carried.name} ({carried.stat().st_size / 2**20:.1f} MiB) unpacked into {cache}"
+
+
+def keep_kernels(check: Check) -> str:
+    """The inductor cache of this run into the results as ``KERNELS_FILE``, when it is small enough to
+    come back from a device call; what was done, in words."""
+    cache = Path(check.env["TORCHINDUCTOR_CACHE_DIR"])
+    if not cache.is_dir():
+        return "no inductor cache was written"
+    tmp = check.out / f".{KERNELS_FILE}.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(cache, arcname=".")
+    size = tmp.stat().st_size
+    if size > KERNELS_MAX_BYTES:
+        tmp.unlink()
+        return f"inductor's cache not kept: {size / 2**20:.1f} MiB compressed, over {KERNELS_MAX_BYTES / 2**20:.0f} MiB"
+    tmp.replace(check.out / KERNELS_FILE)
+    return f"inductor's cache kept as {KERNELS_FILE} ({size / 2**20:.1f} MiB)"
 
 
 # ---- the tree that ran -----------------------------------------------------------------------
@@ -772,18 +912,26 @@ def tree_identity() -> str:
 # ---- the check ---------------------------------------------------------------------------------
 
 PARTS: tuple[tuple[str, float, Callable[[Check, float], tuple[str, str, list[str]]]], ...] = (
+    # Most important first. Each tuned part: process start and imports (~15 s), three cold compiles
+    # (tuned, DDP whole, FSDP by regions: 30-70 s each on one H100 estimated, the kernels of the later
+    # ones partly in inductor's in-process cache), about 25 s of blocks, the probes with what is left.
+    # Each part records every side's build and compile time, which the next budgets come from.
     ("environment", 10, environment),
     ("install", 20, install),
+    ("gpt2", 180, lambda check, budget_s: tuned_part(check, budget_s, "gpt2")),
+    ("resnet50", 170, lambda check, budget_s: tuned_part(check, budget_s, "resnet50")),
     ("tests", 25, gpu_tests),
-    ("gpt2", 115, lambda check, budget_s: tuned_part(check, budget_s, "gpt2")),
-    ("resnet50", 135, lambda check, budget_s: tuned_part(check, budget_s, "resnet50")),
-    ("cells", 100, cells),
-    ("memory", 20, memory),
-    ("resnet50-fp16", 115, lambda check, budget_s: tuned_part(check, budget_s, "resnet50-fp16")),
-    # Beyond the nine minutes (OPTIONAL_PARTS): runs when its whole budget is left, or when --only names it.
-    ("gpt2-fp16", 115, lambda check, budget_s: tuned_part(check, budget_s, "gpt2-fp16")),
+    # Its graphs are the gpt2 part's DDP side's: found in inductor's cache, not compiled again.
+    ("cells", 80, cells),
+    ("memory", 15, memory),
+    # CPU only (the rehearsal): what dynamo would hand inductor on the GPU, at real depth.
+    ("census", 200, compile_census),
+    # Only when --only names them (OPTIONAL_PARTS).
+    ("resnet50-fp16", 150, lambda check, budget_s: tuned_part(check, budget_s, "resnet50-fp16")),
+    ("gpt2-fp16", 150, lambda check, budget_s: tuned_part(check, budget_s, "gpt2-fp16")),
+    ("cells-more", 150, lambda check, budget_s: cells(check, budget_s, MORE_CELLS)),
 )
-OPTIONAL_PARTS = {"gpt2-fp16"}
+OPTIONAL_PARTS = {"resnet50-fp16", "gpt2-fp16", "cells-more"}
 
 
 def run_part(check: Check, name: str, budget_s: float, fn) -> None:
@@ -794,6 +942,8 @@ def run_part(check: Check, name: str, budget_s: float, fn) -> None:
         outcome.verdict = "not run: the check's budget is spent"
         return
     t0 = time.monotonic()
+    # What the files say while the part runs (its figures so far are written as they come).
+    outcome.verdict = "running: the call ended inside this part"
     try:
         outcome.verdict, outcome.figures, outcome.details = fn(check, allowed_s)
     except Exception as exc:  # one part's failure must not cost the others their turn
@@ -804,8 +954,9 @@ def run_part(check: Check, name: str, budget_s: float, fn) -> None:
     outcome.took_s = time.monotonic() - t0
 
 
-def write_results(check: Check, started: str, tree: str) -> None:
+def write_results(check: Check) -> None:
     """Everything the check has so far, each file written whole and then renamed into place."""
+    started, tree = check.started, check.tree
     _atomic(check.out / "BENCH_RESULTS_GPU.md", render(check, started, tree))
     _atomic(check.out / "gpu-check.json", json.dumps(
         {"started": started, "tree": tree, "parts": [asdict(o) for o in check.outcomes],
@@ -834,7 +985,7 @@ def render(check: Check, started: str, tree: str) -> str:
              f"{TOTAL_BUDGET_S:.0f} s budget so far. Each part writes this file before the next starts. "
              "How to run it and what each part does: [docs/gpu/README.md](docs/gpu/README.md).", "",
              f"**The tree that ran**: {tree}.", "",
-             "## Targets (issue 38)", "", "| target | measured | verdict |", "|---|---|---|",
+             "## Targets", "", "| target | measured | verdict |", "|---|---|---|",
              *(f"| {t} | {m} | {v} |" for t, m, v in targets(check)), "",
              *mfu_denominators(check), "",
              "## Parts", "", "| part | budget s | took s | verdict | key figures |", "|---|---:|---:|---|---|"]
@@ -848,11 +999,22 @@ def render(check: Check, started: str, tree: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+ONE_CALL = """on a machine lent for one call (docs/gpu/README.md):
+  here, right before the call:
+    scripts/offline-bundle && scripts/gpu-check --record-tree
+  the call (carry .whl, and inductor-cache.tar.gz if an earlier call brought one back; timeout 590 s):
+    PYTHONUNBUFFERED=1 GPU_CHECK_OUT=$OUT scripts/gpu-check 2>&1 | tail -40
+  afterwards: BENCH_RESULTS_GPU.md over the repository's, the call's files in docs/gpu/runN/,
+  gpu-check-tree.json deleted"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="scripts/gpu-check", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=ONE_CALL)
     p.add_argument("--cpu", action="store_true", help="the rehearsal: every part with CPU settings")
     p.add_argument("--only", help=f"comma-separated parts of {','.join(n for n, _, _ in PARTS)}")
-    p.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S, help="the whole check's budget")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"the whole check's budget (default {TOTAL_BUDGET_S:.0f} s; {CPU_BUDGET_S:.0f} s with --cpu)")
     p.add_argument("--budget", action="append", default=[], metavar="PART=S", help="one part's budget, e.g. cells=120")
     p.add_argument("--tests-k", help="the tests part runs this pytest -k expression instead of its groups")
     p.add_argument("--worker-set", action="append", default=[], metavar="PATH=JSON",
@@ -890,22 +1052,29 @@ def main(argv: list[str] | None = None) -> int:
         work = REPO / "outputs" / ".gpu-check-work"
         work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           # Every part's compiled kernels in one cache, which the check carries back (KERNELS_FILE).
+           "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(work / "inductor-cache")}
+    kernels_note = restore_kernels(Path(env["TORCHINDUCTOR_CACHE_DIR"]))
+    if kernels_note:
+        print(f"gpu-check: {kernels_note}", file=sys.stderr, flush=True)
     check = Check(out=out, python=os.environ.get("PYTHON", sys.executable), cpu=args.cpu,
-                  deadline=time.monotonic() + args.budget_s, env=env, work=work, tests_k=args.tests_k,
+                  deadline=time.monotonic() + (args.budget_s or (CPU_BUDGET_S if args.cpu else TOTAL_BUDGET_S)),
+                  env=env, work=work, tests_k=args.tests_k,
                   worker_set=args.worker_set)
     only = set(args.only.split(",")) if args.only else None
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     tree = tree_identity()
+    check.started, check.tree = started, tree
     print(f"gpu-check: the tree: {tree}", file=sys.stderr, flush=True)
     for name, _, fn in PARTS:
-        if only is None and name in OPTIONAL_PARTS and check.remaining_s() < budgets[name]:
-            print(f"gpu-check: {name}: left out ({check.remaining_s():.0f} s left, its budget {budgets[name]:.0f} s)",
-                  file=sys.stderr, flush=True)
+        if only is None and name in OPTIONAL_PARTS:
             continue
         if only is None or name in only:
             run_part(check, name, budgets[name], fn)
-            write_results(check, started, tree)
+            if name in TUNED_PARTS and not check.cpu:
+                check.outcomes[-1].details.append(keep_kernels(check))
+            write_results(check)
             print(f"gpu-check: {name}: {check.outcomes[-1].verdict} in {check.outcomes[-1].took_s:.0f} s "
                   f"({check.outcomes[-1].figures})", file=sys.stderr, flush=True)
             if name == "environment" and check.outcomes[-1].verdict != "pass":

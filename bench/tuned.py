@@ -115,7 +115,8 @@ class TunedLoop:
     """The bare, tuned training step on one device; :meth:`run` queues steps and never synchronises."""
 
     def __init__(self, spec: ModelSpec, precision: str, batch_size: int, device: torch.device, *,
-                 compile: bool, loss: str = "chunked", lr: float = 1e-4, seed: int = 0) -> None:
+                 compile: bool, loss: str = "chunked", lr: float = 1e-4, seed: int = 0,
+                 backend: Any = "inductor") -> None:
         from jobs.data import POOL_STEPS, synthetic_batches
         from jobs.models import build_model
 
@@ -137,7 +138,7 @@ class TunedLoop:
         # Function does not compile).
         self.token_loss = token_loss if loss == "chunked" else (
             lambda logits, y: F.cross_entropy(logits.flatten(0, -2).float(), y.flatten()))
-        self.loss = torch.compile(self._loss) if compile else self._loss
+        self.loss = torch.compile(self._loss, backend=backend) if compile else self._loss
         self.compiled, self.loss_kind = compile, loss
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -242,10 +243,17 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"done": str(out)}), flush=True)
 
 
+PROGRESS_PREFIX = "tuned.py progress: "
+
+
 def _write(path: Path, result: dict[str, Any]) -> None:
+    """The result so far, into ``path`` and, on one line, into the job's output: the GPU check keeps
+    that in its own output folder, so a call cut off mid-part still brings back every figure taken."""
+    text = json.dumps(result)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
+    tmp.write_text(text)
     tmp.replace(path)
+    print(PROGRESS_PREFIX + text, flush=True)
 
 
 def _sync(device: torch.device) -> Callable[[], None]:
@@ -254,8 +262,11 @@ def _sync(device: torch.device) -> Callable[[], None]:
 
 def run_config(args, config: dict[str, Any], env, device: torch.device, backend: str, control_group, work: Path,
                save: Callable[[], None]) -> None:
-    """One precision (``config["precision"]``), filled in as it goes and saved after each side's
-    warm-up and each round: build and warm up every side, then the rounds, then the probes."""
+    """One precision (``config["precision"]``), measured as it is built, saved after every block
+    round: the tuned side built, warmed up and timed at once; then each worker side built and
+    timed right away in rounds with every side built so far (tuned, ddp; then tuned, ddp, fsdp),
+    the order reversed every other round. A side whose build overruns costs none of the figures
+    already taken. Then the probes."""
     precision = config["precision"]
     spec = ModelSpec(name=args.model, input=InputKind.image if args.model.startswith(("resnet", "cnn")) else InputKind.tokens,
                      seq_len=args.seq_len, vocab_size=args.vocab_size, image_size=args.image_size)
@@ -263,51 +274,30 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
     compile_tuned = device.type == "cuda" if args.compile == "auto" else args.compile == "true"
     config.update(samples_per_block_step=args.batch_size, unit="images" if spec.input is InputKind.image else "tokens",
                   unit_per_sample=1 if spec.input is InputKind.image else args.seq_len,
-                  flops_per_sample=_flops_per_sample(spec), sides={})
+                  flops_per_sample=_flops_per_sample(spec), sides={}, rounds=[])
     runs: dict[str, Callable[[], None]] = {}
     sides = [s for s in args.sides.split(",") if s]
-    tuned = None
-    if "tuned" in sides:
-        tuned_side: dict[str, Any] = {"compile": compile_tuned, "optimizer": "AdamW(fused=True)",
-                                      "channels_last": spec.input is InputKind.image,
-                                      "vocab_size": None if spec.input is InputKind.image else padded(spec).vocab_size}
-        config["sides"]["tuned"] = tuned_side
-        try:
-            try:
-                tuned = _first_step(spec, precision, args.batch_size, device, compile_tuned, "chunked", tuned_side)
-            except Exception as exc:  # the one-shot GPU run keeps a reference: the compiled plain loss
-                if spec.input is InputKind.image or not compile_tuned:
-                    raise
-                tuned_side["loss_fallback"] = f"the chunked loss failed under compile: {_error(exc)}"
-                tuned = _first_step(spec, precision, args.batch_size, device, compile_tuned, "fused", tuned_side)
-            tuned_side["loss"] = "cross-entropy" if spec.input is InputKind.image else tuned.loss_kind
-            t0 = time.perf_counter()
-            tuned.run(args.warmup_steps)
-            sync()  # sync point, warm-up
-            tuned_side["warmup_step_s"] = (time.perf_counter() - t0) / max(1, args.warmup_steps)
-            tuned_side["compile_s"] = max(0.0, tuned_side["first_step_s"] - tuned_side["warmup_step_s"])
-        except Exception as exc:  # a side that cannot run costs the others nothing
-            tuned_side["error"] = _error(exc)
-            tuned = None
-        save()
+    tuned = build_tuned(args, config, spec, precision, device, compile_tuned) if "tuned" in sides else None
+    save()
     step_s = (config["sides"].get("tuned") or {}).get("warmup_step_s")
     if args.block_steps or not step_s:
         block_steps = args.block_steps or 5
     else:
         block_steps = max(2, min(200, round(args.block_s / step_s)))
     config["block_steps"] = block_steps
-    if tuned is not None:
-        runs["tuned"] = functools.partial(tuned.run, block_steps)
-    workers: dict[str, Any] = {}
     # A block's length as the tuned side's warm-up measured it; what one side's build and compilation
     # costs, first guessed from the tuned side's, then taken from the last worker side's.
     block_s = block_steps * step_s if step_s else args.block_s
+    if tuned is not None:
+        runs["tuned"] = functools.partial(tuned.run, block_steps)
+        timed_rounds(args, config, runs, sync, block_s, save, phase="tuned")
+    workers: dict[str, Any] = {}
     side_cost_s = (config["sides"].get("tuned") or {}).get("first_step_s") or 0.0
     for strategy in (s for s in sides if s != "tuned"):
-        rounds_s = args.rounds * (len(runs) + 1) * block_s
+        rounds_s = min(2, args.rounds) * (len(runs) + 1) * block_s
         if remaining_s(args) < side_cost_s + rounds_s + END_MARGIN_S:
             config["sides"][strategy] = {"skipped": f"{remaining_s(args):.0f} s left of the job's budget: building "
-                                                    f"it (about {side_cost_s:.0f} s) would leave none for the rounds"}
+                                                    f"it (about {side_cost_s:.0f} s) would leave none for its rounds"}
             save()
             continue
         t0 = time.perf_counter()
@@ -315,19 +305,10 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
                                   block_steps, work / f"{precision}-{strategy}")
         side_cost_s = time.perf_counter() - t0
         config["sides"][strategy] = side
+        save()
         if built is not None:
             runs[strategy], workers[strategy] = built
-        save()
-    order = [s for s in sides if s in runs]
-    for name in order:
-        config["sides"][name]["block_s"] = []
-    for r in range(args.rounds):
-        if r >= 2 and remaining_s(args) < len(order) * block_s * 1.5 + END_MARGIN_S:
-            config["rounds_cut"] = f"after {r} rounds: the job's budget"
-            break
-        for name in (order if r % 2 == 0 else order[::-1]):
-            config["sides"][name]["block_s"].append(_timed(runs[name], sync))
-        save()
+            timed_rounds(args, config, runs, sync, block_s, save, phase=strategy)
     if args.anatomy_steps:
         for strategy, setup in workers.items():
             if remaining_s(args) < END_MARGIN_S:
@@ -342,17 +323,80 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
         torch.cuda.empty_cache()
 
 
+def build_tuned(args, config: dict[str, Any], spec: ModelSpec, precision: str, device: torch.device,
+                compile_tuned: bool, compile_backend: Any = "inductor") -> TunedLoop | None:
+    """The tuned side built, its first (compiling) step and its warm-up run; None when it failed."""
+    tuned_side: dict[str, Any] = {"compile": compile_tuned, "optimizer": "AdamW(fused=True)",
+                                  "channels_last": spec.input is InputKind.image,
+                                  "vocab_size": None if spec.input is InputKind.image else padded(spec).vocab_size}
+    config["sides"]["tuned"] = tuned_side
+    cache_before = _cache_counts()
+    try:
+        try:
+            tuned = _first_step(spec, precision, args.batch_size, device, compile_tuned, "chunked", tuned_side,
+                                compile_backend)
+        except Exception as exc:  # the one-shot GPU run keeps a reference: the compiled plain loss
+            if spec.input is InputKind.image or not compile_tuned:
+                raise
+            tuned_side["loss_fallback"] = f"the chunked loss failed under compile: {_error(exc)}"
+            tuned = _first_step(spec, precision, args.batch_size, device, compile_tuned, "fused", tuned_side,
+                                compile_backend)
+        tuned_side["loss"] = "cross-entropy" if spec.input is InputKind.image else tuned.loss_kind
+        t0 = time.perf_counter()
+        tuned.run(args.warmup_steps)
+        _sync(device)()  # sync point, warm-up
+        tuned_side["warmup_step_s"] = (time.perf_counter() - t0) / max(1, args.warmup_steps)
+        tuned_side["compile_s"] = max(0.0, tuned_side["first_step_s"] - tuned_side["warmup_step_s"])
+        tuned_side["inductor_cache"] = _cache_delta(cache_before)
+        return tuned
+    except Exception as exc:  # a side that cannot run costs the others nothing
+        tuned_side["error"] = _error(exc)
+        return None
+
+
+def timed_rounds(args, config: dict[str, Any], runs: dict[str, Callable[[], None]], sync: Callable[[], None],
+                 block_s: float, save: Callable[[], None], phase: str) -> None:
+    """``--rounds`` rounds of one block per side built so far, the order reversed every other round;
+    each round kept in ``config["rounds"]`` (``{"phase", side: seconds}``) and in each side's
+    ``block_s``, and saved at once. At the job's budget it stops after the first round."""
+    order = list(runs)
+    for r in range(args.rounds):
+        if r >= 1 and remaining_s(args) < len(order) * block_s * 1.5 + END_MARGIN_S:
+            config.setdefault("rounds_cut", {})[phase] = f"after {r} rounds: the job's budget"
+            break
+        row: dict[str, Any] = {"phase": phase}
+        for name in (order if r % 2 == 0 else order[::-1]):
+            row[name] = _timed(runs[name], sync)
+            config["sides"][name].setdefault("block_s", []).append(row[name])
+        config["rounds"].append(row)
+        save()
+
+
 def _first_step(spec: ModelSpec, precision: str, batch_size: int, device: torch.device, compile: bool,
-                loss: str, record: dict[str, Any]) -> TunedLoop:
+                loss: str, record: dict[str, Any], compile_backend: Any = "inductor") -> TunedLoop:
     """The tuned side built (``build_s``) and its first step run (``first_step_s``: the compilation)."""
     t0 = time.perf_counter()
-    tuned = TunedLoop(spec, precision, batch_size, device, compile=compile, loss=loss)
+    tuned = TunedLoop(spec, precision, batch_size, device, compile=compile, loss=loss, backend=compile_backend)
     record["build_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     tuned.run(1)
     _sync(device)()  # sync point, warm-up: the first step (compilation) ends on the device
     record["first_step_s"] = time.perf_counter() - t0
     return tuned
+
+
+def _cache_counts() -> dict[str, int]:
+    """Inductor's FX-graph cache so far in this process: graphs found compiled (a carried or earlier
+    cache: compiles saved) and graphs compiled anew."""
+    from torch._dynamo.utils import counters
+
+    return {"hits": int(counters["inductor"].get("fxgraph_cache_hit", 0)),
+            "misses": int(counters["inductor"].get("fxgraph_cache_miss", 0))}
+
+
+def _cache_delta(before: dict[str, int]) -> dict[str, int]:
+    after = _cache_counts()
+    return {k: after[k] - before[k] for k in after}
 
 
 def _timed(fn: Callable[[], None], sync: Callable[[], None]) -> float:
@@ -390,8 +434,10 @@ def worker_spec_plain(args, spec: ModelSpec, strategy: str, precision: str, devi
 
 
 def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, device: torch.device, backend: str,
-                control_group, block_steps: int, out_dir: Path):
-    """(what the side records, (its block, its Setup) or None when it could not be built)."""
+                control_group, block_steps: int, out_dir: Path, compile_backend: Any = "inductor",
+                before_first_block: Callable[[Any], None] | None = None):
+    """(what the side records, (its block, its Setup) or None when it could not be built).
+    ``before_first_block(setup)``: called once it is built, before anything runs (the census's hooks)."""
     from contract.codec import from_plain
     from contract.spec import RunSpec
     from jobs.heartbeat import Heartbeat
@@ -421,7 +467,7 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
                 for part in (run_spec.strategy, run_spec.precision, run_spec.model, run_spec.data, run_spec.train,
                              run_spec.checkpoint):
                     part.validate()  # a refused setting fails here with its ConfigError, as the launcher would
-                setup = set_up(rank)
+                setup = set_up(rank, compile_backend)
                 break
             except ConfigError as exc:
                 # A tuning setting this tree refuses (on this device): said, dropped, and the side built
@@ -439,7 +485,11 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
         def block() -> None:
             run_schedule(run)
 
+        if before_first_block is not None:
+            before_first_block(setup)
+        cache_before = _cache_counts()
         warm = [_timed(block, _sync(device)) for _ in range(max(1, args.warmup_blocks))]
+        side["inductor_cache"] = _cache_delta(cache_before)
         side["first_block_s"], side["warmup_block_s"] = warm[0], warm[1:]
         return side, (block, setup)
     except Exception as exc:

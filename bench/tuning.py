@@ -65,7 +65,9 @@ def worker_tuning(model: str, strategy: str, *, cuda: bool) -> dict[str, Any]:
             out["train.cudnn_benchmark"] = True
     else:
         out["model.vocab_multiple"] = VOCAB_MULTIPLE
-        out["train.loss"] = "chunked"
+        # Compiled (CUDA), the whole cross-entropy inside the model's graph: inductor fuses its upcast
+        # (no fp32 copy of the logits); eager (the CPU rehearsal), the CPU's default.
+        out["train.loss"] = "full"
     if strategy == "fsdp":
         out["strategy.reshard_after_forward"] = False  # one rank: resharding frees nothing
     return out
