@@ -97,6 +97,7 @@ class Check:
     sweeps: dict[str, Path] = field(default_factory=dict)
     tests_k: str | None = None  # one pytest -k expression instead of TEST_GROUPS (a rerun of some tests)
     worker_set: list[str] = field(default_factory=list)  # PATH=JSON worker settings on top of bench/tuning.py's
+    variants: list[str] = field(default_factory=list)  # bench/tuned.py's --variant: more worker sides in the tuned parts
     # What the parts measured, for the targets: "model precision" -> bench/tuned.py's config and the cells' rows.
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
     cells: list[dict[str, Any]] = field(default_factory=list)
@@ -318,7 +319,8 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     cmd = [check.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            str(REPO / "bench" / "tuned.py"), *tuned_args(check, part), "--out", str(out),
            "--budget-s", f"{max(10.0, budget_s - JOB_MARGIN_S):.0f}",
-           *(a for item in check.worker_set for a in ("--worker-set", item))]
+           *(a for item in check.worker_set for a in ("--worker-set", item)),
+           *(a for item in check.variants for a in ("--variant", item))]
 
     def progress(text: str) -> None:
         so_far = last_progress(text)
@@ -402,7 +404,7 @@ def tuned_figures(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 f["mfu"] = config["flops_per_sample"] * samples_per_s / peak
         if name != "tuned" and (ratios := _round_ratios(config, "tuned", name)):
             f.update(vs_tuned=statistics.median(ratios), vs_tuned_range=(min(ratios), max(ratios)))
-        if name == "fsdp" and (ratios := _round_ratios(config, "ddp", name)):
+        if side.get("strategy", name) == "fsdp" and (ratios := _round_ratios(config, "ddp", name)):
             f.update(vs_ddp=statistics.median(ratios), vs_ddp_range=(min(ratios), max(ratios)))
         if name == "tuned":
             f["compile_s"] = side.get("compile_s")
@@ -1019,6 +1021,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tests-k", help="the tests part runs this pytest -k expression instead of its groups")
     p.add_argument("--worker-set", action="append", default=[], metavar="PATH=JSON",
                    help="a worker setting on top of bench/tuning.py's, e.g. train.loss='\"full\"' (where the spec has it)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=STRATEGY;PATH=JSON",
+                   help="one more worker side in the tuned parts, with settings of its own, e.g. "
+                        "'fsdp-model=fsdp;strategy.wrap=\"model\"' (bench/tuned.py --variant)")
     p.add_argument("--record-tree", action="store_true",
                    help=f"write {TREE_RECORD} (commit, dirty, every tracked file's sha256) for a node without .git, and stop")
     args = p.parse_args(argv)
@@ -1061,7 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
     check = Check(out=out, python=os.environ.get("PYTHON", sys.executable), cpu=args.cpu,
                   deadline=time.monotonic() + (args.budget_s or (CPU_BUDGET_S if args.cpu else TOTAL_BUDGET_S)),
                   env=env, work=work, tests_k=args.tests_k,
-                  worker_set=args.worker_set)
+                  worker_set=args.worker_set, variants=args.variant)
     only = set(args.only.split(",")) if args.only else None
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     tree = tree_identity()

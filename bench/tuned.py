@@ -184,6 +184,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--precisions", default="bf16", help="comma-separated: bf16,fp16,fp32")
     p.add_argument("--sides", default="tuned,ddp,fsdp", help="tuned and the worker's strategies, comma-separated")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=STRATEGY[;PATH=JSON...]",
+                   help="one more worker side, built and timed after the others: a strategy with settings of its own, "
+                        "e.g. 'fsdp-model=fsdp;strategy.wrap=\"model\"'")
     p.add_argument("--rounds", type=int, default=4, help="blocks per side")
     p.add_argument("--block-s", type=float, default=1.0, help="a block's length, from the tuned side's warm-up steps")
     p.add_argument("--block-steps", type=int, default=0, help="steps per block instead of --block-s")
@@ -293,22 +296,23 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
         timed_rounds(args, config, runs, sync, block_s, save, phase="tuned")
     workers: dict[str, Any] = {}
     side_cost_s = (config["sides"].get("tuned") or {}).get("first_step_s") or 0.0
-    for strategy in (s for s in sides if s != "tuned"):
+    worker_sides = [(s, s, []) for s in sides if s != "tuned"] + [variant(v) for v in args.variant]
+    for name, strategy, extra in worker_sides:
         rounds_s = min(2, args.rounds) * (len(runs) + 1) * block_s
         if remaining_s(args) < side_cost_s + rounds_s + END_MARGIN_S:
-            config["sides"][strategy] = {"skipped": f"{remaining_s(args):.0f} s left of the job's budget: building "
-                                                    f"it (about {side_cost_s:.0f} s) would leave none for its rounds"}
+            config["sides"][name] = {"skipped": f"{remaining_s(args):.0f} s left of the job's budget: building "
+                                                f"it (about {side_cost_s:.0f} s) would leave none for its rounds"}
             save()
             continue
         t0 = time.perf_counter()
         side, built = worker_side(args, spec, strategy, precision, env, device, backend, control_group,
-                                  block_steps, work / f"{precision}-{strategy}")
+                                  block_steps, work / f"{precision}-{name}", extra_settings=extra)
         side_cost_s = time.perf_counter() - t0
-        config["sides"][strategy] = side
+        config["sides"][name] = {**side, "strategy": strategy}
         save()
         if built is not None:
-            runs[strategy], workers[strategy] = built
-            timed_rounds(args, config, runs, sync, block_s, save, phase=strategy)
+            runs[name], workers[name] = built
+            timed_rounds(args, config, runs, sync, block_s, save, phase=name)
     if args.anatomy_steps:
         for strategy, setup in workers.items():
             if remaining_s(args) < END_MARGIN_S:
@@ -321,6 +325,15 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def variant(text: str) -> tuple[str, str, list[str]]:
+    """``NAME=STRATEGY;PATH=JSON;...`` -> (name, strategy, [PATH=JSON, ...])."""
+    name, _, rest = text.partition("=")
+    strategy, *settings = rest.split(";")
+    if not name or strategy not in ("ddp", "fsdp"):
+        raise SystemExit(f"--variant {text!r}: give NAME=ddp|fsdp;PATH=JSON;...")
+    return name, strategy, settings
 
 
 def build_tuned(args, config: dict[str, Any], spec: ModelSpec, precision: str, device: torch.device,
@@ -435,7 +448,7 @@ def worker_spec_plain(args, spec: ModelSpec, strategy: str, precision: str, devi
 
 def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, device: torch.device, backend: str,
                 control_group, block_steps: int, out_dir: Path, compile_backend: Any = "inductor",
-                before_first_block: Callable[[Any], None] | None = None):
+                before_first_block: Callable[[Any], None] | None = None, extra_settings: list[str] | None = None):
     """(what the side records, (its block, its Setup) or None when it could not be built).
     ``before_first_block(setup)``: called once it is built, before anything runs (the census's hooks)."""
     from contract.codec import from_plain
@@ -448,7 +461,8 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
     from jobs.worker import run_schedule, set_up
 
     wanted = worker_tuning(args.model, strategy, cuda=device.type == "cuda")
-    wanted.update({k: json.loads(v) for k, v in (item.split("=", 1) for item in args.worker_set)})
+    wanted.update({k: json.loads(v) for k, v in (item.split("=", 1) for item in [*args.worker_set,
+                                                                                *(extra_settings or [])])})
     known, unknown = split_known(wanted)
     side: dict[str, Any] = {"settings_set": known, "settings_not_in_spec": unknown, "settings_refused": []}
     print(f"tuned.py: {strategy} {precision}: set {describe(known)}; not in this tree's spec: "

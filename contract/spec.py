@@ -125,7 +125,9 @@ class StrategySpec:
     name: Strategy = Strategy.ddp
     # DDP knobs (torch.nn.parallel.DistributedDataParallel arguments, same names).
     bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = False
+    # Gradients as views into the all-reduce buckets: no copy into and out of them, no second copy of
+    # the gradients (free wherever DDP runs; off only when asked).
+    gradient_as_bucket_view: bool = True
     static_graph: bool = False
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
