@@ -654,7 +654,9 @@ for line in sys.stdin:
                                       checkpointing=spec.train.activation_checkpointing)
     state = dataclasses.replace(fit.predict(shapes, spec.strategy, spec.layout, spec.train.optimizer),
                                 activations=activations,
-                                loss_grads=fit.loss_grad_bytes(spec.model, spec.train.batch_size))
+                                loss_grads=fit.loss_grad_bytes(spec.model, spec.train.batch_size,
+                                                               spec.train.loss.value, LOW.get(spec.precision.name.value),
+                                                               bool(spec.train.compile)))
     print(json.dumps({"cell": spec.cell, "state": state.total, "activations": activations,
                       "loss_grads": state.loss_grads, "peak": state.peak}), flush=True)
 """
@@ -892,13 +894,21 @@ def record_tree() -> dict[str, Any]:
 def tree_identity() -> str:
     """The tree that ran, in one sentence, and how it was found: git when the checkout has it, else
     the record ``--record-tree`` left beside the tree, checked file by file against what is here."""
+    record = _read_json(REPO / TREE_RECORD)
+    if record.get("files"):
+        # A record beside the tree names it even where a .git travelled too: a copied checkout's .git
+        # may be an older one than the tree it came with.
+        here = {p: _file_digest(REPO / p) for p in record["files"]}
+        if all(here[p] == record["files"][p] for p in here):
+            return (f"commit {record['commit'][:12]} ({'dirty' if record['dirty'] else 'clean'} when recorded "
+                    f"{record['recorded']}); content sha256 {content_digest(here)[:16]} of {len(here)} files, the "
+                    f"recorded content exactly; identity from {TREE_RECORD}")
     head = (_git("rev-parse", "HEAD") or "").strip()
     if head:
         rec = record_tree()
         state = f"dirty: {len(rec['changed'])} file(s) differ from it" if rec["dirty"] else "clean"
         return (f"commit {head[:12]} ({state}); content sha256 {rec['content_sha256'][:16]} of {len(rec['files'])} "
                 "files (tracked, and untracked ones git does not ignore); identity from git on this machine")
-    record = _read_json(REPO / TREE_RECORD)
     if not record.get("files"):
         return (f"unknown: no .git here and no {TREE_RECORD} (run `scripts/gpu-check --record-tree` before carrying "
                 "the tree)")

@@ -146,8 +146,9 @@ def _models(cells: list[Cell], errors: list[str]) -> dict[int, fit.StateBytes]:
             state = fit.predict(shapes, cfg.strategy, cell.layout, cfg.optimizer)
             params = [traffic.Param(shape, inside) for (shape, _), inside in zip(shapes, in_unit, strict=True)]
             predicted[cell.index] = dataclasses.replace(
-                state, activations=activations, loss_grads=fit.loss_grad_bytes(built, cfg.batch_size, cfg.tuning().loss,
-                                                                               LOW_DTYPE.get(cfg.precision.name.value)),
+                state, activations=activations,
+                loss_grads=fit.loss_grad_bytes(built, cfg.batch_size, cfg.tuning().loss,
+                                               LOW_DTYPE.get(cfg.precision.name.value), cfg.tuning().compile),
                 comm_bytes_per_step=traffic.bytes_per_step(params, cfg.strategy, cfg.precision, cell.layout,
                                                            cfg.grad_accum_steps, _buffer_bytes(built, cfg)))
     return predicted

@@ -188,3 +188,19 @@ def test_predicted_peak_holds_what_the_gpu_measured(spec, batch_size, low_dtype,
     peak_gib = dataclasses.replace(state, activations=activations,
                                    loss_grads=fit.loss_grad_bytes(spec, batch_size)).peak / fit.GIB
     assert 0.9 <= measured_gib / peak_gib <= 1.1, (peak_gib, measured_gib)
+
+
+def test_the_compiled_loss_is_predicted_as_one_gradient_in_the_logits_dtype():
+    # The second GPU check (docs/gpu/run3): GPT-2 small, 32 x 1024 tokens, bf16, compiled (DDP, the whole
+    # cross-entropy inside the graph), one H200: 18.60 GiB measured. Uncompiled, the loss holds two fp32
+    # copies of the logits; compiled, inductor fuses the upcast.
+    from contract.spec import Layout, Optimizer, StrategySpec
+
+    spec = ModelSpec(name="gpt2-small", seq_len=1024, vocab_size=50257, vocab_multiple=64)
+    shapes, activations, _ = fit.analyse(spec, 32, "bfloat16", checkpointing=False)
+    state = fit.predict(shapes, StrategySpec(), Layout(nodes=1, tasks_per_node=1, gpus_per_node=1), Optimizer.adamw)
+    compiled = fit.loss_grad_bytes(spec, 32, "full", "bfloat16", compiled=True)
+    assert compiled == 2 * 32 * 1024 * 50304 and compiled * 4 == fit.loss_grad_bytes(spec, 32, "full", "bfloat16")
+    peak_gib = dataclasses.replace(state, activations=activations, loss_grads=compiled).peak / fit.GIB
+    assert 0.8 <= 18.60 / peak_gib <= 1.1, peak_gib
+

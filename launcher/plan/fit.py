@@ -64,22 +64,28 @@ class StateBytes:
         return self.total + (self.activations or 0) + self.loss_grads
 
 
-def loss_grad_bytes(model: ModelSpec, batch_size: int, loss: str = "full", low_dtype: str | None = None) -> int:
+def loss_grad_bytes(model: ModelSpec, batch_size: int, loss: str = "full", low_dtype: str | None = None,
+                    compiled: bool = False) -> int:
     """The loss's gradients at the start of backward. ``loss=full`` (jobs/loss.py) takes the model's
     output in fp32, and cross-entropy's backward holds two fp32 tensors of its size at once (nll_loss's
     gradient and log-softmax's) while every saved tensor still lives. Next to a 50k vocabulary this is
     gigabytes: GPT-2 small at batch 16 x 1024 tokens, 6.6 GB. The first GPU check measured 16.5 GiB
     where model state and saved tensors made 10.3 (docs/gpu/run1). ``loss=chunked`` holds one
     gradient in the logits' dtype (computed in forward) and two fp32 tensors of one chunk's size.
+    ``compiled`` (train.compile, jobs/compiling.py): the whole cross-entropy inside a compiled graph,
+    whose upcast inductor fuses: its gradient is one tensor in the logits' dtype (GPT-2 small at 32 x
+    1024 tokens on an H200 measured 18.60 GiB where this predicts 21.6, docs/gpu/run3).
     ``model`` as the ranks build it (its vocabulary padded: contract.tuning.resolved_model)."""
     from contract.tuning import chunk_rows, padded_vocab
 
     vocab = padded_vocab(model.vocab_size, model.vocab_multiple or 1)
     per_sample = model.seq_len * vocab if model.input is InputKind.tokens else model.num_classes
+    logit_bytes = 2 if low_dtype else 4
+    if compiled and loss != "chunked":
+        return logit_bytes * batch_size * per_sample
     if loss != "chunked":
         return 2 * 4 * batch_size * per_sample
     width = vocab if model.input is InputKind.tokens else model.num_classes
-    logit_bytes = 2 if low_dtype else 4
     return logit_bytes * batch_size * per_sample + 2 * 4 * min(chunk_rows(width), batch_size * model.seq_len) * width
 
 
