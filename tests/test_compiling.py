@@ -66,3 +66,14 @@ def test_the_census_rules_fail_what_the_gpu_would_pay_for():
         "m", "ddp", graphs=2, breaks_in_model=["jobs/models/gpt.py:80"], recompile_limit=64).problems()[0]
     assert "ran eager" in census.Row("m", "fsdp", graphs=3, eager_layers=["ln_f"], recompile_limit=64).problems()[0]
     assert census.Row("m", "ddp", recompile_limit=64).problems() == ["nothing was compiled"]
+
+
+def test_the_report_says_what_was_compiled_and_a_recompile_inside_the_window():
+    from launcher.report.markdown import _tuning_text
+
+    rows = [{"cell": "strategy=ddp", "tuning.compile": "true", "compile.scope": "whole"},
+            {"cell": "strategy=fsdp", "tuning.compile": "true", "compile.scope": "regions", "compile.graphs_in_window": "2"}]
+    text = _tuning_text(rows)
+    assert "Compiled as whole/regions" in text
+    assert "**Graphs compiled inside the measured window**" in text and "strategy=fsdp (2)" in text
+    assert "inside the measured window" not in _tuning_text(rows[:1])

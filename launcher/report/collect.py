@@ -22,6 +22,7 @@ _ENV_TAGS = ("hostnames", "torch_version", "device_name", "backend", "num_thread
              "cuda_version", "nccl_version", "float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32",
              "slowest_rank", "straggler_rank")
 TUNING_TAG = "tuning."  # the step's tuning settings as the ranks resolved them (contract/tuning.py)
+COMPILE_TAG = "compile."  # what torch.compile compiled, and graphs made inside the window (jobs/compiling.py)
 
 
 class ReportError(Exception):
@@ -56,7 +57,7 @@ def collect(state: SweepState) -> list[dict[str, Any]]:
                                "round": looks.round_of(cell.run)}
         row.update(_train_settings(state, cell))
         tags = result.get("tags", {})
-        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith(TUNING_TAG)})
+        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith((TUNING_TAG, COMPILE_TAG))})
         row.update(result.get("summary", {}))
         if cell.predicted_state_bytes is not None:
             row[PREDICTED_MODEL_STATE_BYTES] = cell.predicted_state_bytes
@@ -152,7 +153,7 @@ def _rows_from_runs(runs: list, experiment_id: str) -> list[dict[str, Any]]:
             row["interference"] = tags["interference"]
         row.update({k: _int(params.get(k)) for k in ("batch_size", "steps", "warmup_steps", "repeats")
                     if params.get(k) is not None})
-        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith(TUNING_TAG)})
+        row.update({k: v for k, v in tags.items() if k in _ENV_TAGS or k.startswith((TUNING_TAG, COMPILE_TAG))})
         # Per-step series (loss, step_time_ms) are logged under their own names; every summary
         # figure is a single value at step 0, so the latest value is the summary.
         row.update({k: v for k, v in run.data.metrics.items() if k not in {s.name for s in metrics.STEP_SERIES}})

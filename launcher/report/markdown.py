@@ -108,6 +108,14 @@ def _tuning_text(rows: Sequence[dict[str, Any]]) -> str:
     if compile_s:
         text += (f" torch.compile took {min(compile_s):.1f}-{max(compile_s):.1f} s per run (`compile_time_s`: the "
                  "warm-up's time above its steady steps), inside the warm-up and outside every figure.")
+    scopes = _distinct(rows, "compile.scope")
+    if any(scope != "off" for scope in scopes):
+        text += (f" Compiled as {'/'.join(scopes)} (jobs/compiling.py: DDP whole with its loss; FSDP by regions, "
+                 "each block before sharding).")
+    late = [f"{r.get('cell', '?')} ({r['compile.graphs_in_window']})" for r in rows if r.get("compile.graphs_in_window")]
+    if late:
+        text += (f" **Graphs compiled inside the measured window** (a recompile: those steps held compilation, "
+                 f"and their times are not steady): {', '.join(late)}.")
     return text
 
 
