@@ -180,6 +180,7 @@ def census_side(model: str, side: str, steps: int, env, device, backend: str, co
     break_logger.propagate = False
     t0 = time.perf_counter()
     watched: list[Any] = []
+    ranks: list[Any] = []  # the worker side's rank: its heartbeat's thread ends with the side
     try:
         if side == "tuned":
             loop = tuned.TunedLoop(spec, "bf16", shape["batch_size"], device, compile=True, loss="chunked",
@@ -192,9 +193,10 @@ def census_side(model: str, side: str, steps: int, env, device, backend: str, co
             args = SimpleNamespace(model=model, batch_size=shape["batch_size"], warmup_blocks=1,
                                    worker_set=["train.compile=true"])
 
-            def before(setup) -> None:
+            def before(setup, rank) -> None:
                 eager.watch(setup.par.model)
                 watched.append(setup.par.model)
+                ranks.append(rank)
 
             record, built = tuned.worker_side(args, spec, side, "bf16", env, device, backend, control_group, steps,
                                               work / f"{model}-{side}", compile_backend=counter,
@@ -206,6 +208,8 @@ def census_side(model: str, side: str, steps: int, env, device, backend: str, co
     except Exception as exc:  # one side's failure is a row, not the end of the census
         row.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
     finally:
+        for rank in ranks:
+            rank.heartbeat.close("done")
         torch._logging.set_logs(graph_breaks=False)
         break_logger.removeHandler(breaks)
     row.seconds = time.perf_counter() - t0

@@ -448,9 +448,9 @@ def worker_spec_plain(args, spec: ModelSpec, strategy: str, precision: str, devi
 
 def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, device: torch.device, backend: str,
                 control_group, block_steps: int, out_dir: Path, compile_backend: Any = "inductor",
-                before_first_block: Callable[[Any], None] | None = None, extra_settings: list[str] | None = None):
+                before_first_block: Callable[[Any, Any], None] | None = None, extra_settings: list[str] | None = None):
     """(what the side records, (its block, its Setup) or None when it could not be built).
-    ``before_first_block(setup)``: called once it is built, before anything runs (the census's hooks)."""
+    ``before_first_block(setup, rank)``: called once it is built, before anything runs (the census's hooks)."""
     from contract.codec import from_plain
     from contract.spec import RunSpec
     from jobs.heartbeat import Heartbeat
@@ -500,7 +500,7 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
             run_schedule(run)
 
         if before_first_block is not None:
-            before_first_block(setup)
+            before_first_block(setup, rank)
         cache_before = _cache_counts()
         warm = [_timed(block, _sync(device)) for _ in range(max(1, args.warmup_blocks))]
         side["inductor_cache"] = _cache_delta(cache_before)

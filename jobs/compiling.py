@@ -58,29 +58,26 @@ def set_limits() -> None:
             setattr(config, name, RECOMPILE_LIMIT)
 
 
-def compile_units(model: nn.Module, *, backend="inductor") -> int:
+def compile_units(model: nn.Module, replace_units: Callable, *, backend="inductor") -> int:
     """Before sharding: every shard unit replaced by its compiled module (static shapes; the unit's
-    own forward is one graph), so that FSDP's hooks, put on the compiled module, stay outside it."""
-    from jobs import models
-
+    own forward is one graph), so that FSDP's hooks, put on the compiled module, stay outside it.
+    ``replace_units``: jobs.models.replace_units (passed in: this module imports no model code)."""
     set_limits()
 
     def compiled(unit: nn.Module) -> nn.Module:
         # An nn.Module compiles to an OptimizedModule (an nn.Module); torch's stub says a plain callable.
         return torch.compile(unit, backend=backend, dynamic=False)  # type: ignore[return-value]
 
-    return len(models.replace_units(model, compiled))
+    return len(replace_units(model, compiled))
 
 
 def compile_regions(model: nn.Module, *, backend="inductor") -> tuple[str, ...]:
     """The model's outer layers (its ``compile_regions`` methods), each compiled as a function of its
-    own; a model that names none keeps them eager (said in the tags: ``compile.regions=-``)."""
-    from jobs.models.init import unwrap
-
-    inner = unwrap(model)
-    names = tuple(getattr(inner, "compile_regions", ()))
+    own; a model that names none keeps them eager (said in the tags: ``compile.regions=-``).
+    ``model``: the model itself, not yet wrapped."""
+    names = tuple(getattr(model, "compile_regions", ()))
     for name in names:
-        setattr(inner, name, torch.compile(getattr(inner, name), backend=backend, dynamic=False))
+        setattr(model, name, torch.compile(getattr(model, name), backend=backend, dynamic=False))
     return names
 
 

@@ -332,7 +332,8 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
         compile_plan = CompilePlan("off")
         if compile:
             # Before sharding, so that FSDP's hooks go on the compiled modules, outside their graphs.
-            compile_plan = CompilePlan("regions", units=compiling.compile_units(model, backend=compile_backend),
+            compile_plan = CompilePlan("regions", units=compiling.compile_units(model, models.replace_units,
+                                                                                backend=compile_backend),
                                        regions=compiling.compile_regions(model, backend=compile_backend))
         mesh = fsdp_mesh(device.type, dims or ParallelDims.of(strategy, Layout()))  # None: one rank
         model = apply_fsdp(
