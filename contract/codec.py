@@ -10,6 +10,7 @@ rather than half-read.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import functools
 import types
@@ -106,6 +107,8 @@ def _build(tp: Any, data: Any, where: str) -> Any:
         hints, names = detail
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} for {tp.__name__}")
+            close = difflib.get_close_matches(unknown[0], sorted(names), n=1, cutoff=0.6)
+            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} for {tp.__name__}"
+                             + (f" (did you mean {close[0]}?)" if close else ""))
         return tp(**{k: _build(hints[k], v, f"{where}.{k}") for k, v in data.items()})
     return data

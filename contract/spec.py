@@ -11,7 +11,9 @@ Every check that can be decided from the config alone lives in a ``validate()`` 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,13 +113,26 @@ class LrScaling(enum.Enum):
 
 
 def _positive(setting: str, value: Any, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(setting, value, "must be a positive number.", fix)
+    # NaN compares false with everything: checked apart, or lr=NaN would pass "not <= 0".
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(setting, value, "must be a positive (finite) number.", fix)
 
 
 def _non_negative(setting: str, value: Any, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(setting, value, "must be zero or a positive number.", fix)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(setting, value, "must be zero or a positive (finite) number.", fix)
+
+
+def non_finite(obj: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose value is a float NaN or infinity (a YAML .nan, lr=nan on the command line, a
+    NaN in a spec.json): no setting of this schema means anything by one."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [k for f in dataclasses.fields(obj) for k in non_finite(getattr(obj, f.name), f"{prefix}{f.name}.")]
+    if isinstance(obj, dict):
+        return [k for name, v in obj.items() for k in non_finite(v, f"{prefix}{name}.")]
+    if isinstance(obj, (list, tuple)):
+        return [k for i, v in enumerate(obj) for k in non_finite(v, f"{prefix}{i}.")]
+    return [prefix[:-1]] if isinstance(obj, float) and not math.isfinite(obj) else []
 
 
 @dataclass
@@ -532,6 +547,12 @@ class Layout:
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
 
+    def validate(self) -> None:
+        _positive("layout.nodes", self.nodes, "use nodes=1 or more.")
+        _positive("layout.tasks_per_node", self.tasks_per_node, "use one task per rank, e.g. 1.")
+        _non_negative("layout.gpus_per_node", self.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
+        _positive("layout.cpus_per_task", self.cpus_per_task, "use 1 or more.")
+
 
 @dataclass
 class RunSpec:
@@ -560,3 +581,26 @@ class RunSpec:
     # gets cost_per_1m_samples (and cost_per_1m_tokens for token models).
     cost_per_device_hour: float | None = None
     cost_per_node_hour: float | None = None
+
+    def validate(self) -> None:
+        """The checks a spec gets where it is read (``python -m jobs``), as the launcher's config got
+        them where it was written: a spec.json edited by hand or written by another tool is refused
+        naming the setting, before any rank starts."""
+        bad = non_finite(self)
+        if bad:
+            value: Any = self
+            for part in bad[0].split("."):
+                value = value[int(part) if isinstance(value, list) else part] if isinstance(value, (dict, list)) \
+                    else getattr(value, part)
+            raise ConfigError(bad[0], value, "is NaN or infinite.", f"give {bad[0]} a finite number.")
+        TrainSpec.validate(self.train)
+        self.strategy.validate()
+        self.precision.validate()
+        self.model.validate()
+        self.data.validate()
+        self.checkpoint.validate()
+        self.layout.validate()
+        _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
+        for name in ("cost_per_device_hour", "cost_per_node_hour"):
+            if getattr(self, name) is not None:
+                _non_negative(name, getattr(self, name), "give the price per hour, or drop it.")

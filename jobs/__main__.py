@@ -7,42 +7,87 @@ it (jobs/dist.py, the one reader); the spec is the cell's ``spec.json`` (contrac
 RunSpec the launcher wrote), and the results land where the submitit path writes them: the spec's
 ``out_dir`` (result.json, metrics.jsonl, ranks/). ``--out DIR``: write them there instead, and log
 no MLflow run (a run by hand never writes over the sweep's figures or its runs).
+
+The spec is validated when it is read as it was when it was written (RunSpec.validate: the schema's
+own checks), so a spec edited by hand (``batch_size: 0``, ``lr: NaN``, an unknown key) is refused
+naming the setting before any rank starts. Exit codes: 0 done, 2 refused (docs/troubleshooting.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 from contract.codec import from_plain
-from contract.spec import RunSpec
+from contract.spec import ConfigError, RunSpec
+
+USAGE_EXIT = 2  # a refused input: the project's exit code (0 done, 1 failure, 2 refused, 3 undecided)
+SPEC_FIX = "give a cell's spec.json from its sweep directory (<sweep>/cells/<cell>/spec.json)."
+
+
+class Refused(Exception):
+    """An input ``python -m jobs`` does not run: the message names it and says the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse without prefix guessing, whose refusal of a flag names the closest one and exits 2."""
+
+    def __init__(self, given: list[str], **kwargs) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+        self.given = given
+
+    def error(self, message: str) -> NoReturn:
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        unknown = [w.split("=", 1)[0] for w in self.given if w.startswith("-") and w.split("=", 1)[0] not in flags]
+        close = difflib.get_close_matches(unknown[0], flags, n=1, cutoff=0.5) if unknown else []
+        hint = f" Did you mean {close[0]}?" if close else f" Its flags: {', '.join(flags)}."
+        self.exit(USAGE_EXIT, f"error: {self.prog}: {message}.{hint} Nothing was run.\n")
 
 
 def load(path: str, out_dir: str | None = None) -> RunSpec:
-    """The cell's RunSpec from ``path``; with ``out_dir``, redirected there and untracked."""
+    """The cell's RunSpec from ``path``, validated; with ``out_dir``, redirected there and untracked."""
     try:
         spec = from_plain(RunSpec, json.loads(Path(path).read_text()))
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise SystemExit(f"python -m jobs {path}: not a readable cell spec ({type(exc).__name__}: {exc}). Fix: give "
-                         f"a cell's spec.json from its sweep directory (<sweep>/cells/<cell>/spec.json).") from None
+        raise Refused(f"python -m jobs {path}: not a readable cell spec ({type(exc).__name__}: {exc}). "
+                      f"Fix: {SPEC_FIX}") from None
+    try:
+        spec.validate()
+    except ConfigError as exc:
+        raise Refused(f"python -m jobs {path}: a setting of this spec is refused, nothing was run: {exc}") from None
     if out_dir is None:
         return spec
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return dataclasses.replace(spec, out_dir=str(Path(out_dir).resolve()), tracking_uri=None, run_id=None)
+    out = Path(out_dir).resolve()
+    sweeps = {Path(spec.out_dir).resolve(), Path(path).resolve().parent}
+    if out in sweeps or (out / "spec.json").exists():
+        raise Refused(f"--out {out_dir}: {out} is a cell's own directory: its result.json and metrics.jsonl are the "
+                      f"sweep's figures, which a run by hand never writes over. Fix: leave --out out (reproduce.sh "
+                      f"writes to the cell's reproduced/), or give a directory of its own.")
+    out.mkdir(parents=True, exist_ok=True)
+    return dataclasses.replace(spec, out_dir=str(out), tracking_uri=None, run_id=None)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jobs", description="One rank of one cell, from its spec.json.")
+def main(argv: list[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = _Parser(given, prog="python -m jobs", description="One rank of one cell, from its spec.json.")
     parser.add_argument("spec", help="the cell's spec.json")
     parser.add_argument("--out", help="write the results here, not to the spec's out_dir, and log no MLflow run")
-    args = parser.parse_args(argv)
-    spec = load(args.spec, args.out)
+    args = parser.parse_args(given)
+    try:
+        spec = load(args.spec, args.out)
+    except Refused as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return USAGE_EXIT
     from jobs.worker import main as run_rank  # torch: after the arguments are read
 
     run_rank(spec)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from contract.spec import ConfigError
+from contract.spec import ConfigError, non_finite
 from launcher.plan.clusterschema import ClusterConfig, settings_class
 from launcher.plan.schema import Config
-from launcher.plan.schemakeys import did_you_mean, field_type, non_finite, read_by, schema_keys, unknown_keys
+from launcher.plan.schemakeys import did_you_mean, field_type, read_by, schema_keys, unknown_keys
 
 # Package data: found next to this module in a checkout, an editable install and a wheel alike.
 CONF_DIR = Path(str(importlib.resources.files("launcher") / "conf"))

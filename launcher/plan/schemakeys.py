@@ -1,13 +1,12 @@
 """The schema's keys (launcher/plan/schema.py's Config): every dotted key, the keys of a composed
-config it does not have and the nearest valid one, open dicts, and values that are not finite:
-what makes overrides strict."""
+config it does not have and the nearest valid one, and open dicts: what makes
+overrides strict (values that are not finite: contract/spec.py's non_finite)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import functools
-import math
 import typing
 from typing import Any, Union, cast
 
@@ -90,14 +89,3 @@ def did_you_mean(key: str) -> str:
     parent = key.rpartition(".")[0]
     siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
     return f"valid keys{' of ' + parent if parent else ''}: {', '.join(siblings)}."
-
-
-def non_finite(obj: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose value is a float NaN or infinity (a YAML .nan, or lr=nan on the command line)."""
-    if dataclasses.is_dataclass(obj):
-        return [k for f in dataclasses.fields(obj) for k in non_finite(getattr(obj, f.name), f"{prefix}{f.name}.")]
-    if isinstance(obj, dict):
-        return [k for name, v in obj.items() for k in non_finite(v, f"{prefix}{name}.")]
-    if isinstance(obj, list):
-        return [k for i, v in enumerate(obj) for k in non_finite(v, f"{prefix}{i}.")]
-    return [prefix[:-1]] if isinstance(obj, float) and not math.isfinite(obj) else []

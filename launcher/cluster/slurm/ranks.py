@@ -57,4 +57,4 @@ if __name__ == "__main__":
     os.environ.update(torchrun_env(os.environ))
     from jobs.__main__ import main
 
-    main(sys.argv[1:])
+    raise SystemExit(main(sys.argv[1:]))  # 2: the spec or --out refused before the rank started
