@@ -376,4 +376,4 @@ def test_a_slurm_cells_reproduce_sh_runs_its_ranks_under_srun_translated(tmp_pat
     assert launch.startswith("srun --nodes=2 --ntasks-per-node=2 --cpus-per-task=3 ")
     assert launch.endswith(" -m launcher.cluster.slurm.ranks")
     text = write_reproduce(tmp_path, launch).read_text()
-    assert f'exec {launch} "$cell/spec.json" --out "${{1:-$cell/reproduced}}"' in text
+    assert f'exec {launch} "$cell/spec.json" --out "$out"' in text and 'out="${1:-$cell/reproduced}"' in text

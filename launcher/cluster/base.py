@@ -190,12 +190,23 @@ class Backend(ABC):
 def write_reproduce(cell_dir: Path, launch: str) -> Path:
     """``reproduce.sh`` in the cell's directory: its ranks again by hand, from its spec.json, with no
     pickle and no sweep (``python -m jobs``); results go to ``reproduced/`` beside it (or the
-    directory given), never over the sweep's, and no MLflow run is touched."""
+    directory given), never over the sweep's, and no MLflow run is touched. A directory given that
+    is a cell's own (``sh reproduce.sh .`` in it, or another cell's) is refused before any rank
+    starts, exit 2, here and again by ``python -m jobs --out`` itself."""
     cell_dir.mkdir(parents=True, exist_ok=True)
     path = cell_dir / REPRODUCE_FILE
-    path.write_text("#!/bin/sh\n# This cell's ranks again, by hand: sh reproduce.sh [OUT_DIR]\n"
+    path.write_text("#!/bin/sh\n# This cell's ranks again, by hand: sh reproduce.sh [OUT_DIR] (default: reproduced/ "
+                    "beside this file;\n# never a cell's own directory, whose result.json and metrics.jsonl are "
+                    "the sweep's figures)\n"
                     f"cell={shlex.quote(str(cell_dir.resolve()))}\n"
-                    f'exec {launch} "$cell/spec.json" --out "${{1:-$cell/reproduced}}"\n')
+                    'out="${1:-$cell/reproduced}"\n'
+                    'if [ -e "$out/spec.json" ] || { [ -d "$out" ] && [ "$(cd "$out" && pwd -P)" = "$(cd "$cell" && '
+                    'pwd -P)" ]; }; then\n'
+                    '    echo "error: reproduce.sh: $out is a cell\'s own directory: its result.json and metrics.jsonl '
+                    'are the sweep\'s figures, never written over. Fix: sh reproduce.sh (writes to $cell/reproduced), '
+                    'or give a directory of its own. Nothing was run." >&2\n'
+                    "    exit 2\nfi\n"
+                    f'exec {launch} "$cell/spec.json" --out "$out"\n')
     path.chmod(0o755)
     return path
 
