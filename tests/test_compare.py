@@ -125,8 +125,10 @@ def test_a_configuration_flagged_for_interference_is_shown_not_claimed_and_never
     assert [d.verdict for d in speed] == ["not claimed", "not claimed"]
     assert all(d.note.startswith("interference in B: other processes took 83%") for d in speed)
     assert not result.regressions()
-    assert report_main(["--compare", str(a), str(b)]) == 0
-    assert "1 configuration(s) not claimed, flagged for interference" in capsys.readouterr().out
+    assert report_main(["--compare", str(a), str(b)]) == 3  # nothing judged (drift dominates): undecided, not a pass
+    said = capsys.readouterr()
+    assert "1 configuration(s) not claimed, flagged for interference" in said.out
+    assert "undecided: no row of" in said.err and "2 row(s) not claimed" in said.err
     assert report_main(["--compare", str(a), str(b), "--gate"]) == 3  # not shown the same either
     assert "gate not passed" in capsys.readouterr().out
 
@@ -136,7 +138,7 @@ def test_single_runs_claim_nothing_unless_the_cluster_has_a_noise_floor(tmp_path
     same cluster records its noise floor; afterwards single runs are judged against it."""
     a = make_sweep(tmp_path, "a", BASE, runs=1)
     b = make_sweep(tmp_path, "b", {**BASE, ("ddp", 2): (120.0, 0.0, 0.52)}, runs=1)
-    assert report_main(["--compare", str(a), str(b)]) == 0
+    assert report_main(["--compare", str(a), str(b)]) == 3  # every row inconclusive: undecided
     out = capsys.readouterr().out
     assert "| strategy=ddp nodes=2 | samples/s | 180.0 | 120.0 | -33.3% | inconclusive | no noise estimate" in out
     floor_sweep = make_sweep(tmp_path, "floor", {k: (v[0], 0.03, v[2]) for k, v in BASE.items()}, runs=8)
@@ -252,7 +254,7 @@ def test_a_running_sweep_is_compared_only_on_its_ended_configurations(tmp_path, 
     state.cells[0].status = CellStatus.running  # strategy=ddp nodes=1 run=1
     (state.cell_dir(state.cells[0]) / "result.json").unlink()
     state.save()
-    assert report_main(["--compare", str(a), str(b)]) == 0  # never a "regression" for a run that has not ended
+    assert report_main(["--compare", str(a), str(b)]) == 3  # never a "regression" for a run that has not ended
     out = capsys.readouterr().out
     assert "- strategy=ddp nodes=1: still running in B (1 of 3 run(s) not ended)" in out
     assert "1 cell(s) have not ended: only configurations whose runs have all ended are compared" in out
@@ -283,7 +285,7 @@ def test_sweep_to_sweep_drift_is_recorded_from_an_aa_pair_and_widens_later_compa
     a = make_sweep(tmp_path, "a", BASE)
     drifted = {k: (v[0] * 0.92, v[1], v[2]) for k, v in BASE.items()}
     b = make_sweep(tmp_path, "b", drifted)
-    assert report_main(["--compare", str(a), str(b)]) == 0  # 3 + 3 tight runs, yet no claim
+    assert report_main(["--compare", str(a), str(b)]) == 3  # 3 + 3 tight runs, yet no claim: undecided
     out = capsys.readouterr().out
     assert "no A/A record on this cluster: the default allowance 10% as 4 A/A entries, 4 df" in out
     assert "cannot decide: drift between sweeps dominates (±10.0% between two sweeps, 4 df" in out
@@ -293,7 +295,7 @@ def test_sweep_to_sweep_drift_is_recorded_from_an_aa_pair_and_widens_later_compa
     assert "recorded 12 A/A entries" in out and len(next(iter(kept.values()))) == 12
     c = make_sweep(tmp_path, "c", BASE)
     d = make_sweep(tmp_path, "d", drifted)
-    assert report_main(["--compare", str(c), str(d)]) == 0
+    assert report_main(["--compare", str(c), str(d)]) == 3  # the drift recorded: still nothing judged
     out = capsys.readouterr().out
     # sqrt((4 * 10%^2 + 4 * 8.3%^2) / 8) for speed; peak memory did not drift: sqrt(4 * 10%^2 / 8).
     assert "Sweep-to-sweep drift in the noise: peak_memory 7.1%, step_time 9.2%, throughput 9.2% (the default 10% " \

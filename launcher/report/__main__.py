@@ -6,7 +6,8 @@
     python -m launcher.report --compare A B --record-drift     # A and B: an A/A pair of sweeps
 
 Exit codes (docs/troubleshooting.md): 0 done as asked, 2 a refused input, 1 a failure or a
-regression, 3 undecided (``--gate`` not passed without a regression).
+regression, 3 undecided (``--gate`` not passed without a regression; ``--compare`` where no row of
+throughput, step time or peak memory could be judged).
 
 A sweep directory is finished as status and sync finish it (launcher/finish.py), which writes its
 report; an experiment's report and a comparison only read and write (launcher/report/markdown.py,
@@ -115,7 +116,24 @@ def main_compare(a: str, b: str, threshold: float, tracking_uri: str | None, gat
         passed, why = result.gate()
         print(why)
         return 0 if passed else 1 if result.regressions() else 3
-    return 1 if result.regressions() else 0
+    if result.regressions():
+        return 1
+    if not result.judged():
+        print(f"undecided: no row of {a} against {b} could be judged ({_why_undecided(result)}); exit 3, not a "
+              "pass. Fix: see each row's note above (more runs, a quiet machine, comparable settings).",
+              file=sys.stderr)
+        return 3
+    return 0
+
+
+def _why_undecided(result: compare.Comparison) -> str:
+    parts = [f"{n} {what}" for n, what in (
+        (len(result.inconclusive()), "row(s) inconclusive"),
+        (sum(1 for m in result.matches for d in m.deltas if d.verdict == compare.NOT_CLAIMED), "row(s) not claimed"),
+        (len(result.not_compared), "pair(s) not comparable"),
+        (len(result.only_a) + len(result.only_b), "configuration(s) in one sweep only"),
+        (result.running, "cell(s) not ended")) if n]
+    return ", ".join(parts) or "nothing matched"
 
 
 def _record_drift(a: str, b: str, result: compare.Comparison, where: tuple[Path, str] | None) -> int:

@@ -157,6 +157,14 @@ class Comparison:
         """Regressions beyond the noise and the threshold (a lost result always counts)."""
         return [(m, d) for m in self.matches for d in m.deltas if d.verdict == REGRESSION]
 
+    def judged(self) -> list[tuple[Match, Delta]]:
+        """The rows with a verdict among the claimed metrics (throughput, step time, peak memory): what
+        the comparison decided. Model state, counted exactly, judges no runs; none of these: the
+        command is undecided (exit 3), never a pass."""
+        labels = {str(m.label) for m in metrics.claimed().values()}
+        return [(m, d) for m in self.matches for d in m.deltas
+                if d.metric in labels and d.verdict in (IMPROVEMENT, REGRESSION, NO_CHANGE)]
+
     def inconclusive(self) -> list[tuple[Match, Delta]]:
         return [(m, d) for m in self.matches for d in m.deltas if d.verdict == UNDECIDED]
 
