@@ -48,6 +48,9 @@ example:
 
 
 FORECAST_ONLY = "limits.local_ranks_per_core=1000000"
+# Exit codes (docs/troubleshooting.md): 0 forecast, 2 refused, 1 asked and nothing could be forecast
+# (a failure to do what was asked, not a refusal of the input: the table says why for each cell).
+NOTHING_FORECAST = 1
 
 
 class ForecastError(Exception):
@@ -74,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render(*made))
+    if not any(f.prediction for f in made[0]):
+        print(f"error: nothing could be forecast: none of the {len(made[0])} cell(s) asked for has a forecast (the "
+              "table says why for each). Fix: forecast settings the sweep's measurements reach, or measure one cell "
+              "of the kind asked first (a multi-rank cell, a fabric probe: docs/forecast.md).", file=sys.stderr)
+        return NOTHING_FORECAST
     if "--verify" in args:
         return verify(state, made[0], made[2])
     return 0
@@ -97,10 +105,12 @@ def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], p
 def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
     """The sweep's command with ``overrides`` replacing its settings of the same keys, one run each."""
     from launcher.plan import grid, planner
+    from launcher.plan.schema import AUTO_ONLY
 
     config_dirs, own = _command(state.argv)
     keys = {_key(o) for o in overrides}
-    kept = [o for o in own if _key(o) not in keys | {"runs", "sweep_dir", "wait"}]
+    # One run each: runs=auto and the settings read only with it (runs_min, baseline, ...) go with it.
+    kept = [o for o in own if _key(o) not in keys | {"runs", "sweep_dir", "wait", *AUTO_ONLY}]
     extra = grid.search_path(config_dirs)
     # A forecast runs nothing: the ranks-per-core bound of the local cluster (limits.local_ranks_per_core)
     # does not apply to it, and --verify drops this override again before it runs a cell.

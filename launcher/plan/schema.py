@@ -52,6 +52,11 @@ class FabricConfig:
     full: bool = False
 
 
+# The settings read only with runs=auto (refused with a number of runs): a command that runs a sweep's
+# own grid once (python -m launcher.forecast) leaves them out with runs.
+AUTO_ONLY = ("runs_min", "runs_max", "runs_budget_min", "baseline")
+
+
 class HealthMode(enum.Enum):
     off = "off"
     # The partition's nodes judged before the cells (python -m launcher.health), the slow ones kept out:
@@ -168,7 +173,7 @@ class Config(TrainSpec):
                                   "for a quick look that claims nothing.")
             _positive("runs", self.runs, "use runs=3 (claims need the spread between independent runs), runs=auto, "
                       "or runs=1 for a quick look that claims nothing.")
-            for key in ("runs_min", "runs_max", "runs_budget_min", "baseline"):
+            for key in AUTO_ONLY:
                 if getattr(self, key) != getattr(Config, key):
                     raise ConfigError(key, getattr(self, key), f"is read only with runs=auto, and runs={self.runs}.",
                                       f"add runs=auto, or drop {key}"
