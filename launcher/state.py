@@ -21,6 +21,7 @@ from typing import Any
 from contract import cell_run
 from contract.codec import from_plain, to_plain
 from contract.spec import RunSpec
+from launcher.cluster import registry
 from launcher.plan.cell import Cell, CellStatus
 
 STATE_FILE = "sweep.json"
@@ -203,6 +204,7 @@ class SweepState:
         if version > VERSION:
             raise StateError(f"{path} was written by a newer ddp-fsdp-bench (version {version}; this one reads "
                              f"{VERSION}). Fix: upgrade ddp-fsdp-bench (pip install -U ddp-fsdp-bench).")
+        _refuse_unknown_backends(path, data)
         try:
             state = from_plain(cls, data)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
@@ -301,3 +303,21 @@ class SweepState:
     def _specs(self) -> dict[int, RunSpec]:
         # Not a dataclass field: never written to sweep.json.
         return self.__dict__.setdefault("_spec_cache", {})
+
+
+def _refuse_unknown_backends(path: Path, data: dict[str, Any]) -> None:
+    """A sweep whose cells ran on a backend not installed here (a site's, through its entry point) is
+    refused naming it and how to install it: read without it, its cells' settings have no class."""
+    cells = data.get("cells")
+    named = {str(c["cluster"].get("name")) for c in cells if isinstance(c, dict) and isinstance(c.get("cluster"), dict)
+             and "name" in c["cluster"]} if isinstance(cells, list) else set()
+    if isinstance(data.get("cluster"), str):
+        named.add(data["cluster"])
+    missing = sorted(named - set(registry.known()))
+    if missing:
+        raise StateError(
+            f"{path}: its cells ran on cluster={missing[0]}, a backend not installed here (installed: "
+            f"{', '.join(sorted(registry.known()))}). Fix: install the package that provides the {missing[0]!r} "
+            f"backend into this environment (pip install it: it registers the entry point "
+            f"{registry.ENTRY_POINT_GROUP}: {missing[0]} = <package>, docs/backends.md), or read the sweep where it "
+            f"ran. Nothing was read or written.")
