@@ -42,7 +42,10 @@ class ClusterConfig:
     # Shell lines before the ranks start: modules, venv.
     setup: list[str] = field(default_factory=list, metadata=shell(
         "line", "give one list entry per command, e.g. cluster.setup='[module load cuda, source venv/bin/activate]'."))
-    python: str | None = field(default=None, metadata=shell("line", "give the interpreter's path."))  # default: this one
+    # The ranks' interpreter: a path and its arguments (default: this one); shell goes in setup lines.
+    python: str | None = field(default=None, metadata=shell(
+        "command", "give the interpreter's path (and its arguments), e.g. cluster.python=/opt/venv/bin/python; "
+        "put what must run first (source, module load, export) in cluster.setup lines."))
     # Whole nodes per cell: a benchmark that shares a node measures its neighbours too (local cells
     # never share: they run one after another).
     exclusive: bool = True

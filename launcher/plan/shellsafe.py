@@ -12,6 +12,9 @@ cluster settings' own metadata), and :func:`check_config` puts each through the 
 * ``word``: one shell word (srun and container arguments; ``#`` too, never first: Pyxis images);
 * ``line``: one line without control characters; shell by design (``module load cuda``), the
   user's own command, but it may not smuggle in extra lines;
+* ``command``: an interpreter, a path and its arguments (``/opt/venv/bin/python -X utf8``): words
+  of ``word``'s characters separated by spaces, no shell syntax (``;``, ``$``, quotes, ``&&``); what
+  should run before it belongs in ``setup`` lines;
 * ``path``: a path written into the script or used as a directory: one line without control
   characters;
 * ``name``: one file name component (a report directory named after an experiment): no ``/``,
@@ -43,6 +46,8 @@ _WHY = {
              "anything else is shell syntax).",
     "word": "each entry must be one shell word without quotes, spaces or shell syntax.",
     "line": "must be a single line (a newline or control character would add hidden lines to the job script).",
+    "command": "must be an interpreter's path and its arguments, plain words separated by spaces: no shell syntax "
+               "(; & | $ ` quotes < > ( ) and the like; it is pasted unquoted into the srun line).",
     "path": "must be one line without control characters (it is written into the job script and used as a "
             "directory name).",
     "name": "must be one file name: no '/', not '.' or '..', no control characters (it names a directory, which "
@@ -81,6 +86,8 @@ def check(setting: str, value: Any, kind: str, fix: str | None = None) -> None:
     text = str(value)
     bad = {"plain": lambda: not PLAIN.match(text), "word": lambda: not ARG.match(text),
            "line": lambda: bool(CONTROL.search(text)), "path": lambda: bool(CONTROL.search(text)),
+           "command": lambda: not text.strip() or not all(ARG.match(w) for w in text.split(" ") if w)
+           or bool(CONTROL.search(text)),
            "name": lambda: bool(CONTROL.search(text)) or "/" in text or text in ("", ".", "..")}[kind]()
     if bad:
         name = setting.rpartition(".")[2]
