@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.tracking_uri:  # a relative sqlite:/// store: the one under this directory, recorded absolute
         args.tracking_uri = tracking.absolute_uri(args.tracking_uri)
     state = SweepState.load(args.sweep_dir)
+    if not _has_results(state):  # nothing to log: no empty runs made, and not a success either
+        return _said_without_results(state)
     if not (args.tracking_uri or state.tracking_uri):
         print(f"{state.sweep_dir} ran with tracking=off: nothing to sync without a store. To log it to one: python -m "
               f"launcher.sync {state.sweep_dir} --tracking-uri URI (an MLflow server http://host:5000, or "
@@ -79,25 +81,28 @@ def main(argv: list[str] | None = None) -> int:
     finished = finalize(state, force=False)
     if finished:
         print(finished)
-    return _said_what_is_missing(state) or _said_without_results(state)
+    return _said_what_is_missing(state)
+
+
+def _has_results(state: SweepState) -> bool:
+    """Whether any cell has a result to log (done, or its result.json written)."""
+    return any(c.status is CellStatus.done or (state.cell_dir(c) / "result.json").is_file() for c in state.cells)
 
 
 def _said_without_results(state: SweepState) -> int:
-    """A sweep with no cell that has a result is synced (its runs say FAILED or KILLED) but marked
-    clearly: 1 when every cell has ended without one, 3 while some have not ended; 0 otherwise."""
-    if any(c.status is CellStatus.done for c in state.cells):
-        return 0
+    """A sweep with no cell that has a result is not synced (no run is created for nothing) and says
+    so: 1 when every cell has ended without one, 3 while some have not ended."""
     counts: dict[str, int] = {}
     for c in state.cells:
         counts[c.status.value] = counts.get(c.status.value, 0) + 1
     said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     if all(c.status.terminal for c in state.cells):
-        print(f"{state.sweep_dir} has no results: no cell finished with a measurement ({said}); its runs are in the "
-              f"store as they ended, and nothing there is a result. See python -m launcher.status {state.sweep_dir}.",
+        print(f"error: {state.sweep_dir} has no results: no cell finished with a measurement ({said}); nothing was "
+              f"synced and no run was created. See python -m launcher.status {state.sweep_dir} (each cell's error).",
               file=sys.stderr)
         return 1
-    print(f"{state.sweep_dir} has no results yet ({said}): sync again once its cells have ended "
-          f"(python -m launcher.status {state.sweep_dir} --wait).", file=sys.stderr)
+    print(f"{state.sweep_dir} has no results yet ({said}): nothing was synced and no run was created; sync again "
+          f"once its cells have ended (python -m launcher.status {state.sweep_dir} --wait).", file=sys.stderr)
     return 3
 
 
