@@ -24,6 +24,7 @@ a coefficient of variation) to the noise of each difference it judges (launcher/
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from datetime import datetime
@@ -140,16 +141,25 @@ def load_drift(root: Path, key: str) -> Drift | None:
     if not isinstance(entries, list):
         return None
     left: dict[str, list[float]] = {}
+    read, unread = [], []
     for e in entries:
         try:
-            left.setdefault(str(e["metric"]), []).append(float(e["d2"]) - float(e["within"]))
+            metric, value = str(e["metric"]), float(e["d2"]) - float(e["within"])
         except (TypeError, KeyError, ValueError):
-            continue
-    left = {m: v for m, v in left.items() if all(math.isfinite(x) for x in v) and v}
+            metric, value = "", math.nan
+        if math.isfinite(value):  # one damaged entry is set aside, never the metric's or the cluster's record
+            left.setdefault(metric, []).append(value)
+            read.append(e)
+        else:
+            unread.append(json.dumps(e, default=str)[:80])
+    if unread:
+        shared.warn_once(f"warning: {root / DRIFT_FILE}: {len(unread)} entr{'y' if len(unread) == 1 else 'ies'} of {key} "
+                         f"without a readable metric, d2 and within set aside, not used: {'; '.join(unread[:3])}; the "
+                         f"other {len(read)} are used.")
     if not left:
         return None
-    pairs = len({e.get("pair") for e in entries if isinstance(e, dict)})
-    last = max((str(e.get("at", "?")) for e in entries if isinstance(e, dict)), default="?")
+    pairs = len({e.get("pair") for e in read})
+    last = max((str(e.get("at", "?")) for e in read), default="?")
     return Drift(cv={m: math.sqrt(max(0.0, statistics.fmean(v))) for m, v in left.items()},
                  df=min(len(v) for v in left.values()),
                  where=f"{key}, {pairs} A/A pair(s) of sweeps, latest {last[:10]}")
