@@ -45,8 +45,8 @@ class _Parser(argparse.ArgumentParser):
         flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
         unknown = [w.split("=", 1)[0] for w in self.given if w.startswith("-") and w.split("=", 1)[0] not in flags]
         close = difflib.get_close_matches(unknown[0], flags, n=1, cutoff=0.5) if unknown else []
-        hint = f" Did you mean {close[0]}?" if close else f" Its flags: {', '.join(flags)}."
-        self.exit(USAGE_EXIT, f"error: {self.prog}: {message}.{hint} Nothing was run.\n")
+        hint = f"; did you mean {close[0]}?" if close else f". Its flags: {', '.join(flags)}."
+        self.exit(USAGE_EXIT, f"error: {self.prog}: {message}{hint} Nothing was run.\n")
 
 
 def load(path: str, out_dir: str | None = None) -> RunSpec:

@@ -546,3 +546,280 @@ def test_the_commands_refuse_in_real_processes_with_their_exit_codes(tmp_path):
         assert done.returncode == code, done.stdout + done.stderr
         assert says in done.stdout + done.stderr and "Traceback" not in done.stderr
     assert _tree(tmp_path) == before and path.exists()  # nothing made, nothing lost
+
+
+# ---- specs, records and exit codes: python -m jobs, a backend not installed, reproduce.sh, damaged
+# entries of shared records, exit codes that say what happened, the interpreter setting -------------
+# Paths in argv: {SPEC} a valid cell spec (its out_dir {CELL}, a cell directory holding it), {OTHER}
+# another cell's directory, {KUBE} a sweep whose cells ran on a backend not installed here, {A} and
+# {B} finished sweeps, {EMPTY} a sweep whose cells all failed, {WAITING} one whose cells have not
+# ended, {NOPE} a path that is not there, {OUT} a store's path under the test's own directory.
+
+def _spec_plain() -> dict:
+    from contract import spec
+    from contract.codec import to_plain
+
+    return to_plain(spec.RunSpec(cell="strategy=ddp", out_dir="{CELL}", strategy=spec.StrategySpec(),
+                                 precision=spec.PrecisionSpec(), model=spec.ModelSpec(), data=spec.DataSpec(),
+                                 train=spec.TrainSpec(), layout=spec.Layout(), checkpoint=spec.CheckpointSpec()))
+
+
+def _spec_with(path: str, value) -> dict:
+    """The valid spec with ``path`` (dotted) set to ``value``."""
+    spec = _spec_plain()
+    *parents, last = path.split(".")
+    node = spec
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return spec
+
+
+# (argv, the spec written to {SPEC} for this case (None: the valid one), exit code, text the message holds)
+JOBS_CORPUS = [
+    (["{SPEC}"], _spec_with("train.batch_size", 0), 2, "batch_size=0"),
+    (["{SPEC}"], _spec_with("train.steps", -1), 2, "steps=-1"),
+    (["{SPEC}"], _spec_with("train.lr", float("nan")), 2, "train.lr=nan"),
+    (["{SPEC}"], _spec_with("train.lr", float("inf")), 2, "train.lr=inf"),
+    (["{SPEC}"], _spec_with("train.lr", -0.1), 2, "lr=-0.1"),
+    (["{SPEC}"], _spec_with("train.warmup_steps", -3), 2, "warmup_steps=-3"),
+    (["{SPEC}"], _spec_with("train.warmup_steps", 40), 2, "warmup_steps=40"),
+    (["{SPEC}"], _spec_with("train.repeats", 0), 2, "repeats=0"),
+    (["{SPEC}"], _spec_with("train.grad_accum_steps", 0), 2, "grad_accum_steps=0"),
+    (["{SPEC}"], _spec_with("train.stepz", 30), 2, "did you mean steps?"),
+    (["{SPEC}"], _spec_with("strategy.bucket_capmb", 25.0), 2, "did you mean bucket_cap_mb?"),
+    (["{SPEC}"], _spec_with("strategy.bucket_cap_mb", float("nan")), 2, "strategy.bucket_cap_mb=nan"),
+    (["{SPEC}"], _spec_with("strategy.prefetch", -1), 2, "strategy.prefetch=-1"),
+    (["{SPEC}"], _spec_with("layout.nodes", 0), 2, "layout.nodes=0"),
+    (["{SPEC}"], _spec_with("layout.tasks_per_node", -2), 2, "layout.tasks_per_node=-2"),
+    (["{SPEC}"], _spec_with("collective_timeout_s", 0.0), 2, "collective_timeout_s=0.0"),
+    (["{SPEC}"], _spec_with("data.num_workers", -1), 2, "data.num_workers=-1"),
+    (["{SPEC}"], _spec_with("checkpoint.every_steps", -5), 2, "checkpoint.every_steps=-5"),
+    (["{SPEC}"], _spec_with("model.params", {"dropout": float("nan")}), 2, "model.params.dropout=nan"),
+    (["{SPEC}"], _spec_with("model.name", "gpt_tinyy"), 2, "model.name='gpt_tinyy'"),
+    (["{SPEC}"], _spec_with("strategy.name", "zero9"), 2, "zero9"),
+    (["{SPEC}"], ["not", "a", "spec"], 2, "not a readable cell spec"),
+    (["{NOPE}"], None, 2, "not a readable cell spec"),
+    (["{SPEC}", "--otu", "{OTHER}"], None, 2, "did you mean --out?"),
+    (["{SPEC}", "--ou", "{OTHER}"], None, 2, "did you mean --out?"),  # never an abbreviation
+    ([], None, 2, "spec"),
+    (["{SPEC}", "--out", "{CELL}"], None, 2, "--out {CELL}"),  # the spec's own out_dir: the sweep's figures
+    (["{SPEC}", "--out", "{OTHER}"], None, 2, "a cell's own directory"),  # another cell's directory
+]
+
+
+@pytest.mark.parametrize("argv, spec, code, says", JOBS_CORPUS,
+                         ids=[f"jobs {' '.join(c[0])} {json.dumps(c[1])[-40:] if c[1] else ''}" for c in JOBS_CORPUS])
+def test_python_m_jobs_refuses_a_bad_spec_or_flag_before_any_rank(argv, spec, code, says, tmp_path, monkeypatch,
+                                                                  capsys):
+    from jobs.__main__ import main
+
+    cell, other = tmp_path / "sweep" / "cells" / "00-ddp", tmp_path / "sweep" / "cells" / "01-fsdp"
+    paths = {"CELL": str(cell), "OTHER": str(other), "SPEC": str(cell / "spec.json"), "NOPE": str(tmp_path / "nope")}
+    for d in (cell, other):
+        d.mkdir(parents=True)
+        (d / "spec.json").write_text(json.dumps(_spec_plain()).replace("{CELL}", str(d)))
+        (d / "result.json").write_text('{"summary": {"throughput_samples_per_s": 1.0}}')
+    if spec is not None:
+        (cell / "spec.json").write_text(json.dumps(spec).replace("{CELL}", str(cell)))
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tmp_path)
+    try:
+        got = main([a.format(**paths) for a in argv])
+    except SystemExit as exc:  # the parser's own refusal
+        got = exc.code
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert got == code, said
+    assert says.format(**paths) in captured.err, said
+    assert "Traceback" not in said
+    assert _tree(tmp_path) == before  # nothing created, nothing written over
+
+
+def test_a_valid_spec_passes_its_own_checks_as_written_by_the_launcher():
+    from contract.codec import from_plain
+    from contract.spec import RunSpec
+
+    from_plain(RunSpec, _spec_plain()).validate()  # the corpus's base is valid: each case refuses its one change
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    root = tmp_path_factory.mktemp("records")
+    paths = {"A": make_sweep(root, "a", BASE), "B": make_sweep(root, "b", BASE), "EMPTY": make_sweep(root, "empty", {}),
+             "WAITING": make_sweep(root, "waiting", {}), "KUBE": make_sweep(root, "kube", BASE)}
+    state = SweepState.load(paths["WAITING"])
+    for cell in state.cells:
+        cell.status = CellStatus.running
+    state.save()
+    document = json.loads((paths["KUBE"] / "sweep.json").read_text())
+    for cell in document["cells"]:
+        cell["cluster"]["name"] = "kube"  # a site's backend, its package not installed here
+    (paths["KUBE"] / "sweep.json").write_text(json.dumps(document))
+    return root, {k: str(v) for k, v in paths.items()}
+
+
+RECORDS_CORPUS = [
+    # a backend that is not installed: named, with how to install it, by every command that reads the sweep
+    ("status", ["{KUBE}"], 2, "cluster=kube, a backend not installed here"),
+    ("report", ["{KUBE}"], 2, "cluster=kube, a backend not installed here"),
+    ("report", ["--compare", "{A}", "{KUBE}"], 2, "entry point ddp_fsdp_bench.backends: kube"),
+    ("sync", ["{KUBE}"], 2, "cluster=kube, a backend not installed here"),
+    ("sync", ["{KUBE}", "--tracking-uri", "sqlite:///{OUT}/x.db"], 2, "install the package that provides the 'kube'"),
+    ("forecast", ["{KUBE}", "nodes=4"], 2, "cluster=kube, a backend not installed here"),
+    # exit codes that say no more than happened
+    ("report", ["--compare", "{A}", "{B}"], 3, "undecided: no row of"),  # every row inconclusive (drift dominates)
+    ("report", ["--compare", "{A}", "{WAITING}"], 3, "cell(s) not ended"),
+    ("sync", ["{EMPTY}"], 1, "has no results"),
+    ("sync", ["{EMPTY}", "--tracking-uri", "sqlite:///{OUT}/x.db"], 1, "no run was created"),
+    ("sync", ["{WAITING}"], 3, "has no results yet"),
+    # the interpreter: a path and its arguments, never shell
+    ("launcher", ['cluster.python="python3; touch x"', "--plan"], 2, "cluster.python='python3; touch x'"),
+    ("launcher", ['cluster.python="python3 $(touch x)"', "--plan"], 2, "cluster.python"),
+    ("launcher", ["cluster.python=\"python3 'a b'\"", "--plan"], 2, "cluster.setup"),
+    ("launcher", ["cluster=slurm", 'cluster.python="python3 && reboot"', "--plan"], 2, "cluster.python"),
+    ("launcher", ["cluster=torchrun", 'cluster.python="python3|tee x"', "--plan"], 2, "cluster.python"),
+]
+
+
+def _command_main(command: str):
+    if command == "status":
+        from launcher.status import main
+        return main
+    return _main(command)
+
+
+@pytest.mark.parametrize("command, argv, code, says", RECORDS_CORPUS,
+                         ids=[f"{c[0]} {' '.join(c[1])}"[:80] for c in RECORDS_CORPUS])
+def test_specs_records_and_exit_codes(command, argv, code, says, records, tmp_path, monkeypatch, capsys):
+    root, paths = records
+    argv = [a.format(**paths, OUT=tmp_path) for a in argv]
+    if command == "launcher":
+        argv.append(f"output_root={tmp_path / 'out'}")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = _tree(root)
+    try:
+        got = _command_main(command)(argv)
+    except SystemExit as exc:
+        got = exc.code
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert got == code, said
+    assert says in captured.err, said
+    assert "Traceback" not in said
+    assert _tree(root) == before  # no run, record or file created, nothing lost
+    assert not list(tmp_path.rglob("*"))  # no store, no outputs/
+
+
+def test_an_interpreter_with_its_arguments_is_taken(tmp_path, capsys):
+    from launcher.__main__ import main
+
+    assert main(['cluster.python="/usr/bin/python3 -X utf8"', "--plan", f"output_root={tmp_path}"]) == 0, \
+        capsys.readouterr().err
+
+
+def test_a_forecast_of_a_runs_auto_sweep_drops_its_runs_auto_settings(records):
+    from launcher.forecast.__main__ import target_cells
+
+    _, paths = records
+    state = SweepState.load(paths["A"])
+    state.argv = ["python -m launcher", "runs=auto", "-m", "strategy=ddp,fsdp", "runs_min=4", "runs_max=8",
+                  "runs_budget_min=60", f"baseline={paths['B']}", "model=gpt_tiny", "batch_size=4"]
+    cells = target_cells(state, ["nodes=2"])  # was: "runs_min=4: is read only with runs=auto, and runs=1"
+    assert [c.name for c in cells] == ["strategy=ddp nodes=2", "strategy=fsdp nodes=2"]
+
+
+DRIFT_GOOD = [{"metric": m, "d2": 0.0004, "within": 0.0001, "pair": f"p{i}", "at": "2026-11-27"}
+              for m in ("throughput", "step_time", "peak_memory") for i in range(4)]
+
+
+def test_one_nan_entry_of_sweep_drift_is_set_aside_and_the_clusters_record_kept(tmp_path, capsys):
+    good = noisefloor.load_drift(_drift(tmp_path / "good", DRIFT_GOOD), "local:vm")
+    nan = {"metric": "throughput", "d2": float("nan"), "within": 0.0, "pair": "p9", "at": "2026-11-28"}
+    cut = {"metric": "step_time", "d2": "0.0004"[:3] + "x", "within": 0.0001, "pair": "p9"}
+    root = _drift(tmp_path / "damaged", [*DRIFT_GOOD, nan, cut])
+    before = (root / noisefloor.DRIFT_FILE).read_text()
+    got = noisefloor.load_drift(root, "local:vm")
+    err = capsys.readouterr().err
+    assert got is not None and good is not None and got.cv == good.cv and got.df == good.df  # the good 12 entries
+    assert "local:vm[12]" in err and "NaN or infinity" in err and '"d2": "0.0x"' in err and "Traceback" not in err
+    assert (root / noisefloor.DRIFT_FILE).read_text() == before  # a read changes nothing
+    # The next update keeps the NaN entry aside, and every good entry in the record.
+    noisefloor.record_drift(root, "local:vm", [{"metric": "throughput", "d2": 0.0, "within": 0.0}], "new")
+    (aside,) = root.glob(f"{noisefloor.DRIFT_FILE}.damaged-*")
+    assert json.loads(aside.read_text().replace("NaN", '"nan"')) == {"local:vm[12]": {**nan, "d2": "nan"}}
+    kept = json.loads((root / noisefloor.DRIFT_FILE).read_text())["local:vm"]
+    assert all(e in kept for e in DRIFT_GOOD) and len(kept) == len(DRIFT_GOOD) + 2  # the cut entry is still there
+
+
+def _drift(root: Path, entries: list) -> Path:
+    root.mkdir()
+    (root / noisefloor.DRIFT_FILE).write_text(json.dumps({"local:vm": entries, "slurm:gpu": DRIFT_GOOD}))
+    return root
+
+
+def test_a_nan_entry_of_forecast_errors_and_of_fabrics_is_set_aside_alone(tmp_path, capsys):
+    from launcher.forecast import forecastrecord
+
+    entries = [{"sweep": "s1", "cell": f"c{i}", "kind": "loo", "predicted": 100.0, "measured": 90.0 + i,
+                "log_error": 0.01 * i, "at": "2026-11-27"} for i in range(5)]
+    (tmp_path / forecastrecord.RECORD_FILE).write_text(
+        json.dumps({"local:vm": [*entries[:2], {**entries[2], "log_error": float("nan")}, *entries[3:]]}))
+    assert forecastrecord.errors(tmp_path, "local:vm") == [*entries[:2], *entries[3:]]
+    assert "local:vm[2]" in capsys.readouterr().err
+    identity = {"cluster": "local:vm", "shape": "1x2", "nodes": "n1", "software": {}}
+    other = {**identity, "shape": "2x2"}
+    (tmp_path / fabric.KEPT_FILE).write_text(json.dumps({
+        "local:vm 1x2": {"identity": identity, "result": {"fits": [{"alpha_us": 5.0}]}},
+        "local:vm 2x2": {"identity": other, "result": {"fits": [{"alpha_us": float("inf")}]}}}))
+    assert fabric.kept(tmp_path, identity) is not None and fabric.kept(tmp_path, other) is None
+    err = capsys.readouterr().err
+    assert "local:vm 2x2" in err and "NaN or infinity" in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    """One real cell on this machine (gpt_tiny, a few steps): its reproduce.sh is run for real."""
+    from launcher.__main__ import main
+    from tests.conftest import FAST
+
+    root = tmp_path_factory.mktemp("tiny")
+    assert main([*FAST, "tracking=off", f"output_root={root}", f"sweep_dir={root / 'sweep'}"]) == 0
+    return SweepState.load(root / "sweep")
+
+
+def test_reproduce_sh_run_in_its_own_cell_never_writes_over_the_sweeps_figures(tiny_sweep):
+    import subprocess
+
+    (cell,) = tiny_sweep.cells
+    cell_dir = tiny_sweep.cell_dir(cell)
+    figures = {name: (cell_dir / name).read_bytes() for name in ("result.json", "metrics.jsonl")}
+    before = _tree(tiny_sweep.path)
+    for out in (".", str(cell_dir), "../" + cell_dir.name):
+        done = subprocess.run(["sh", "reproduce.sh", out], cwd=cell_dir, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "a cell's own directory" in done.stderr and "Traceback" not in done.stderr
+        assert _tree(tiny_sweep.path) == before  # nothing run, nothing made (no reproduced/ either)
+    # Run as written, from the cell's own directory: the ranks again, into reproduced/ beside it.
+    done = subprocess.run(["sh", "reproduce.sh"], cwd=cell_dir, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads((cell_dir / "reproduced" / "result.json").read_text())["summary"]
+    assert {name: (cell_dir / name).read_bytes() for name in figures} == figures
+
+
+def test_a_forecast_that_forecasts_nothing_exits_1_saying_so(tiny_sweep, tmp_path, monkeypatch, capsys):
+    from launcher.forecast.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tiny_sweep.path)
+    # Two ranks, where the sweep measured one: no collective was measured, and no fabric probe ran.
+    assert main([str(tiny_sweep.path), "nodes=2"]) == 1
+    captured = capsys.readouterr()
+    assert "nothing could be forecast" in captured.err and "Traceback" not in captured.out + captured.err
+    assert "no latency and bandwidth for its collectives" in captured.out  # the table says why
+    assert _tree(tiny_sweep.path) == before and not list(tmp_path.iterdir())
+
+
+def test_the_specs_records_and_exit_codes_corpus_is_large_enough():
+    assert len(JOBS_CORPUS) + len(RECORDS_CORPUS) >= 40
