@@ -590,8 +590,12 @@ class RunSpec:
         if bad:
             value: Any = self
             for part in bad[0].split("."):
-                value = value[int(part) if isinstance(value, list) else part] if isinstance(value, (dict, list)) \
-                    else getattr(value, part)
+                if isinstance(value, list):
+                    value = value[int(part)]
+                elif isinstance(value, dict):
+                    value = value[part]
+                else:
+                    value = getattr(value, part)
             raise ConfigError(bad[0], value, "is NaN or infinite.", f"give {bad[0]} a finite number.")
         TrainSpec.validate(self.train)
         self.strategy.validate()
