@@ -16,6 +16,8 @@ from typing import Any, cast
 
 from contract.spec import ConfigError, non_finite
 from launcher.plan.clusterschema import ClusterConfig, settings_class
+from launcher.plan.configdirs import initialized
+from launcher.plan.configdirs import search_path as search_path  # the command line's --config-dir
 from launcher.plan.schema import Config
 from launcher.plan.schemakeys import did_you_mean, field_type, read_by, schema_keys, unknown_keys
 
@@ -34,14 +36,6 @@ class Point:
     config: Config
 
 
-def search_path(config_dirs: Sequence[str | Path]) -> list[str]:
-    """The override that adds a site's own config directories (``--config-dir``) to Hydra's search path,
-    before the packaged configs: a site keeps its cluster/*.yaml and experiment/*.yaml out of the package."""
-    if not config_dirs:
-        return []
-    return ["hydra.searchpath=[" + ",".join(f"file://{Path(d).resolve()}" for d in config_dirs) + "]"]
-
-
 def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
     """The grid a named experiment declares (``+experiment=NAME``: its ``hydra.sweeper.params``), as
     overrides; a key also given on the command line keeps the command line's values, as in Hydra."""
@@ -49,13 +43,12 @@ def experiment_grid(overrides: Sequence[str], extra: Sequence[str] = ()) -> list
     if not chosen:
         return []
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
     from launcher.plan.schema import register
 
     register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialized(CONF_DIR, extra):
         cfg = hydra_compose(config_name="config", overrides=[*chosen, *extra], return_hydra_config=True)
     # An experiment may fix settings without a grid of its own (noise_floor): no sweeper params.
     params = OmegaConf.to_container(cfg.hydra.sweeper.params) if cfg.hydra.sweeper.params is not None else {}
@@ -144,6 +137,9 @@ def _explain(exc: BaseException, overrides: list[str]) -> str:
     if isinstance(exc, ConfigError):
         return f"[{where}] {exc}"
     if isinstance(exc, MissingConfigException):
+        broken = _broken_backend(exc.missing_cfg_file or "")
+        if broken is not None:
+            return f"[{where}] {broken}"
         group = (exc.missing_cfg_file or "").split("/")[0] if exc.missing_cfg_file else ""
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group else []
         hint = f" Fix: pick one of {', '.join(options)}." if options else ""
@@ -161,6 +157,22 @@ def _explain(exc: BaseException, overrides: list[str]) -> str:
     if cause is not None and cause is not exc:
         return _explain(cause, overrides)
     return f"[{where}] {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _broken_backend(missing: str) -> ConfigError | None:
+    """Why ``cluster/NAME_schema`` is missing where NAME is a site's backend that cannot be imported:
+    its entry point and the import error (launcher/cluster/registry.py left it out of the schema)."""
+    from launcher.cluster import registry
+
+    name = missing.removeprefix("cluster/").removesuffix("_schema")
+    if not (missing.startswith("cluster/") and missing.endswith("_schema")) or name not in registry.known() \
+            or name in registry.usable():
+        return None
+    try:
+        registry.load(name, "settings")
+    except ConfigError as exc:
+        return exc
+    return None
 
 
 def _changes_composition(override: str, config_dir: Path) -> bool:
@@ -184,7 +196,6 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
     import copy
 
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
@@ -196,7 +207,7 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
     templates: dict[tuple[str, ...], tuple[Any, Config]] = {}
     cache: dict[str, object] = {}  # override text -> parsed: a grid repeats the same few (ANTLR is slow)
     points, errors = [], []
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+    with initialized(config_dir, extra):
         for overrides in point_overrides:
             groups = tuple([*extra, *(o for o in overrides if _changes_composition(o, config_dir))])
             values = [o for o in overrides if not _changes_composition(o, config_dir)]
