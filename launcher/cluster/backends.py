@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the interface, for the checker only
 
 def backend_class(name: str) -> type[Backend]:
     """The class of backend ``name`` (its ``backend.py``), imported now."""
+    registry.check(name)  # a site's entry point that takes a built-in's name: refused, never guessed
     return registry.load(name, "backend")
 
 

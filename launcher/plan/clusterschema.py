@@ -95,7 +95,7 @@ class ClusterConfig:
         keys ``cluster.*`` may hold somewhere), only itself for a backend's own."""
         if cls is not ClusterConfig:
             return [cls]
-        return [settings_class(name) for name in sorted(registry.known())]
+        return [settings_class(name) for name in registry.usable()]  # a broken site backend left out, announced
 
     def validate(self) -> None:
         """The backend's own checks of its settings, before anything is created; the shared ones
@@ -118,6 +118,7 @@ def known_backend(name: str, setting: str = "cluster") -> str:
         raise ConfigError(setting, name, "names no backend known here.",
                           f"use one of {', '.join(f'cluster={n}' for n in sorted(registry.known()))}, or add a "
                           "backend (docs/backends.md).")
+    registry.check(name, setting)  # a site's entry point that takes a built-in's name
     return name
 
 

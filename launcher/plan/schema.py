@@ -369,5 +369,5 @@ def register() -> None:
 
     store = ConfigStore.instance()
     store.store(name="config_schema", node=Config)
-    for name in registry.known():
+    for name in registry.usable():  # a site's backend that cannot be imported: announced, left out
         store.store(group="cluster", name=f"{name}_schema", node=settings_class(name))
