@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from contract import mlflow_client
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
 
@@ -63,6 +64,7 @@ class Interrupts:
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
             self._previous = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+        mlflow_client.stop_requested(False)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -102,6 +104,7 @@ class Interrupts:
             self._stop_sent_s = None
 
     def _handle(self, signum: int, frame) -> None:
+        mlflow_client.stop_requested()  # MLflow calls from now on wait seconds at most, not minutes
         if self.signum is None:
             self.signum = signum
             what = f"stopping {self._label} at its next step boundary (its ranks save a checkpoint); " \
@@ -147,7 +150,10 @@ def stop_waiting() -> Iterator[None]:
     """SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, while the launcher only waits for
     jobs that are not its processes (Slurm's): stopping the wait is all any of them asks."""
     def interrupt(signum, frame):
+        mlflow_client.stop_requested()
         raise KeyboardInterrupt(NAMES[signum])
+
+    mlflow_client.stop_requested(False)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():

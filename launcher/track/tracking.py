@@ -225,12 +225,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
         except (urllib.error.URLError, OSError) as exc:
             return f"no MLflow server answers there ({getattr(exc, 'reason', exc)})"
     if parsed.scheme == "sqlite":
-        path = sqlite_path(uri)
-        if path is None or not path.parent.is_dir():
-            return f"the directory of the SQLite file ({path.parent if path else uri}) does not exist"
-        if not os.access(path.parent, os.W_OK):
-            return f"the directory {path.parent} is not writable"
-        return None
+        return _sqlite_problem(uri)
     if parsed.scheme in DATABASE_SCHEMES or parsed.scheme.split("+")[0] in DATABASE_SCHEMES:
         return _database_problem(uri, timeout_s)
     if uri.startswith(("databricks", "uc:")):
@@ -240,6 +235,38 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
         return _file_store_problem(Path(parsed.path if parsed.scheme else uri))
     return (f"MLflow cannot log to a {parsed.scheme}:// store (it logs to an MLflow server, http:// or https://, "
             f"an SQLite file, sqlite:///path/mlflow.db, or a database, {', '.join(DATABASE_SCHEMES)})")
+
+
+def _sqlite_problem(uri: str) -> str | None:
+    """The SQLite file can be written, or created, and so can its journal beside it: tried, not inferred
+    from permissions (root passes os.access everywhere, yet nothing can be created in /proc). Nothing
+    is left behind: a file made and removed beside it, an existing one opened for writing, unchanged,
+    and its first bytes read (an SQLite database's, or none). No MLflow and no SQLite call, so a store
+    that another process holds locked does not hold this check up (MLflow's calls have their own
+    deadline, contract/mlflow_client.py)."""
+    import tempfile
+
+    path = sqlite_path(uri)
+    if path is None or not path.parent.is_dir():
+        return f"the directory of the SQLite file ({path.parent if path else uri}) does not exist"
+    if path.exists() and not path.is_file():
+        return f"{path} is not a file"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path.parent)  # the journal goes beside it
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        what = "written (nor its journal beside it)" if path.exists() else f"created in {path.parent}"
+        return f"the SQLite file {path} cannot be {what} ({exc.strerror or exc})"
+    if path.exists():
+        try:
+            with open(path, "r+b") as handle:
+                head = handle.read(16)
+        except OSError as exc:
+            return f"the SQLite file {path} cannot be written ({exc.strerror or exc})"
+        if head and head != b"SQLite format 3\x00":
+            return f"{path} is not an SQLite database (it holds something else)"
+    return None
 
 
 # Databases MLflow's SQL store logs to (through SQLAlchemy, with the driver the scheme names), and
