@@ -3,8 +3,9 @@ each value the device cannot run refused (standard library only).
 
 The launcher calls :func:`resolve` before submission, where the device follows from
 ``cluster.gpus_per_node``; every rank calls it again on the device it really got, so a RunSpec built
-by hand gets the same answers. What needs torch to decide (fused optimizers on this torch, a C++
-compiler for torch.compile on CPU) is checked on the rank (jobs/tuning.py).
+by hand gets the same answers. What needs torch to decide (fused optimizers on this torch) is checked
+on the rank; the C++ compiler that torch.compile needs for CPU ranks is looked for before launch
+(:func:`missing_compiler`, launcher/preflight.py), where the ranks run on this machine.
 
 GPU defaults are a tuned training loop's (torchtitan, llm.c): fused AdamW, channels-last with
 cuDNN autotuning, torch.compile (the loss inside it), a vocabulary padded to 64, a loss that never
@@ -14,6 +15,9 @@ upcasts the whole logits (compiled: fused by inductor; eager: chunked), step tim
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from contract.catalog import GPT_SIZES
@@ -212,3 +216,19 @@ def _step_timing(value: StepTiming, cuda: bool) -> str:
     if value is StepTiming.auto:
         return (StepTiming.events if cuda else StepTiming.sync).value
     return value.value
+
+
+def missing_compiler(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why torch.compile could not build a CPU rank's kernels with ``environ`` (this process's
+    environment by default), or None. Inductor compiles the C++ it generates with ``$CXX``, else
+    ``g++``, found on ``PATH`` (torch/_inductor/config.py ``cpp.cxx``; it installs one from conda only
+    where TORCH_INDUCTOR_INSTALL_GXX is set): without one, a compiled cell fails inside its ranks."""
+    env = os.environ if environ is None else environ
+    if env.get("TORCH_INDUCTOR_INSTALL_GXX"):
+        return None
+    cxx = env.get("CXX") or "g++"
+    if shutil.which(cxx, path=env.get("PATH", os.defpath)) is not None:
+        return None
+    named = f"CXX={cxx}" if env.get("CXX") else "g++ (CXX is not set)"
+    return (f"torch.compile builds a CPU rank's kernels with a C++ compiler, and {named} is not found on PATH "
+            f"here")

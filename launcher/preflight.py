@@ -14,11 +14,12 @@ import json
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from contract.codec import to_plain
 from contract.spec import ConfigError, ModelSpec
-from contract.tuning import resolved_model
+from contract.tuning import missing_compiler, resolved_model
 from launcher.cluster.backends import backend_for
 from launcher.plan import fit, fitcache, traffic
 from launcher.plan.cell import Cell
@@ -48,7 +49,22 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     _baseline(cells)
     _writable(cells[0].config)
     _tracking(cells[0].config)
+    _compiler(cells)
     return predicted
+
+
+def _compiler(cells: list[Cell], environ: Mapping[str, str] | None = None) -> None:
+    """compile=true (or auto resolved to it) on CPU ranks of this machine needs a C++ compiler (inductor
+    builds their kernels): looked for here, in the environment the ranks inherit. Not where the ranks
+    run elsewhere (Slurm's nodes), run after cluster.setup lines (which may load one), or are declared."""
+    compiled = [c for c in cells if c.cluster.one_machine and not c.cluster.declared and not c.cluster.setup
+                and not c.layout.gpus_per_node and c.config.tuning().compile]
+    problem = missing_compiler(environ) if compiled else None
+    if problem:
+        raise SweepError(str(ConfigError(
+            "compile", True, f"{problem}: {len(compiled)} cell(s) would fail inside their ranks ({compiled[0].name}"
+            f"{', ...' if len(compiled) > 1 else ''}).", "install a C++ compiler (Debian: apt-get install g++; or set "
+            "CXX to one's path), or run eager with compile=false.")))
 
 
 def _looks(config: Config) -> None:
