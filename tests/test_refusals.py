@@ -823,3 +823,265 @@ def test_a_forecast_that_forecasts_nothing_exits_1_saying_so(tiny_sweep, tmp_pat
 
 def test_the_specs_records_and_exit_codes_corpus_is_large_enough():
     assert len(JOBS_CORPUS) + len(RECORDS_CORPUS) >= 40
+
+
+# ---- backends, stores and compilers: a site's entry points and config files, the tracking store's
+# deadline, a compiler for compile=true ---------------------------------------------------------------
+# The site's cases run `python -m launcher...` with the site's directory on PYTHONPATH (its packages
+# and .dist-info, as pip installs them: tests/test_config.py's kube backend is the model). {SITE} the
+# site's config directory (cluster/kube.yaml), {A} a sweep run on cluster=local, {KUBE} one whose
+# cells name cluster=kube, {SLURM} one whose cells name cluster=slurm.
+
+def _site_package(root: Path, dist: str, entry_points: str, package: str | None = None) -> None:
+    """An installed distribution: its .dist-info (METADATA, entry_points.txt) and, when given, its
+    package with tests/test_config.py's kube settings and backend."""
+    from tests.test_config import SITE_BACKEND, SITE_SETTINGS
+
+    name, version = dist.split()
+    meta = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (meta / "entry_points.txt").write_text(f"[ddp_fsdp_bench.backends]\n{entry_points}\n")
+    if package:
+        (root / package).mkdir()
+        for module, text in (("__init__", ""), ("settings", SITE_SETTINGS), ("backend", SITE_BACKEND)):
+            (root / package / f"{module}.py").write_text(text)
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sites")
+    _site_package(root / "collides", "site-pkg 0.2", "slurm = site_pkg")  # a built-in's name
+    _site_package(root / "broken", "kube-site 0.1", "kube = kube_site_gone")  # its package not importable
+    conf = root / "conf"
+    (conf / "cluster").mkdir(parents=True)
+    (conf / "cluster" / "kube.yaml").write_text("defaults:\n  - kube_schema\n  - _self_\nname: kube\n")
+    paths = {"SITE": conf, "A": make_sweep(root, "a", BASE), "KUBE": make_sweep(root, "kube", BASE),
+             "SLURM": make_sweep(root, "slurm", BASE)}
+    for name in ("KUBE", "SLURM"):
+        document = json.loads((paths[name] / "sweep.json").read_text())
+        for cell in document["cells"]:
+            cell["cluster"]["name"] = name.lower()
+        (paths[name] / "sweep.json").write_text(json.dumps(document))
+    return root, {k: str(v) for k, v in paths.items()}
+
+
+COLLIDES = "entry point ddp_fsdp_bench.backends: slurm = site_pkg (distribution site-pkg 0.2)"
+BROKEN = "entry point ddp_fsdp_bench.backends: kube = kube_site_gone (distribution kube-site 0.1)"
+GONE = "ModuleNotFoundError: No module named 'kube_site_gone'"
+# (site, command, argv, exit code, what stderr holds, each of it)
+SITE_CORPUS = [
+    # an entry point that takes a built-in's name: announced by every command, its name refused
+    ("collides", "launcher", ["--plan"], 0, [COLLIDES, "takes the name of the built-in backend 'slurm'"]),
+    ("collides", "launcher", ["--plan", "cluster=slurm"], 2, ["cluster='slurm'", COLLIDES, "Fix:", "pip uninstall site-pkg"]),
+    ("collides", "launcher.status", ["{A}"], 0, [COLLIDES]),
+    ("collides", "launcher.status", ["{SLURM}"], 2, ["cluster='slurm'", COLLIDES]),
+    # an entry point whose package cannot be imported: the other backends work; its own is refused
+    ("broken", "launcher", ["--plan"], 0, [BROKEN, GONE, "the others go on without it"]),
+    ("broken", "launcher", ["--plan", "--config-dir", "{SITE}", "cluster=kube"], 2, ["cluster='kube'", BROKEN, GONE]),
+    ("broken", "launcher", ["--plan", "cluster=torchrun"], 0, [BROKEN]),
+    ("broken", "launcher.status", ["{A}"], 0, [BROKEN]),
+    ("broken", "launcher.status", ["{KUBE}"], 2, ["cluster='kube'", BROKEN, GONE, "Fix: reinstall"]),
+]
+
+
+@pytest.mark.parametrize("site, command, argv, code, says", SITE_CORPUS,
+                         ids=[f"{c[0]} {c[1]} {' '.join(c[2])}"[:80] for c in SITE_CORPUS])
+def test_a_sites_entry_points_are_never_ignored_in_silence(site, command, argv, code, says, sites, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root, paths = sites
+    argv = [a.format(**paths) for a in argv]
+    if command == "launcher":
+        argv.append(f"output_root={tmp_path / 'out'}")
+    before = _tree(root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / site), str(Path(__file__).parent.parent)])}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run([sys.executable, "-m", command, *argv], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == code, said
+    for words in says:
+        assert words in done.stderr, said
+    assert "Traceback" not in said
+    if code:  # refused: nothing created or lost beside the sweeps (a status that goes on writes its report)
+        assert _tree(root) == before
+    assert not list(tmp_path.rglob("*"))  # no output_root, nothing where the command ran
+
+
+def test_a_sites_cluster_file_wins_over_the_packaged_one(tmp_path, monkeypatch, capsys):
+    """docs/configuration.md: --config-dir puts the site's directory before the packaged configs, so
+    a site's cluster/local.yaml is what cluster=local composes."""
+    from launcher.__main__ import main
+    from launcher.plan.grid import compose, expand, search_path
+    from launcher.plan.planner import plan
+
+    site = tmp_path / "site"
+    (site / "cluster").mkdir(parents=True)
+    (site / "cluster" / "local.yaml").write_text("defaults:\n  - local_schema\n  - _self_\nname: local\n"
+                                                 "tasks_per_node: 2\ntimeout_min: 7\n")
+    extra = search_path([site])
+    (cell,) = plan(compose(*expand(["runs=1"], False, extra), extra=extra))
+    assert (cell.config.cluster.timeout_min, cell.layout.tasks_per_node) == (7, 2)
+    (packaged,) = plan(compose(*expand(["runs=1"], False)))
+    assert (packaged.config.cluster.timeout_min, packaged.layout.tasks_per_node) == (60, 1)  # without the site
+    monkeypatch.chdir(tmp_path)
+    before = _tree(tmp_path)
+    assert main(["--plan", "--config-dir", str(site), "runs=1", f"output_root={tmp_path / 'out'}"]) == 0
+    captured = capsys.readouterr()
+    assert "1 x 2" in captured.out and "Traceback" not in captured.out + captured.err  # nodes x ranks: the site's
+    assert _tree(tmp_path) == before
+
+
+# The tracking store: refused before the first cell when it cannot be written (nothing created).
+STORE_CORPUS = [
+    (["tracking.uri=sqlite:////proc/x.db"], "tracking.uri='sqlite:////proc/x.db': the SQLite file /proc/x.db cannot "
+                                            "be created in /proc"),
+    (["tracking.uri=sqlite:////proc/version"], "the SQLite file /proc/version cannot be written"),
+    (["tracking.uri=sqlite:///{DIR}"], "is not a file"),
+    (["tracking.uri=sqlite:///{DIR}/../notes.txt"], "notes.txt is not an SQLite database"),
+    (["tracking.uri=sqlite:////proc/x.db", "--plan"], "tracking.uri="),
+]
+
+
+@pytest.mark.parametrize("argv, says", STORE_CORPUS, ids=[" ".join(c[0]) for c in STORE_CORPUS])
+def test_an_unwritable_store_is_refused_before_the_first_cell(argv, says, tmp_path, monkeypatch, capsys):
+    from launcher.__main__ import main
+
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    argv = [a.format(DIR=directory) for a in argv]
+    assert main([*FAST_CELL, *argv, f"output_root={tmp_path / 'out'}"]) == 2
+    captured = capsys.readouterr()
+    assert says in captured.err and "tracking=off" in captured.err, captured.err
+    assert "Traceback" not in captured.out + captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory", "notes.txt"]  # no output_root, no store
+    assert not list(directory.iterdir())  # the probe left nothing
+
+
+FAST_CELL = ["model=mlp", "batch_size=4", "steps=4", "warmup_steps=1", "repeats=1", "runs=1", "fabric.probe=off",
+             "comm_probe_steps=0"]
+
+
+def test_every_mlflow_call_has_a_deadline_and_a_store_that_missed_it_is_not_waited_on_again(monkeypatch):
+    import threading
+    import time
+
+    from contract import mlflow_client
+
+    monkeypatch.setattr(mlflow_client, "CALL_DEADLINE_S", 0.3)
+    monkeypatch.setattr(mlflow_client, "_unanswered", {})
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(mlflow_client.StoreUnavailable, match="a search did not answer within 0.3 s"):
+        mlflow_client.bounded("sqlite:////x.db", "a search", release.wait, 30)
+    assert time.monotonic() - started < 2
+    with pytest.raises(mlflow_client.StoreUnavailable, match="is not called again: a search did not answer"):
+        mlflow_client.bounded("sqlite:////x.db", "a log", lambda: 1)  # at once, without a call
+    release.set()
+    assert mlflow_client.bounded("sqlite:////y.db", "a log", lambda: 1) == 1  # another store is called
+    with pytest.raises(ZeroDivisionError):  # an error of the call is the caller's, as raised
+        mlflow_client.bounded("sqlite:////y.db", "a log", lambda: 1 / 0)
+
+
+def test_sigterm_while_the_store_is_locked_ends_the_launcher_within_seconds(tmp_path):
+    """A store another process holds locked (an exclusive transaction, as a stuck writer would): the
+    launcher waits on it after its cell, SIGTERM arrives during that wait, and the launcher ends
+    within 5 s, non-zero, no process of its left (MLflow alone would retry for minutes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.stores import existing_store
+    from tests.test_interrupt import assert_nothing_left, sweep_dir
+
+    store = existing_store(tmp_path / "out")
+    holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], "
+                               "isolation_level=None); c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); "
+                               "time.sleep(300)", str(store)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        proc = subprocess.Popen([sys.executable, "-m", "launcher", *FAST_CELL, f"output_root={tmp_path / 'out'}"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        launcher = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 240
+        while not any(f.path == str(store) for f in launcher.open_files()):  # waiting on the store now
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        children = launcher.children(recursive=True)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        took_s = time.monotonic() - signalled
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert took_s < 5, f"{took_s:.1f} s\n{out}"
+    assert "did not answer within 1.5 s of the stop" in out and "Traceback" not in out, out
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert_nothing_left(sweep_dir(tmp_path))
+    document = json.loads((sweep_dir(tmp_path) / "sweep.json").read_text())
+    assert [c["status"] for c in document["cells"]] == ["done"]  # what was done is kept
+
+
+# compile=true on CPU ranks needs a C++ compiler (inductor builds their kernels): looked for before launch.
+def _compiled_cells(*overrides: str):
+    from launcher.plan.grid import compose, expand
+    from launcher.plan.planner import plan
+
+    return plan(compose(*expand(["runs=1", *overrides], False)))
+
+
+@pytest.mark.parametrize("environ, named", [
+    ({"PATH": "{EMPTY}"}, "g++ (CXX is not set) is not found on PATH"),
+    ({"PATH": "/usr/bin:/bin", "CXX": "{EMPTY}/no-such-c++"}, "CXX={EMPTY}/no-such-c++ is not found"),
+    ({"PATH": "{EMPTY}", "CXX": "clang++-99"}, "CXX=clang++-99 is not found"),
+], ids=["no g++ on PATH", "CXX a path that is not there", "CXX a name not on PATH"])
+def test_compile_without_a_compiler_is_refused_before_launch(environ, named, tmp_path):
+    from launcher.plan.grid import SweepError
+    from launcher.preflight import _compiler
+
+    environ = {k: v.format(EMPTY=tmp_path) for k, v in environ.items()}
+    with pytest.raises(SweepError) as refused:
+        _compiler(_compiled_cells("compile=true"), environ)
+    said = str(refused.value)
+    assert said.startswith("compile=True:") and named.format(EMPTY=tmp_path) in said, said
+    assert "apt-get install g++" in said and "compile=false" in said, said
+
+
+def test_compile_is_not_refused_where_a_compiler_is_or_nothing_compiles(tmp_path):
+    import shutil
+
+    from launcher.preflight import _compiler
+
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ on this machine: the refusal above is what it gets")
+    hidden = {"PATH": str(tmp_path)}
+    _compiler(_compiled_cells("compile=true"), {"PATH": "/usr/bin:/bin"})
+    _compiler(_compiled_cells("compile=false"), hidden)  # eager: no compiler needed
+    _compiler(_compiled_cells(), hidden)  # auto: eager on CPU (contract/tuning.py CPU_COMPILE)
+    _compiler(_compiled_cells("compile=true", "cluster.setup=[module load gcc]"), hidden)  # setup may bring one
+
+
+def test_compile_without_a_compiler_is_refused_by_the_command(tmp_path, monkeypatch, capsys):
+    from launcher.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    assert main([*FAST_CELL, "compile=true", f"output_root={tmp_path / 'out'}"]) == 2
+    captured = capsys.readouterr()
+    assert "compile=True" in captured.err and "compile=false" in captured.err, captured.err
+    assert "Traceback" not in captured.out + captured.err
+    assert not list(tmp_path.iterdir())  # nothing launched, nothing created
