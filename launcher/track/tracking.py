@@ -240,8 +240,8 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
 def _sqlite_problem(uri: str) -> str | None:
     """The SQLite file can be written, or created, and so can its journal beside it: tried, not inferred
     from permissions (root passes os.access everywhere, yet nothing can be created in /proc). Nothing
-    is left behind: a file made and removed beside it, an existing one opened for writing, unchanged,
-    and its first bytes read (an SQLite database's, or none). No MLflow and no SQLite call, so a store
+    is left behind: a file made and removed beside it, an existing one opened for writing, unchanged
+    (what it holds is MLflow's to judge, within its deadline). No MLflow and no SQLite call, so a store
     that another process holds locked does not hold this check up (MLflow's calls have their own
     deadline, contract/mlflow_client.py)."""
     import tempfile
@@ -260,12 +260,10 @@ def _sqlite_problem(uri: str) -> str | None:
         return f"the SQLite file {path} cannot be {what} ({exc.strerror or exc})"
     if path.exists():
         try:
-            with open(path, "r+b") as handle:
-                head = handle.read(16)
+            with open(path, "r+b"):
+                pass
         except OSError as exc:
             return f"the SQLite file {path} cannot be written ({exc.strerror or exc})"
-        if head and head != b"SQLite format 3\x00":
-            return f"{path} is not an SQLite database (it holds something else)"
     return None
 
 
