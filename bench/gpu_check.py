@@ -325,8 +325,7 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     def progress(text: str) -> None:
         so_far = last_progress(text)
         if so_far.get("configs"):
-            check.tuned[part] = {**so_far["configs"][-1], "model": so_far["model"], "device": so_far["device"],
-                                 "part": part, "fabric": so_far.get("fabric")}
+            check.tuned[part] = part_config(so_far, part)
             write_results(check)
 
     rc, text = run_logged(check, cmd, "tuned.log", budget_s, on_progress=progress)
@@ -336,9 +335,7 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
         return ("partial" if rc is None else "FAIL"), f"nothing measured ({'stopped' if rc is None else f'exit {rc}'})", \
             tail(text, 25)
     check.device = result.get("device", check.device)
-    config = {**configs[-1], "model": result["model"], "device": result["device"], "part": part,
-              "fabric": result.get("fabric")}
-    check.tuned[part] = config
+    config = check.tuned[part] = part_config(result, part)
     figures = tuned_figures(config)
     errors = [f"{name}: {side['error'].splitlines()[0]}" for name, side in config["sides"].items() if "error" in side]
     skipped = [f"{name} skipped: {side['skipped']}" for name, side in config["sides"].items() if "skipped" in side]
@@ -356,6 +353,12 @@ def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list
     if errors or rc not in (0, None):
         details += ["", "Errors and the job's last lines:", *(f"- {e}" for e in errors), *tail(text, 25)]
     return verdict, status + (summary or "; ".join(errors)), details
+
+
+def part_config(result: dict[str, Any], part: str) -> dict[str, Any]:
+    """The last precision of bench/tuned.py's result, with what the figures need from the job."""
+    return {**result["configs"][-1], "model": result["model"], "device": result["device"], "part": part,
+            "fabric": result.get("fabric")}
 
 
 def last_progress(text: str) -> dict:

@@ -20,7 +20,7 @@ has 8 static variants, exactly dynamo's default limit, and one more would run ea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -81,13 +81,16 @@ def compile_regions(model: nn.Module, *, backend="inductor") -> tuple[str, ...]:
     return names
 
 
-def forward_loss(model: nn.Module, loss: Callable, *, whole: bool, world_size: int,
+def forward_loss(model: nn.Module, loss: Callable, plan: CompilePlan,
                  backend="inductor") -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The step's forward and loss: ``whole`` (DDP) one compiled function of the wrapped model and the
-    loss; else the (regionally compiled) model, then the compiled loss."""
+    """The step's forward and loss as ``plan`` says: ``whole`` (DDP) one compiled function of the
+    wrapped model and the loss; ``regions``, the (regionally compiled) model, then the compiled loss;
+    ``off``, both as they are."""
+    if plan.scope == "off":
+        return lambda x, y: loss(model(x), y)
     set_limits()
-    if whole:
-        if world_size == 1:
+    if plan.scope == "whole":
+        if plan.single_graph:
             # One rank: no all-reduce to overlap, so DDPOptimizer's split buys nothing and costs a
             # graph boundary per bucket.
             torch._dynamo.config.optimize_ddp = False
@@ -106,11 +109,3 @@ def graph_count() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"].get("unique_graphs", 0))
-
-
-def eager_forward_loss(model: nn.Module, loss: Callable) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    return lambda x, y: loss(model(x), y)
-
-
-__all__: Sequence[str] = ("RECOMPILE_LIMIT", "CompilePlan", "compile_regions", "compile_units", "eager_forward_loss",
-                          "forward_loss", "graph_count", "set_limits")

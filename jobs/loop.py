@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from contract.spec import LrScaling
+from jobs.compiling import CompilePlan, forward_loss
 from jobs.data import Batch
 from jobs.loss import loss_fn
 from jobs.memory import local_bytes
@@ -100,7 +101,8 @@ class Trainer:
         self.vocab, self.chunked_loss, self.events = vocab, chunked_loss, events
         # (x, y) -> loss: the model and the loss, compiled together where train.compile is on
         # (jobs.parallel.Parallelized.step_forward), else run as they are.
-        self.forward_loss = step_forward(self.loss) if step_forward else (lambda x, y: self.loss(self.model(x), y))
+        self.forward_loss = (step_forward(self.loss) if step_forward
+                             else forward_loss(self.model, self.loss, CompilePlan("off")))
         # Gradient bytes this rank holds after a backward (local shards under FSDP), read once on
         # the first step: gradients are freed after every step, so they cannot be read afterwards.
         self.grad_bytes: int | None = None

@@ -231,16 +231,12 @@ class Parallelized:
     scaler: object  # torch.amp.GradScaler or None
     plan: PrecisionPlan
     compile_plan: CompilePlan = CompilePlan("off")
-    world_size: int = 1
     compile_backend: Any = "inductor"
 
     def step_forward(self, loss: Callable) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The step's forward and loss, ``(x, y) -> loss``, compiled as :attr:`compile_plan` says
         (jobs/compiling.py: the loss always inside a compiled graph)."""
-        if self.compile_plan.scope == "off":
-            return compiling.eager_forward_loss(self.model, loss)
-        return compiling.forward_loss(self.model, loss, whole=self.compile_plan.scope == "whole",
-                                      world_size=self.world_size, backend=self.compile_backend)
+        return compiling.forward_loss(self.model, loss, self.compile_plan, self.compile_backend)
 
 
 @contextlib.contextmanager
@@ -347,8 +343,7 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
         # Bound now, to the FSDP module itself: not to whatever `model` names after compiling.
         no_sync = functools.partial(_fsdp_no_sync, model)
     scaler = make_grad_scaler(device.type, offload=strategy.cpu_offload) if plan.grad_scaler else None
-    return Parallelized(model, no_sync, torch_dtype(plan.autocast), scaler, plan, compile_plan,
-                        dims.world_size if dims is not None else 1, compile_backend)
+    return Parallelized(model, no_sync, torch_dtype(plan.autocast), scaler, plan, compile_plan, compile_backend)
 
 
 # torch.optim's flags for each optimizer_impl (contract.spec.OptimizerImpl, resolved).
