@@ -42,10 +42,13 @@ def test_runs_left_running_by_a_killed_local_sweep_are_closed_with_the_reason(tm
             except (OSError, ValueError):
                 continue
             second = doc["cells"][1]
-            if second["status"] == "running" and (sweep_dir / "mlflow.json").exists():
+            # Running, with its ranks' first line written: the kill must come after the job began.
+            started = list(sweep_dir.glob("cells/01-*/metrics.jsonl"))
+            if (second["status"] == "running" and (sweep_dir / "mlflow.json").exists() and started
+                    and started[0].read_text().strip()):
                 job = int(second["job_id"])
         assert job is not None, "the second cell never started"
-        time.sleep(2)
+        time.sleep(1)
     finally:
         _killpg(launcher.pid)  # the launcher, then the cell's ranks (their own session): no goodbye from anyone
         if job is not None:
