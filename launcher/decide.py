@@ -52,7 +52,7 @@ def design_for(config: Config) -> Design | None:
         return None
     baseline = str(Path(config.baseline).resolve()) if config.baseline else None
     return Design(runs_min=config.runs_min, runs_max=config.runs_max, budget_min=config.runs_budget_min,
-                  baseline=baseline, started_s=time.time())
+                  baseline=baseline, started_s=time.time(), cells_max=config.limits.cells)
 
 
 def first_round(state: SweepState) -> None:
@@ -132,6 +132,12 @@ def next_round(state: SweepState, now_s: float | None = None) -> list[Cell]:
         return []
     wanted = {name for p in open_ for name in p.configurations}
     target = looks.schedule[done]
+    adding = sum(max(0, target - _runs_of(state, name)) for name in wanted)
+    if design.cells_max is not None and len(state.cells) + adding > design.cells_max:
+        design.stopped = (f"limits.cells={design.cells_max} reached: round {done + 1} would add {adding} run(s) to the "
+                          f"{len(state.cells)} run so far")
+        state.save()
+        return []
     hosts = _hosts(state)
     cells = [_another_run(state, name, target, hosts) for name in _in_plan_order(state, wanted)]
     added = [c for group in cells for c in group]
@@ -145,6 +151,9 @@ def _why_stop(state: SweepState, design: Design, looks: Looks, found: list[Pair]
     left_out = (f"; {len(unjudged)} comparison(s) not judged ({unjudged[0]}"
                 + (" ..." if len(unjudged) > 1 else "") + ")") if unjudged else ""
     if not found:
+        if len({configuration(c.name) for c in state.cells}) == 1 and not design.baseline:
+            return (f"one configuration and no baseline: nothing to compare; its {design.runs_min} runs measure its "
+                    f"spread (sweep a setting, e.g. strategy=ddp,fsdp, or give baseline=<a sweep directory>)")
         return "no comparison can be judged" + (left_out or ": no two configurations with a result differ in one "
                                                 "setting")
     if not open_:
@@ -164,6 +173,10 @@ def _why_stop(state: SweepState, design: Design, looks: Looks, found: list[Pair]
             return (f"budget: round {done + 1} (about {next_s / 60:.1f} min) would end after "
                     f"runs_budget_min={design.budget_min:g} ({spent_s / 60:.1f} min spent)")
     return None
+
+
+def _runs_of(state: SweepState, name: str) -> int:
+    return max((c.run for c in state.cells if configuration(c.name) == name), default=0)
 
 
 def _in_plan_order(state: SweepState, names: set[str]) -> list[str]:

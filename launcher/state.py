@@ -120,6 +120,7 @@ class Design:
     started_s: float
     rounds: list[Round] = field(default_factory=list)
     stopped: str | None = None  # why no further round comes (None: decided after the running one)
+    cells_max: int | None = None  # limits.cells: no round starts that would pass it (None: a sweep from before it)
 
 
 @dataclass

@@ -151,7 +151,7 @@ CORPUS = [
     ("launcher", [*AUTO, "runs_budget_min=100000"], 2, "limits.budget_min=10080"),
     ("launcher", [*AUTO, "runs_min=1"], 2, "runs_min=1"),
     ("launcher", [*AUTO, "runs_min=5", "runs_max=4"], 2, "runs_max=4"),
-    ("launcher", ["runs_max=8", "-m", "strategy=ddp,fsdp"], 2, "runs_max=8: is read only with runs=auto"),
+    ("launcher", ["runs=3", "runs_max=8", "-m", "strategy=ddp,fsdp"], 2, "runs_max=8: is read only with runs=auto"),
     ("launcher", ["runs=-1"], 2, "runs=-1"),
     ("launcher", ["runs=maybe"], 2, "runs"),
     ("launcher", ["runs=500"], 2, "limits.runs=500"),
@@ -162,7 +162,7 @@ CORPUS = [
     ("launcher", ["nodes=20", "--plan"], 2, "limits.local_ranks_per_core"),
     ("launcher", ["cluster.timeout_min=100000"], 2, "cluster.timeout_min=100000"),
     # baseline=
-    ("launcher", ["baseline={A}", "-m", "strategy=ddp,fsdp"], 2, "baseline="),
+    ("launcher", ["runs=3", "baseline={A}", "-m", "strategy=ddp,fsdp"], 2, "baseline="),
     ("launcher", [*AUTO, "baseline={NOPE}"], 2, "holds no sweep.json"),
     ("launcher", [*AUTO, "baseline={FILE}"], 2, "holds no sweep.json"),
     ("launcher", [*AUTO, "baseline={CUT}"], 2, "baseline="),

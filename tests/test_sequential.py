@@ -146,7 +146,7 @@ def test_an_undecidable_comparison_stops_early_and_a_budget_stops_the_rounds(tmp
 
 @pytest.mark.parametrize("overrides, message", [
     (["runs=autom"], "runs='autom': is neither a number of runs nor auto. Fix: use runs=auto"),
-    (["runs_max=8"], "runs_max=8: is read only with runs=auto, and runs=3. Fix: add runs=auto, or drop runs_max"),
+    (["runs=3", "runs_max=8"], "runs_max=8: is read only with runs=auto, and runs=3. Fix: add runs=auto, or drop runs_max"),
     (["runs=auto", "runs_min=1"], "gives the first round no spread between runs to decide with. Fix: use runs_min=3"),
     (["runs=auto", "runs_max=2"], "runs_max=2: is below runs_min=3. Fix: set runs_max to at least 3"),
     (["runs=auto", "baseline=/nonexistent"], "holds no sweep.json: it is not a sweep directory. Fix: give"),
@@ -157,10 +157,13 @@ def test_invalid_plans_are_refused_before_anything_is_created(tmp_path, override
     assert not list(tmp_path.iterdir())
 
 
-def test_runs_auto_needs_something_to_compare(tmp_path):
-    with pytest.raises(SweepError, match="nothing to compare. Fix: set runs=N"):
-        plan(compose(*expand(["model=gpt_tiny", "runs=auto", f"output_root={tmp_path}"], multirun=True)))
-    assert Config().runs == 3  # the default stays fixed where nothing is compared
+def test_runs_auto_is_the_default_and_one_configuration_runs_its_first_round(tmp_path):
+    """The main job decides by default; a grid of one configuration has nothing to compare, so it runs
+    runs_min runs (its spread) and no more (decide._why_stop says so)."""
+    assert Config().runs == "auto" and Config().runs_budget_min == 60
+    cells = plan(compose(*expand(["model=gpt_tiny", f"output_root={tmp_path}"], multirun=True)))
+    assert [c.run for c in cells] == [1, 2, 3]
+    assert not list(tmp_path.iterdir())
 
 
 def test_against_a_baseline_runs_stop_where_the_drift_between_sweeps_decides_nothing(tmp_path):

@@ -66,23 +66,20 @@ def plan(points: list[Point]) -> list[Cell]:
                               model=model_label(cfg), cluster=cfg.cluster, layout=layout_for(cfg), run=run,
                               resolved=cfg))
     _check_uniform(cells)
-    if cells and cells[0].config.auto and len(points) == 1 and not cells[0].config.baseline:
-        raise SweepError(f"[{names[0]}] runs=auto adds runs where a comparison is still open, and this sweep has one "
-                         f"configuration and no baseline: nothing to compare. Fix: set runs=N, sweep a setting "
-                         f"(strategy=ddp,fsdp), or give baseline=<a previous sweep directory>.")
     return cells
 
 
 def _check_cells(points: list[Point]) -> None:
     """Cells per sweep within limits.cells, counted before any is made: every run of every grid point
-    (runs=auto: up to runs_max of each, the most its rounds may add)."""
+    (runs=auto: its first round; no later round starts that would pass the limit, launcher/decide.py,
+    so a wide grid is not refused for runs it may never need)."""
     if not points:
         return
     limit = points[0].config.limits.cells
-    most = sum(p.config.runs_max if p.config.auto else p.config.first_runs for p in points)
+    most = sum(p.config.first_runs for p in points)
     if most > limit:
         raise SweepError(f"limits.cells={limit}: this sweep would run up to {most} cells ({len(points)} grid point(s) x "
-                         f"their runs{', up to runs_max with runs=auto' if points[0].config.auto else ''}). Fix: sweep "
+                         f"their runs{', runs_min with runs=auto' if points[0].config.auto else ''}). Fix: sweep "
                          f"fewer values or fewer runs, or raise limits.cells={most} if you mean it.")
 
 

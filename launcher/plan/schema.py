@@ -52,6 +52,8 @@ class FabricConfig:
     full: bool = False
 
 
+AUTO = "auto"  # runs=auto
+
 # The settings read only with runs=auto (refused with a number of runs): a command that runs a sweep's
 # own grid once (python -m launcher.forecast) leaves them out with runs.
 AUTO_ONLY = ("runs_min", "runs_max", "runs_budget_min", "baseline")
@@ -109,10 +111,10 @@ class Config(TrainSpec):
     # An int, or "auto": runs_min first, then rounds that add runs only where a comparison is still
     # open, until decided, runs_max or the budget (launcher/decide.py). Typed Any: OmegaConf 2.3 has
     # no int-or-str union; validate() accepts exactly these two forms.
-    runs: Any = 3
+    runs: Any = AUTO  # the main job decides: runs=3 for fixed runs is one setting away
     runs_min: int = 3  # runs=auto: the first round's runs per grid point
     runs_max: int = 12  # runs=auto: no grid point runs more often
-    runs_budget_min: float | None = None  # runs=auto: no round starts that would end after this (wall time)
+    runs_budget_min: float | None = 60.0  # runs=auto: no round starts that would end after this (wall time)
     # runs=auto: a previous sweep directory; its configurations are compared with this sweep's (as
     # launcher.report --compare does), and those comparisons decide where runs are added too.
     baseline: str | None = None
@@ -319,8 +321,6 @@ class Config(TrainSpec):
                     f"to at least its number of classes ({len(classes)}).",
                 )
 
-
-AUTO = "auto"  # runs=auto
 
 
 def check_local_ranks(setting: str, value: Any, ranks: int, per_core: int, how: str = "") -> None:
