@@ -1,4 +1,6 @@
-"""One rank of one cell from its spec file, with no pickle: ``python -m jobs SPEC.json [--out DIR]``.
+"""One rank of one cell, or of a probe, from its spec file, with no pickle: ``python -m jobs SPEC.json
+[--out DIR]``. A probe's file names its program (contract/programs.py: the fabric probe,
+jobs/fabric.py, or the node-health probe, jobs/nodeprobe.py); any other file is a cell's spec.json.
 
 What any launcher can start: under ``torchrun --nproc-per-node N -m jobs spec.json`` (one machine:
 the torchrun backend, or a cell reproduced by hand from its reproduce.sh), or ``srun ... python -m
@@ -19,11 +21,16 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
+from contract import programs, rank_env
 from contract.codec import from_plain
+from contract.fabric import ProbeSpec
+from contract.health import NodeProbeSpec
 from contract.spec import ConfigError, RunSpec
 
 USAGE_EXIT = 2  # a refused input: the project's exit code (0 done, 1 failure, 2 refused, 3 undecided)
@@ -72,13 +79,60 @@ def load(path: str, out_dir: str | None = None) -> RunSpec:
     return dataclasses.replace(spec, out_dir=str(out), tracking_uri=None, run_id=None)
 
 
+def load_probe(path: str, out_dir: str | None = None) -> ProbeSpec | NodeProbeSpec | None:
+    """The probe's spec when ``path`` is a probe's file (redirected to ``out_dir`` if given); None when
+    it is not one (a cell's spec.json, read by :func:`load`)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None  # load() says what is wrong with it
+    if not programs.is_probe(data):
+        return None
+    try:
+        _, spec = programs.read(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise Refused(f"python -m jobs {path}: not a readable probe spec ({type(exc).__name__}: {exc}). Fix: give "
+                      f"the {programs.SPEC_FILE} its backend wrote.") from None
+    return dataclasses.replace(spec, out_dir=str(Path(out_dir).resolve())) if out_dir else spec
+
+
+def emulated_nodes(environ: Mapping[str, str], tasks_per_node: int) -> dict[str, str]:
+    """torchrun's variables regrouped into emulated nodes of ``tasks_per_node`` ranks, where one
+    machine's ranks were started as one node (a probe of nodes emulated here, as the local executor's
+    translation numbers them: launcher/cluster/local/ranks.py); {} where nothing is to regroup."""
+    if "RANK" not in environ or int(environ.get("LOCAL_WORLD_SIZE", "1")) <= tasks_per_node:
+        return {}
+    rank, machine = int(environ["RANK"]), int(environ["LOCAL_WORLD_SIZE"])
+    return {"LOCAL_RANK": str(rank % tasks_per_node), "LOCAL_WORLD_SIZE": str(tasks_per_node),
+            "GROUP_RANK": str(rank // tasks_per_node), rank_env.MACHINE_RANK: environ.get("LOCAL_RANK", str(rank)),
+            rank_env.MACHINE_RANKS: str(machine)}
+
+
+def run_probe(spec: ProbeSpec | NodeProbeSpec) -> None:
+    """Every rank of a probe: its place regrouped where it emulates nodes, then its program."""
+    if spec.emulate_nodes:
+        os.environ.update(emulated_nodes(os.environ, spec.layout.tasks_per_node))
+    if isinstance(spec, ProbeSpec):
+        from jobs import fabric  # torch: after the arguments are read
+
+        fabric.main(spec)
+    else:
+        from jobs import nodeprobe
+
+        nodeprobe.main(spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    parser = _Parser(given, prog="python -m jobs", description="One rank of one cell, from its spec.json.")
-    parser.add_argument("spec", help="the cell's spec.json")
+    parser = _Parser(given, prog="python -m jobs", description="One rank of one cell or probe, from its spec file.")
+    parser.add_argument("spec", help=f"the cell's spec.json, or a probe's {programs.SPEC_FILE}")
     parser.add_argument("--out", help="write the results here, not to the spec's out_dir, and log no MLflow run")
     args = parser.parse_args(given)
     try:
+        probe = load_probe(args.spec, args.out)
+        if probe is not None:
+            run_probe(probe)
+            return 0
         spec = load(args.spec, args.out)
     except Refused as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.cluster.backends import backend_for
-from launcher.plan import spread
-from launcher.plan.cell import Cell, CellStatus
+from launcher.plan.cell import Cell, CellStatus, configuration
 from launcher.plan.planner import cell_dirname
 from launcher.plan.schema import Config
 from launcher.report import compare, comparisons, noisefloor
@@ -59,9 +58,6 @@ def first_round(state: SweepState) -> None:
     """Record round 1: every cell planned (the runs_min runs of each grid point)."""
     if state.design is not None and not state.design.rounds:
         state.design.rounds.append(Round(1, state.design.runs_min, [c.index for c in state.cells], time.time()))
-
-
-configuration = spread.configuration
 
 
 def pairs(state: SweepState, unjudged: list[str] | None = None) -> list[Pair]:
@@ -200,11 +196,13 @@ def _hosts(state: SweepState) -> dict[int, set[str]]:
 
 def _another_run(state: SweepState, name: str, target: int, hosts: dict[int, set[str]]) -> list[Cell]:
     """Runs of configuration ``name`` up to ``target``, each a copy of its latest run's cell and spec,
-    placed away from the nodes its earlier runs used where others are left (launcher/plan/spread.py)."""
+    placed away from the nodes its earlier runs used where others are left (Backend.placing_apart: on
+    Slurm, launcher/cluster/slurm/spread.py)."""
     mine = [c for c in state.cells if configuration(c.name) == name]
     used = set().union(*(hosts.get(c.index, set()) for c in mine))
     seen = set().union(*hosts.values()) if hosts else set()
     source = max(mine, key=lambda c: c.run)
+    backend = backend_for(state.cluster)
     added = []
     for run in range(source.run + 1, target + 1):
         index = len(state.cells)
@@ -214,7 +212,7 @@ def _another_run(state: SweepState, name: str, target: int, hosts: dict[int, set
             status=CellStatus.planned, error=None, failure_class=None, interference=None, resubmits=0,
             submitted_at=None, restarts=0, history=[], cluster=dataclasses.replace(source.cluster),
             resolved=None)
-        spread.exclude_used(cell, used, seen)
+        backend.placing_apart(cell, used, seen)
         state.cells.append(cell)
         spec = state.load_spec(source)
         state.save_spec(cell, dataclasses.replace(spec, cell=full, out_dir=str(state.cell_dir(cell)), run_id=None))

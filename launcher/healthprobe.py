@@ -4,6 +4,8 @@ the ledger and the MLflow run. Shared by ``python -m launcher.health`` and a swe
 The job (jobs/nodeprobe.py) is one task per node, submitted through the backend's seam
 (``Backend.run_health``, as the fabric probe's ``start_probe``) and waited for; on Slurm a partition of
 more than ``nodes_per_job`` nodes is probed in several jobs, one after another, each its own ring.
+Which nodes a probe covers and how flagged nodes are kept out of the cells is the backend's
+(``Backend.health_nodes``, ``Backend.excluding``): no node setting is read or rewritten here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any
 
 from contract.codec import to_plain
 from contract.health import RESULT_FILE, NodeProbeSpec, cost, ring_pairs
-from contract.nodelist import expand_nodelist
 from contract.spec import Layout
 from launcher.cluster.backends import backend_for
 from launcher.plan.cell import Cell
@@ -41,6 +42,7 @@ class Asked:
     cluster: ClusterConfig
     output_root: Path
     nodes: list[str] = field(default_factory=list)  # empty: the backend's (the partition's, or this host)
+    whole_pool: bool = False  # a sweep's probe: its pool's nodes, not the node list a run was placed on
     emulated_nodes: int = 1  # the local cluster: nodes emulated on this machine
     repeats: int = 5
     margin: float = health.MARGIN
@@ -61,14 +63,17 @@ class Probed:
 
 def cluster_key(cluster: ClusterConfig) -> str:
     """The cluster as the fabric record and the noise floor name it (``slurm:debug``, ``local:<host>``)."""
-    return backend_for(cluster.name).noise_floor_key(cluster.partition, cluster.gpu_type)
+    return backend_for(cluster.name).noise_floor_key(cluster)
 
 
 def nodes_of(asked: Asked) -> list[str]:
-    backend = backend_for(asked.cluster.name)
-    nodes = asked.nodes or backend.health_nodes(asked.cluster.partition, asked.cluster.nodelist)
-    excluded = set(expand_nodelist(asked.cluster.exclude)) if asked.cluster.exclude else set()
-    return [n for n in nodes if n not in excluded]
+    """The nodes asked for, else the backend's for these settings (those they keep out left out)."""
+    return asked.nodes or backend_for(asked.cluster.name).health_nodes(asked.cluster, asked.whole_pool)
+
+
+def where(cluster: ClusterConfig) -> str:
+    """The pool of nodes a probe covers, in words: ``partition gpu``, ``partition (default)``."""
+    return f"partition {cluster.pool() or '(default)'}"
 
 
 def plan_cost(nodes: int, nodes_per_job: int, in_turn: bool) -> dict[str, Any]:
@@ -100,8 +105,8 @@ def run(asked: Asked) -> Probed:
     one_machine = asked.cluster.one_machine
     names = nodes_of(asked)
     if not names:
-        raise RuntimeError(f"no node to probe: partition {asked.cluster.partition or '(default)'} has no node that "
-                           f"takes jobs (sinfo -N shows their states), or cluster.nodelist/cluster.exclude left none")
+        raise RuntimeError(f"no node to probe: {where(asked.cluster)} has no node that takes jobs (sinfo -N shows "
+                           f"their states), or the nodes asked for (cluster.nodelist, cluster.exclude) left none")
     folder = new_folder(asked.output_root / "health")
     chunks = [names] if one_machine else [names[i:i + asked.nodes_per_job]
                                           for i in range(0, len(names), asked.nodes_per_job)]
@@ -135,16 +140,16 @@ def _one_job(asked: Asked, chunk: list[str], out: Path) -> tuple[dict[str, Any] 
     c = asked.cluster
     one_machine = c.one_machine
     n = asked.emulated_nodes if one_machine else len(chunk)
-    # The sweep's cluster settings (its account, QOS, sbatch and srun options), on these nodes, whole.
-    cluster = dataclasses.replace(c, nodelist=None if one_machine else ",".join(chunk), exclude=None, exclusive=True,
-                                  cpus_per_task=None, mem_gb=None)
+    # The sweep's cluster settings (its account, QOS, sbatch and srun options), on these nodes
+    # (Backend.run_health places the job on them), whole.
+    cluster = dataclasses.replace(c, exclusive=True, cpus_per_task=None, mem_gb=None)
     layout = Layout(nodes=1 if one_machine else n, tasks_per_node=n if one_machine else 1,
                     gpus_per_node=c.gpus_per_node, cpus_per_task=1)
     spec = NodeProbeSpec(out_dir=str(out), nodes=n, cpus_per_task=0, gpus_per_node=c.gpus_per_node,
                          repeats=asked.repeats, emulate_nodes=one_machine, dcgm=asked.dcgm)
     out.mkdir(parents=True, exist_ok=True)
     (out / "asked.json").write_text(json.dumps(to_plain(spec), indent=1, sort_keys=True))
-    job, error = backend_for(c.name).run_health(out / "submitit", cluster, layout, spec)
+    job, error = backend_for(c.name).run_health(out / "submitit", cluster, layout, spec, chunk)
     try:
         return json.loads((out / RESULT_FILE).read_text()), error, job
     except (OSError, ValueError):
@@ -235,22 +240,23 @@ def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
     if cfg.health is HealthMode.off:
         return None
     notes: dict[str, Any] = {"probes": []}
-    for partition in dict.fromkeys(c.cluster.partition for c in cells):
-        first = next(c for c in cells if c.cluster.partition == partition)
+    backend = backend_for(cells[0].cluster.name)
+    for partition in dict.fromkeys(c.cluster.pool() for c in cells):
+        first = next(c for c in cells if c.cluster.pool() == partition)
         root = Path(cfg.output_root)
-        asked = Asked(dataclasses.replace(first.cluster, nodelist=None), root,
+        asked = Asked(first.cluster, root, whole_pool=True,
                       tracking_uri=(cfg.tracking.uri or f"sqlite:///{(root / 'mlflow.db').resolve()}")
                       if cfg.tracking.enabled else None)
         ledger = health.ledger_path(root, cluster_key(asked.cluster))
         records = health.read(ledger)
         latest = records[-1] if records and cfg.health is HealthMode.auto and _fresh(records[-1], nodes_of(asked)) else None
-        where = f"partition {partition or '(default)'}"
+        here = where(first.cluster)
         if latest is not None:
-            print(f"health=auto: the nodes of {where} as the probe of {latest['measured_at']} judged them "
+            print(f"health=auto: the nodes of {here} as the probe of {latest['measured_at']} judged them "
                   f"(younger than {REUSE_WITHIN_MIN} min; health=always probes again)", flush=True)
             previous, run_id = (records[-2] if len(records) > 1 else None), None
         else:
-            print(f"health={cfg.health.value}: probing the nodes of {where} before the cells", flush=True)
+            print(f"health={cfg.health.value}: probing the nodes of {here} before the cells", flush=True)
             try:
                 probed = run(asked)
             except RuntimeError as exc:  # no figures: the sweep runs on every node, and says why
@@ -262,8 +268,8 @@ def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
         verdicts = latest["verdicts"]
         flagged = list(verdicts["flagged"])
         back = sorted(set(previous["verdicts"]["flagged"]) - set(flagged)) if previous else []
-        for cell in (c for c in cells if c.cluster.partition == partition):
-            _keep_out(cell, flagged)
+        for cell in (c for c in cells if c.cluster.pool() == partition):
+            backend.excluding(cell, flagged)  # a run placed on a flagged node is placed elsewhere
         notes["probes"].append({"partition": partition, "excluded": flagged, "back": back,
                                 "why": {n: verdicts["slow_nodes"].get(n) or [verdicts["dcgm_failed"].get(n)
                                                                               or "its network is slow"]
@@ -288,15 +294,3 @@ def _fresh(record: dict[str, Any], nodes: list[str]) -> bool:
     except (KeyError, ValueError):
         return False
     return 0 <= age_s <= REUSE_WITHIN_MIN * 60 and set(nodes) <= set(record.get("nodes", {}))
-
-
-def _keep_out(cell: Cell, nodes: list[str]) -> None:
-    """``cell`` runs on none of ``nodes``: added to its exclude (on a settings object of its own)."""
-    if not nodes:
-        return
-    c = cell.cluster
-    own = expand_nodelist(c.exclude) if c.exclude else []
-    nodelist = c.nodelist
-    if nodelist and set(expand_nodelist(nodelist)) & set(nodes):
-        nodelist, cell.placed = None, None  # its placement held a flagged node: Slurm places the run elsewhere
-    cell.cluster = dataclasses.replace(c, exclude=",".join(dict.fromkeys([*own, *nodes])), nodelist=nodelist)

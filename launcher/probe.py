@@ -49,14 +49,15 @@ def shapes(cells: Sequence[Cell]) -> list[Cell]:
 
 
 def folder_name(cell: Cell) -> str:
-    """``2x1``, or ``2x8x8gpu-gpu`` where the cell names its partition."""
-    return fabric.shape_name(cell.layout) + (f"-{cell.cluster.partition}" if cell.cluster.partition else "")
+    """``2x1``, or ``2x8x8gpu-gpu`` where the cell names its pool of nodes (Slurm: its partition)."""
+    pool = cell.cluster.pool()
+    return fabric.shape_name(cell.layout) + (f"-{pool}" if pool else "")
 
 
 def _one_shape(state: SweepState, backend: Backend, cell: Cell, cfg: Config, folder: Path) -> str | None:
     """The kept record, or a probe job; the job's id while it still runs (Slurm)."""
     c = cell.cluster
-    wanted = fabric.identity(backend.noise_floor_key(c.partition, c.gpu_type), cell.layout,
+    wanted = fabric.identity(backend.noise_floor_key(c), cell.layout,
                              backend.nodes_fingerprint([cell]), c)
     record = fabric.kept(state.path.parent, wanted) if cfg.fabric.probe is FabricProbe.auto else None
     if record is not None:

@@ -32,7 +32,9 @@ CORPUS = [
     (["cluster.signal_delay_s=-5"], "cluster.signal_delay_s=-5", "seconds of warning"),
     (["cluster.mem_gb=-1"], "cluster.mem_gb=-1.0", "memory per node"),
     # Slurm settings on the local cluster would be dropped: refused
-    (["cluster.partition=gpu"], "cluster.partition='gpu'", "use cluster=slurm"),
+    (["cluster.partition=gpu"], "cluster.partition is read only by cluster=slurm (a setting of the slurm backend)",
+     "use cluster=slurm"),
+    (["cluster=torchrun", "cluster.exclude=n1"], "cluster.exclude is read only by cluster=slurm", "drop it"),
     (["cluster.gpu_type=h100"], "cluster.gpu_type='h100'", "use cluster=slurm"),
     (["cluster.account=x"], "cluster.account is read only by cluster=slurm", "use cluster=slurm"),
     (["cluster=torchrun", "cluster.srun_args=[--x]"], "read only by cluster=slurm", "drop it"),

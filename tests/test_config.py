@@ -205,7 +205,7 @@ def test_a_sites_backend_is_its_package_an_entry_point_and_its_conf_file(tmp_pat
     """The rehearsal of a new backend, done for real outside the repository: a package with its
     settings (its own key, shell-checked) and its backend, found through the entry point group, and
     its conf file in a site's config directory. No file of the project is edited: the schema reads
-    its keys, refuses another backend's, and --plan runs through it."""
+    its keys, refuses another backend's (Slurm's account and partition), and --plan runs through it."""
     import os
     import subprocess
     import sys
@@ -235,6 +235,8 @@ def test_a_sites_backend_is_its_package_an_entry_point_and_its_conf_file(tmp_pat
     assert "kube: 3 job(s) in namespace team-b" in planned.stdout  # the default 3 runs
     wrong = launcher("cluster.account=x")
     assert wrong.returncode == 2 and "cluster.account is read only by cluster=slurm" in wrong.stderr, wrong.stderr
+    nodes = launcher("cluster.partition=gpu")  # Slurm's placement keys are Slurm's, not every backend's
+    assert nodes.returncode == 2 and "cluster.partition is read only by cluster=slurm" in nodes.stderr, nodes.stderr
     hostile = launcher("cluster.namespace='a;b'")
     assert hostile.returncode == 2 and "cluster.namespace" in hostile.stderr, hostile.stderr
     assert not (tmp_path / "out").exists()

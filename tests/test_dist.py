@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from contract.nodelist import PORT_BASE, PORT_SPAN, expand_nodelist, port_for_job
+from contract.rendezvous import PORT_BASE, PORT_SPAN, port_for_job
 from jobs.dist import DistEnv, check_port_free
 from launcher.cluster.local.ranks import torchrun_env as local_env
+from launcher.cluster.slurm.nodelist import expand_nodelist
 from launcher.cluster.slurm.ranks import torchrun_env
 
 

@@ -156,7 +156,7 @@ def test_a_kept_record_of_the_same_nodes_and_software_is_reused(tmp_path, capsys
     cells = planner.plan(grid.compose(points, swept))
     state = prepare(cells, ["test"])
     backend, cell = backend_for("local"), cells[0]
-    wanted = kept_fabric.identity(backend.noise_floor_key(None, None), cell.layout, backend.nodes_fingerprint([cell]),
+    wanted = kept_fabric.identity(backend.noise_floor_key(cell.cluster), cell.layout, backend.nodes_fingerprint([cell]),
                                   cell.cluster)
     result = {"shape": {"nodes": 2, "tasks_per_node": 1}, "fits": [], "points": [], "measured_at": "2026-01-02T03:04:05",
               "probe_s": 0.5, "job_s": 4.0, "cores_per_rank": 1.0}

@@ -18,7 +18,7 @@ from contract.spec import InputKind, ModelSpec
 from jobs.loop import loss_fn
 from jobs.models import build_model
 from launcher.__main__ import main
-from launcher.cluster.local.resources import parse_gpu_query
+from launcher.cluster.onemachine import parse_gpu_query
 from launcher.cluster.slurm.resources import parse_sinfo
 from launcher.plan import fit
 

@@ -185,6 +185,11 @@ CORPUS = [
      "cluster.declared=True"),
     ("launcher", ["cluster.declared=true", "cluster.gpus_per_node=2", "cluster.tasks_per_node=2",
                   "cluster.gpu_mem_gib=-1", "--plan"], 2, "cluster.gpu_mem_gib=-1"),
+    # another backend's node settings: Slurm's alone, refused naming Slurm
+    ("launcher", ["cluster=torchrun", "cluster.partition=gpu", "--plan"], 2,
+     "cluster.partition is read only by cluster=slurm (a setting of the slurm backend)"),
+    ("launcher", ["cluster.nodelist=n1", "--plan"], 2, "cluster.nodelist is read only by cluster=slurm"),
+    ("launcher", ["cluster=torchrun", "cluster.gpu_type=h100", "--plan"], 2, "cluster.gpu_type='h100'"),
     # values that reach a script or a path
     ("launcher", ["cluster=slurm", 'cluster.nodelist="n1\n#SBATCH --wrap=reboot"', "--plan"], 2, "cluster.nodelist"),
     ("launcher", ['sweep_dir="{NOPE}\nx"', "--plan"], 2, "sweep_dir="),
@@ -600,6 +605,8 @@ JOBS_CORPUS = [
     (["{SPEC}"], _spec_with("strategy.name", "zero9"), 2, "zero9"),
     (["{SPEC}"], ["not", "a", "spec"], 2, "not a readable cell spec"),
     (["{NOPE}"], None, 2, "not a readable cell spec"),
+    (["{SPEC}"], {"program": "fabrik", "spec": {}}, 2, "not a readable probe spec"),  # contract/programs.py
+    (["{SPEC}"], {"program": "fabric", "spec": {"out_dir": "x", "layout": {"nodez": 2}}}, 2, "nodez"),
     (["{SPEC}", "--otu", "{OTHER}"], None, 2, "did you mean --out?"),
     (["{SPEC}", "--ou", "{OTHER}"], None, 2, "did you mean --out?"),  # never an abbreviation
     ([], None, 2, "spec"),

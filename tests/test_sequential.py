@@ -105,7 +105,7 @@ def _finish(state, throughputs: dict[str, list[float]]) -> None:
 
 
 def test_a_round_adds_runs_only_where_a_comparison_is_open(tmp_path):
-    state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=8")
+    state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=8", "cluster=slurm")
     assert [c.name for c in state.cells] == [f"strategy={s} run={r}" for r in (1, 2, 3) for s in ("ddp", "fsdp")]
     assert looks_of(state).schedule == (3, 5, 8) and state.design.rounds[0].cells == list(range(6))
     # 10% apart with 6% noise: undecided after 3 + 3 runs, decidable within 8.
@@ -116,8 +116,9 @@ def test_a_round_adds_runs_only_where_a_comparison_is_open(tmp_path):
     added = decide.next_round(state)
     assert [c.name for c in added] == ["strategy=ddp run=4", "strategy=ddp run=5", "strategy=fsdp run=4",
                                        "strategy=fsdp run=5"]
-    # Placed away from the nodes its configuration's runs used (on Slurm: sbatch --exclude).
+    # Placed away from the nodes its configuration's runs used (the backend's: on Slurm, sbatch --exclude).
     assert [c.placed for c in added] == ["exclude=node1,node2,node3"] * 2 + ["exclude=node2,node3,node4"] * 2
+    assert [c.cluster.exclude for c in added] == ["node1,node2,node3"] * 2 + ["node2,node3,node4"] * 2
     spec = json.loads((state.cell_dir(added[0]) / "spec.json").read_text())
     assert spec["cell"] == "strategy=ddp run=4" and spec["out_dir"] == str(state.cell_dir(added[0]))
     assert state.design.rounds[1].runs == 5 and state.design.rounds[1].open == [pair.label]

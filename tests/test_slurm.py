@@ -15,9 +15,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from contract.nodelist import expand_nodelist
 from launcher import finish, status, sync
 from launcher.__main__ import main
+from launcher.cluster.slurm.nodelist import expand_nodelist
 from launcher.cluster.slurm.resources import max_array_size
 from launcher.plan.cell import CellStatus
 from launcher.report.collect import collect, looks_of
@@ -262,12 +262,12 @@ def test_cells_sharing_a_node_are_flagged_and_exclusive_cells_are_not(tmp_path):
 
 
 def test_busy_master_port_through_the_launcher_is_port_in_use(tmp_path, capsys):
-    """A real listener holds the port the next job will derive from its id (contract.nodelist.port_for_job):
+    """A real listener holds the port the next job will derive from its id (contract.rendezvous.port_for_job):
     the head rank refuses it within seconds instead of a rendezvous that never completes, and the
     cell's class is port_in_use, with its fix, in sweep.json and in status."""
     import socket
 
-    from contract.nodelist import port_for_job
+    from contract.rendezvous import port_for_job
 
     probe = subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"],
                            capture_output=True, text=True, check=True).stdout.strip().split(";")[0]

@@ -2,21 +2,24 @@
 
 A backend is named in the sweep document (``SweepState.cluster``) and found with
 :func:`launcher.cluster.backends.backend_for`; adding one is adding a folder beside slurm/ and
-local/ whose ``backend`` module subclasses :class:`Backend`, and one line in the registry
-(docs/backends.md). No code outside a backend's folder compares backend names (tests/test_house.py).
+local/ whose ``backend`` module subclasses :class:`Backend` (never another backend: what the
+one-machine backends share is launcher/cluster/onemachine.py's), and one line in the registry or
+an entry point (docs/backends.md, which names every abstract method here: tests/test_backends.py).
+No code outside a backend's folder compares backend names or rewrites a node setting
+(tests/test_house.py): what differs is asked of the backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.plan import spread
 from launcher.plan.cell import Cell
 from launcher.state import REPRODUCE_FILE, SweepState, this_process
 
@@ -51,11 +54,15 @@ class Resolved:
     cpus_per_task: int | None = None  # a GPU rank's share of its node's cores
     mem_gb: float | None = None  # ... and of its node's memory
     gpu_mem_gib: float | None = None  # what its GPU type holds: the fit check measures against it
-    nodelist: str | None = None  # the nodes of this run of its grid point (launcher/plan/spread.py)
+    # The backend's own settings that place this run of its grid point apart from its other runs
+    # (Slurm: {"nodelist": "node2"}, launcher/cluster/slurm/spread.py): set on a settings object of
+    # the cell's own (the runs of a grid point share one until then), and said as its ``placed``.
+    placement: dict[str, str] = field(default_factory=dict)
 
     def apply(self, cell: Cell) -> None:
-        if self.nodelist is not None:
-            spread.place(cell, self.nodelist)
+        if self.placement:
+            cell.cluster = dataclasses.replace(cell.cluster, **self.placement)  # type: ignore[arg-type]
+            cell.placed = " ".join(f"{key}={value}" for key, value in self.placement.items())
         if self.cpus_per_task is not None:
             cell.layout.cpus_per_task = self.cpus_per_task
         if self.mem_gb is not None:
@@ -121,16 +128,31 @@ class Backend(ABC):
         (its job id, or None; why it did not start or failed, or None). A foreground backend returns
         once it has ended; its result is then in ``spec.out_dir``."""
 
-    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
-                   ) -> tuple[str | None, str | None]:
-        """The node health probe (jobs/nodeprobe.py), one task per node of ``layout`` on the nodes
-        ``cluster`` names, run to its end: (its job id, or None; why it failed, or None). Its result
-        is then in ``spec.out_dir``. A backend that cannot run it says so here."""
+    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec,
+                   nodes: Sequence[str]) -> tuple[str | None, str | None]:
+        """The node health probe (jobs/nodeprobe.py), one task per node of ``layout`` on ``nodes`` (some
+        of :meth:`health_nodes`; one machine: its emulated nodes), with ``cluster``'s other settings,
+        run to its end: (its job id, or None; why it failed, or None). Its result is then in
+        ``spec.out_dir``. A backend that cannot run it says so here."""
         return None, f"the {self.name} backend has no node health probe"
 
-    def health_nodes(self, partition: str | None, nodelist: str | None) -> list[str]:
-        """The nodes a health probe covers: ``nodelist``, else the partition's nodes that take jobs."""
+    def health_nodes(self, cluster: ClusterConfig, whole_pool: bool = False) -> list[str]:
+        """The nodes a health probe of ``cluster`` covers, those its settings keep out left out: the
+        nodes it names, else (or with ``whole_pool``: a sweep's probe) its pool's nodes that take jobs."""
         return []
+
+    @abstractmethod
+    def excluding(self, cell: Cell, nodes: Collection[str]) -> None:
+        """Keep ``nodes`` (judged slow: health=auto) out of ``cell``, beside those its settings keep
+        out already, on a settings object of its own; a placement that holds one is dropped (and
+        ``cell.placed`` with it). Only a backend rewrites its node settings. A backend whose settings
+        cannot keep nodes out (``excludes_nodes`` False: health=auto is refused) changes nothing."""
+
+    @abstractmethod
+    def placing_apart(self, cell: Cell, used: Collection[str], seen: Collection[str]) -> None:
+        """``cell``, a later run of a grid point copied from its latest run (runs=auto), placed away
+        from the nodes its grid point's runs ran on (``used``) where the nodes known to run jobs
+        (``seen``) leave enough others; the placement copied with it is cleared, the user's own kept."""
 
     @abstractmethod
     def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:
@@ -168,8 +190,9 @@ class Backend(ABC):
         """The MLflow tags that name a cell's job in the cluster's own tools."""
 
     @abstractmethod
-    def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
-        """Where a measured noise floor holds (launcher.report.noisefloor)."""
+    def noise_floor_key(self, cluster: ClusterConfig) -> str:
+        """Where a measured noise floor holds for cells of ``cluster`` (launcher.report.noisefloor):
+        the fabric record, the health ledger and the forecasts are kept by it too."""
 
     def rank_launch(self, cell: Cell) -> str:
         """How to start ``cell``'s ranks by hand, the command before its spec.json (reproduce.sh:

@@ -129,7 +129,7 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
     from launcher.cluster.backends import backend_for
 
     first = cells[0].cluster
-    key = backend_for(first.name).noise_floor_key(first.partition, first.gpu_type)
+    key = backend_for(first.name).noise_floor_key(first)
     found = latest_sweep(Path(cells[0].config.output_root), key)
     if found is None:
         return [f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]

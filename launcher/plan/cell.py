@@ -14,12 +14,20 @@ need it whole.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 from contract.codec import TRANSIENT
 from contract.spec import Layout
 from launcher.plan.clusterschema import ClusterConfig
 from launcher.plan.schema import Config
+
+_RUN = re.compile(r" run=\d+$")
+
+
+def configuration(cell_name: str) -> str:
+    """A cell's grid point: its name without ``run=N`` (the runs of one grid point share it)."""
+    return _RUN.sub("", cell_name)
 
 
 class CellStatus(str, enum.Enum):
@@ -57,8 +65,9 @@ class Cell:
     cluster: ClusterConfig  # this cell's own resolved cluster settings (the same object as config.cluster)
     layout: Layout  # nodes, tasks and cores it runs on
     run: int = 1  # which independent launch of its grid point (1..runs)
-    # The nodes the launcher chose to spread its grid point's runs ("nodelist=node2" or
-    # "exclude=node1,node3", launcher/plan/spread.py); None: Slurm chooses, or the user's settings.
+    # The placement the backend chose to spread its grid point's runs, as the settings it set
+    # ("nodelist=node2" or "exclude=node1,node3" on Slurm: launcher/cluster/slurm/spread.py); None:
+    # the cluster chooses, or the user's settings.
     placed: str | None = None
     predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
     predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)

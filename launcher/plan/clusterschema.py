@@ -1,5 +1,7 @@
 """The cluster's settings every backend shares (``cluster.*``): which backend runs the cells, the
-resources a cell asks for, the nodes it may use, its prices. Each backend's own settings subclass
+resources a cell asks for, its GPUs' model and memory, its prices. Which nodes a cell may use is
+each backend's own (Slurm's partition, nodelist and exclude: launcher/cluster/slurm/settings.py):
+a key of another backend is refused naming it. Each backend's own settings subclass
 :class:`ClusterConfig` in its folder (``launcher/cluster/NAME/settings.py``), with their checks: the
 composed config's ``cluster`` is the chosen backend's class (conf/cluster/NAME.yaml names it), so a
 key another backend reads is refused by the schema itself. Imports no module of the launcher but the
@@ -18,9 +20,6 @@ from typing import Any, ClassVar
 from contract.codec import to_plain
 from contract.spec import ConfigError
 from launcher.cluster import registry
-
-# The settings that name nodes: only a cluster with nodes to choose from reads them.
-PLACEMENT = ("partition", "exclude", "nodelist", "gpu_type")
 
 
 def shell(kind: str, fix: str | None = None) -> dict[str, str]:
@@ -49,13 +48,10 @@ class ClusterConfig:
     # Whole nodes per cell: a benchmark that shares a node measures its neighbours too (local cells
     # never share: they run one after another).
     exclusive: bool = True
-    # The nodes a cell may use (PLACEMENT), read where the cluster has nodes to choose from: a
-    # partition (the launcher spreads runs over its nodes and keeps slow ones out), nodes asked for
-    # (sbatch --nodelist: "node[1-2]") or kept out, and the GPU model to ask for (its gres type, e.g.
-    # h100: sbatch --gpus-per-node=<type>:<n>).
-    partition: str | None = field(default=None, metadata=shell("plain"))
-    exclude: str | None = field(default=None, metadata=shell("plain"))
-    nodelist: str | None = field(default=None, metadata=shell("plain"))
+    # The GPUs' model (e.g. h100). Shared, not a backend's own: a declared machine on any backend
+    # reads it for its GPUs' memory (the fit check), and the noise floor's key names it. A live
+    # cluster reads it only where its backend asks its scheduler for that model (``asks_gpu_type``:
+    # Slurm's gres type, sbatch --gpus-per-node=<type>:<n>); elsewhere it is refused (validate).
     gpu_type: str | None = field(default=None, metadata=shell("plain"))
     # Prices, for cost_per_1m_samples / cost_per_1m_tokens: per device-hour (GPU, or CPU rank) or per
     # node-hour (the device price wins when both are set).
@@ -70,10 +66,12 @@ class ClusterConfig:
     declared: bool = False
 
     # Whether every node of a cell is a group of ranks on this machine: planning emulates the nodes
-    # and shares the machine's cores among all ranks, and no setting of PLACEMENT is read.
+    # and shares the machine's cores among all ranks.
     one_machine: ClassVar[bool] = False
-    # Whether the backend can keep slow nodes out of a sweep (health=auto: cluster.exclude).
-    excludes_nodes: ClassVar[bool] = True
+    # Whether the backend can keep slow nodes out of a sweep (health=auto: Backend.excluding).
+    excludes_nodes: ClassVar[bool] = False
+    # Whether the backend asks its scheduler for cluster.gpu_type's GPUs (else only declared nodes read it).
+    asks_gpu_type: ClassVar[bool] = False
 
     @classmethod
     def subtype_for(cls, data: Mapping[str, Any]) -> type[ClusterConfig]:
@@ -99,9 +97,13 @@ class ClusterConfig:
 
     def validate(self) -> None:
         """The backend's own checks of its settings, before anything is created; the shared ones
-        (ranges, prices, declared nodes) are plan/schema.py's."""
-        if self.one_machine:
-            refuse_placement(self)
+        (ranges, prices, declared nodes) are plan/schema.py's. A backend that overrides it calls it."""
+        refuse_gpu_type(self)
+
+    def pool(self) -> str | None:
+        """The named group of nodes the cells draw from, as the user named it (Slurm: the partition);
+        None: the cluster's default, or this machine. Probes and their records are kept per pool."""
+        return None
 
     def python_command(self) -> str:
         """The interpreter command a cell's ranks run with: cluster.python, or this one."""
@@ -141,13 +143,14 @@ def _keys_of(name: str) -> tuple[frozenset[str], dict[str, Any]]:
     return own, foreign
 
 
-def refuse_placement(c: ClusterConfig) -> None:
-    """A setting that names nodes would be silently dropped on one machine: refuse it instead. A
+def refuse_gpu_type(c: ClusterConfig) -> None:
+    """A GPU model that no scheduler is asked for would be silently dropped: refused instead. A
     declared machine's cluster.gpu_type says its GPUs' memory (nothing asks a scheduler for it)."""
-    for key in PLACEMENT:
-        if key == "gpu_type" and c.declared:
-            continue
-        if getattr(c, key) is not None:
-            raise ConfigError(f"cluster.{key}", to_plain(getattr(c, key)),
-                              f"names nodes, and cluster={c.name} runs every rank on this machine: nothing would "
-                              "read it.", f"drop cluster.{key}, or use cluster=slurm (a cluster with nodes).")
+    if c.gpu_type is None or c.declared or c.asks_gpu_type:
+        return
+    asking = [n for n in registry.usable() if settings_class(n).asks_gpu_type]
+    why = ("names nodes, and cluster={} runs every rank on this machine" if c.one_machine
+           else "names a GPU model, and cluster={} asks its scheduler for none").format(c.name)
+    raise ConfigError("cluster.gpu_type", to_plain(c.gpu_type), f"{why}: nothing would read it.",
+                      "drop cluster.gpu_type, or " + " or ".join(f"use cluster={n}" for n in asking)
+                      + " (a cluster with nodes); cluster.declared=true reads it for its GPUs' memory (--plan).")

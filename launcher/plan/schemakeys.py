@@ -80,8 +80,8 @@ def did_you_mean(key: str) -> str:
     for a key of another backend's settings, that backend."""
     owners = read_by(key)
     if owners:
-        return (f"{key} is read only by {', '.join(f'cluster={n}' for n in owners)}: drop it, or use "
-                f"cluster={owners[0]}.")
+        return (f"{key} is read only by {', '.join(f'cluster={n}' for n in owners)} (a setting of the "
+                f"{' and '.join(owners)} backend{'s' if len(owners) > 1 else ''}): drop it, or use cluster={owners[0]}.")
     keys = list(schema_keys())
     close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
     if close:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.cluster.backends import backend_for
+from launcher.plan.clusterschema import settings_class
 from launcher.report import shared
 from launcher.report.rows import grouped
 from launcher.report.stats import METRICS, Drift, Floor, estimate, run_values
@@ -167,5 +168,5 @@ def load_drift(root: Path, key: str) -> Drift | None:
 
 def floor_key(state: SweepState) -> str:
     """The key of the cluster whose noise floor a sweep reads and refreshes (its backend says which)."""
-    first = state.cells[0].cluster if state.cells else None
-    return backend_for(state.cluster).noise_floor_key(getattr(first, "partition", None), getattr(first, "gpu_type", None))
+    first = state.cells[0].cluster if state.cells else settings_class(state.cluster)()
+    return backend_for(state.cluster).noise_floor_key(first)

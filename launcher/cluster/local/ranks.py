@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from contract import rank_env
-from contract.nodelist import port_for_job
+from contract.rendezvous import port_for_job
 
 
 def torchrun_env(env: Mapping[str, str], tasks_per_node: int | None = None) -> dict[str, str]:

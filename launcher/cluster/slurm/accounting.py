@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from contract.nodelist import expand_nodelist
 from launcher.cluster import failures
 from launcher.cluster.slurm.commands import call, run
+from launcher.cluster.slurm.nodelist import expand_nodelist
 from launcher.plan.cell import CellStatus
 
 # The one Slurm -> cell status table (sacct/squeue State, first word, without "+").

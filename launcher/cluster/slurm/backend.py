@@ -15,10 +15,11 @@ pending, running, then done. The rules:
 
 from __future__ import annotations
 
+import dataclasses
 import pwd
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,9 +33,9 @@ from launcher.cluster.base import (
     Wording,
 )
 from launcher.cluster.failures import first_failure
-from launcher.cluster.slurm import accounting, resources, settings, submit
+from launcher.cluster.slurm import accounting, resources, settings, spread, submit
 from launcher.cluster.slurm.accounting import JobRecord, first_word, slurm_status
-from launcher.plan import spread
+from launcher.cluster.slurm.nodelist import expand_nodelist
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import SweepState
 
@@ -75,27 +76,41 @@ class SlurmBackend(Backend):
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
         return submit.submit_probe(state.path / "submitit", settings.of(cell.cluster), cell.layout, f"{state.name}-fabric", spec)
 
-    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
-                   ) -> tuple[str | None, str | None]:
-        return submit.run_node_probe(folder, settings.of(cluster), layout, spec)
+    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec,
+                   nodes: Sequence[str]) -> tuple[str | None, str | None]:
+        """One job on exactly ``nodes`` (sbatch --nodelist), with the sweep's other settings."""
+        on_nodes = dataclasses.replace(settings.of(cluster), nodelist=",".join(nodes), exclude=None)
+        return submit.run_node_probe(folder, on_nodes, layout, spec)
 
-    def health_nodes(self, partition: str | None, nodelist: str | None) -> list[str]:
-        from contract.nodelist import expand_nodelist
+    def health_nodes(self, cluster: ClusterConfig, whole_pool: bool = False) -> list[str]:
+        """cluster.nodelist's nodes, else (or ``whole_pool``) the partition's that take jobs (sinfo);
+        less cluster.exclude's."""
+        c = settings.of(cluster)
+        nodes = (expand_nodelist(c.nodelist) if c.nodelist and not whole_pool
+                 else resources.schedulable_nodes().get(c.partition, []))
+        excluded = set(expand_nodelist(c.exclude)) if c.exclude else set()
+        return [n for n in nodes if n not in excluded]
 
-        return expand_nodelist(nodelist) if nodelist else resources.schedulable_nodes().get(partition, [])
+    def excluding(self, cell: Cell, nodes: Collection[str]) -> None:
+        """Added to cluster.exclude (sbatch --exclude); a cluster.nodelist holding one is dropped."""
+        spread.keep_out(cell, nodes)
+
+    def placing_apart(self, cell: Cell, used: Collection[str], seen: Collection[str]) -> None:
+        """cluster.exclude of the nodes used (launcher/cluster/slurm/spread.py)."""
+        spread.exclude_used(cell, used, seen)
 
     def nodes_fingerprint(self, cells: Sequence[Cell]) -> str:
         """The partitions' nodes, as sinfo names and describes them (CPUs, memory, GPUs)."""
-        return resources.partition_nodes({c.cluster.partition for c in cells})
+        return resources.partition_nodes({settings.of(c.cluster).partition for c in cells})
 
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """The partitions hold the cells (sinfo): nodes, GPUs, cores, memory, node lists, account and QoS;
         a GPU cell's cores, memory and GPU memory are resolved from its partition, and the runs of each
-        grid point are spread over the partition's nodes (launcher/plan/spread.py)."""
+        grid point are spread over the partition's nodes (launcher/cluster/slurm/spread.py)."""
         found = resources.check(cells)
         if not found.errors and spread.repeated(cells):
             for index, nodelist in spread.rotation(cells, resources.schedulable_nodes()).items():
-                found.resolved.setdefault(index, Resolved()).nodelist = nodelist
+                found.resolved.setdefault(index, Resolved()).placement = {"nodelist": nodelist}
         return found
 
     def max_array_size(self, cells: Sequence[Cell]) -> int | None:
@@ -135,8 +150,10 @@ class SlurmBackend(Backend):
     def job_tags(self, cell: Cell) -> dict[str, str]:
         return {"slurm_job_id": cell.job_id} if cell.job_id else {}
 
-    def noise_floor_key(self, partition: str | None, gpu_type: str | None) -> str:
-        return f"slurm:{partition or 'default'}" + (f":{gpu_type}" if gpu_type else "")
+    def noise_floor_key(self, cluster: ClusterConfig) -> str:
+        """``slurm:<partition>[:<gpu type>]``."""
+        c = settings.of(cluster)
+        return f"slurm:{c.partition or 'default'}" + (f":{c.gpu_type}" if c.gpu_type else "")
 
     def creates_runs_in_background(self, cell_count: int) -> bool:
         return cell_count > BACKGROUND_RUNS_ABOVE

@@ -15,13 +15,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from contract import rank_env
-from contract.nodelist import expand_nodelist, port_for_job
+from contract.rendezvous import port_for_job
+from launcher.cluster.slurm.nodelist import expand_nodelist
 
 
 def torchrun_env(env: Mapping[str, str]) -> dict[str, str]:
     """The rank's variables from a Slurm task's (SLURM_PROCID and SLURM_NTASKS: one rank per task);
     {} outside a Slurm task. MASTER_ADDR is the first host of the job's node list; MASTER_PORT
-    derives from the job id (contract.nodelist.port_for_job), the same on every task."""
+    derives from the job id (contract.rendezvous.port_for_job), the same on every task."""
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return {}
     hosts = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost")

@@ -14,10 +14,10 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contract.nodelist import expand_nodelist
 from launcher.cluster.base import Resolved, ResourceCheck
 from launcher.cluster.slurm import settings
 from launcher.cluster.slurm.commands import CONF_PATHS, call, configured, run
+from launcher.cluster.slurm.nodelist import expand_nodelist
 from launcher.plan import fit
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
@@ -79,9 +79,9 @@ def check(cells: Sequence[Cell]) -> ResourceCheck:
     parts = partitions()
     out = ResourceCheck()
     for cell in cells:
-        name = cell.cluster.partition or _default(parts)
+        name = settings.of(cell.cluster).partition or _default(parts)
         if name not in parts:
-            out.errors.append(f"[{cell.name}] cluster.partition={cell.cluster.partition!r}: no such partition on this "
+            out.errors.append(f"[{cell.name}] cluster.partition={settings.of(cell.cluster).partition!r}: no such partition on this "
                               f"cluster. Fix: use one of {', '.join(sorted(parts))}.")
             continue
         out.errors += _node_count(cell, name, parts[name])
@@ -92,7 +92,7 @@ def check(cells: Sequence[Cell]) -> ResourceCheck:
         all_nodes = cluster_nodes()
         for cell in cells:
             resolved = as_resolved(cell, out.resolved.get(cell.index))
-            out.errors += check_capacity(resolved, cell.cluster.partition or _default(parts) or "", all_nodes)
+            out.errors += check_capacity(resolved, settings.of(cell.cluster).partition or _default(parts) or "", all_nodes)
         _accounting(cells, out)
     return out
 
@@ -272,7 +272,7 @@ def check_capacity(cell: Cell, partition: str, nodes: dict[str, Node]) -> list[s
     refuse (or leave pending for good), said before anything is created, with the fix."""
     if not nodes:
         return []  # sinfo -N did not answer: sbatch decides
-    c, want = cell.cluster, cell.layout.nodes
+    c, want = settings.of(cell.cluster), cell.layout.nodes
     where = f"[{cell.name}]"
     members = [n for n in nodes.values() if partition in n.partitions]
     excluded = set(expand_nodelist(c.exclude)) if c.exclude else set()
@@ -305,7 +305,7 @@ def check_capacity(cell: Cell, partition: str, nodes: dict[str, Node]) -> list[s
 
 def _nodelist_errors(cell: Cell, partition: str, nodes: dict[str, Node], members: list[Node],
                      excluded: set[str]) -> list[str]:
-    c, where = cell.cluster, f"[{cell.name}]"
+    c, where = settings.of(cell.cluster), f"[{cell.name}]"
     listed = expand_nodelist(c.nodelist or "")
     unknown = [n for n in listed if n not in nodes or partition not in nodes[n].partitions]
     if unknown:

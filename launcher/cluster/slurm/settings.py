@@ -1,7 +1,9 @@
 """Slurm's own settings (``cluster.*`` with cluster=slurm), beside the ones every backend shares
-(launcher/plan/clusterschema.py): the account and QOS a job is charged to, more sbatch and srun
-options, the container each task runs in, and how job arrays are cut. Read when a grid is composed,
-so they import nothing that talks to Slurm (submit.py and resources.py do)."""
+(launcher/plan/clusterschema.py): the nodes a job may use (partition, nodelist, exclude), the
+account and QOS a job is charged to, more sbatch and srun options, the container each task runs in,
+and how job arrays are cut. Another backend refuses these keys naming Slurm (the schema's
+``ClusterConfig.variant``). Read when a grid is composed, so they import nothing that talks to
+Slurm (submit.py and resources.py do)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import enum
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from contract.spec import ConfigError
 from launcher.plan.clusterschema import ClusterConfig, shell
@@ -36,6 +38,13 @@ class ContainerConfig:
 @dataclass
 class SlurmSettings(ClusterConfig):
     name: str = "slurm"
+    # The nodes a job may use: a partition (the launcher spreads a grid point's runs over its nodes,
+    # launcher/cluster/slurm/spread.py, and health=auto keeps its slow ones out), nodes asked for
+    # (sbatch --nodelist: "node[1-2]") or kept out (sbatch --exclude). Only this backend rewrites them
+    # (SlurmBackend.excluding, .placing_apart, its resource check's placements).
+    partition: str | None = field(default=None, metadata=shell("plain"))
+    exclude: str | None = field(default=None, metadata=shell("plain"))
+    nodelist: str | None = field(default=None, metadata=shell("plain"))
     # submitit's parameter names where they exist.
     account: str | None = field(default=None, metadata=shell("plain"))
     qos: str | None = field(default=None, metadata=shell("plain"))
@@ -49,8 +58,15 @@ class SlurmSettings(ClusterConfig):
     # Largest job array per sbatch call; None: the cluster's MaxArraySize (scontrol show config).
     max_array_size: int | None = None
 
+    excludes_nodes: ClassVar[bool] = True  # sbatch --exclude
+    asks_gpu_type: ClassVar[bool] = True  # a gres type: sbatch --gpus-per-node=<type>:<n>
+
+    def pool(self) -> str | None:
+        return self.partition
+
     def validate(self) -> None:
         """A container runtime needs its image; an OCI bundle must be one the nodes can run."""
+        super().validate()
         container = self.container
         if container.runtime is not ContainerRuntime.none and not container.image:
             raise ConfigError("cluster.container.image", None,

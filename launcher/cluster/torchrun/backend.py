@@ -1,10 +1,11 @@
 """cluster=torchrun: one machine (a multi-GPU box, or CPU ranks on gloo) without a scheduler.
 
 Each cell's ranks are started by ``torchrun --standalone --nproc-per-node N -m jobs spec.json``:
-no pickle, the same command a user reproduces the cell with (its reproduce.sh). Cells run one
-after another in the foreground, as on cluster=local (they share the machine), so the launcher logs
-each cell's MLflow records itself; what follows a cell's end, its co-location evidence and its
-failure classes are the local backend's, this machine's too.
+no pickle, the same command a user reproduces the cell with (its reproduce.sh); the fabric and
+node-health probes start the same way, from their spec files. Cells run one after another in the
+foreground (they share the machine), so the launcher logs each cell's MLflow records itself; what
+follows a cell's end, its co-location evidence and its failure classes are every one-machine
+backend's (launcher/cluster/onemachine.py).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.cluster.base import ResourceCheck, Wording
-from launcher.cluster.local.backend import LocalBackend
+from launcher.cluster.onemachine import OneMachineBackend
 from launcher.cluster.torchrun import submit
 from launcher.plan.cell import Cell
 from launcher.state import SweepState
 
 if TYPE_CHECKING:
+    from contract.fabric import ProbeSpec
+    from contract.health import NodeProbeSpec
+    from contract.spec import Layout
     from launcher.cluster.interrupt import Interrupts
+    from launcher.plan.clusterschema import ClusterConfig
 
 
-class TorchrunBackend(LocalBackend):
+class TorchrunBackend(OneMachineBackend):
     name = "torchrun"
     words = Wording(where="on this machine", scheduler="torchrun", submitter="torchrun")
 
@@ -31,9 +36,20 @@ class TorchrunBackend(LocalBackend):
                interrupts: Interrupts | None, after: Sequence[str]) -> None:
         submit.run(state, cells, self.rank_launch, after_each_cell, interrupts)  # after: ended already (run in the foreground)
 
+    def rank_launch(self, cell: Cell) -> str:
+        return submit.launch_command(cell.cluster, cell.world_size)
+
+    def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
+        return submit.run_probe(Path(spec.out_dir), cell.cluster, cell.world_size, spec)
+
+    def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec,
+                   nodes: Sequence[str]) -> tuple[str | None, str | None]:
+        """Every emulated node a process of one torchrun (``python -m jobs`` regroups them)."""
+        return submit.run_probe(folder, cluster, layout.world_size, spec)
+
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
-        """This machine's GPUs and memory (as cluster=local), and one node per cell: torchrun starts
-        one machine's ranks here."""
+        """This machine's GPUs (as every one-machine backend's), and one node per cell with no memory
+        limit: torchrun starts one machine's ranks here, with no cgroup around them."""
         out = super().check_resources(cells)
         if any(c.cluster.mem_gb for c in cells):
             out.errors.append("cluster.mem_gb is set: cluster=torchrun puts no memory limit around a cell. Fix: drop "

@@ -1,5 +1,6 @@
 """Each cell to its end under torchrun, one after another (every run, resume and resubmission of
-cells reaches this through ``Backend.submit``).
+cells reaches this through ``Backend.submit``); the fabric and node-health probes likewise, from
+their spec files (contract/programs.py): ``torchrun ... -m jobs FILE``, no pickle.
 
 A cell is one process group in a session of its own (``start_new_session``): a Ctrl-C at the
 terminal reaches only the launcher, which sends torchrun one SIGTERM (launcher/cluster/interrupt.py);
@@ -12,16 +13,28 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from contract import programs
+from contract.fabric import ProbeSpec
+from contract.health import NodeProbeSpec
 from launcher.cluster.failures import classify, first_failure
 from launcher.cluster.interrupt import Interrupts, run_in_turn
 from launcher.plan.cell import Cell, CellStatus
+from launcher.plan.clusterschema import ClusterConfig
 from launcher.state import SPEC_FILE, SweepState
 
 LOG_FILE = "torchrun.log"  # torchrun's and the ranks' output, in the cell's directory
 POLL_S = 0.2
+
+
+def launch_command(cluster: ClusterConfig, ranks: int) -> str:
+    """torchrun on this machine, ``ranks`` processes of ``python -m jobs``: the command before a spec file."""
+    return (f"{cluster.python_command()} -m torch.distributed.run --standalone --nnodes 1 "
+            f"--nproc-per-node {ranks} -m jobs")
 
 
 def run(state: SweepState, cells: Sequence[Cell], launch: Callable[[Cell], str],
@@ -77,3 +90,26 @@ def _run_cell(state: SweepState, cell: Cell, argv: list[str], stops: Interrupts)
         cell.error = first_failure(cell_dir) or f"torchrun exited with {process.returncode}: see {cell_dir / LOG_FILE}"
         cell.failure_class = classify(cell_dir, None, cell.error)
     state.save()
+
+
+def run_probe(folder: Path, cluster: ClusterConfig, ranks: int, spec: ProbeSpec | NodeProbeSpec
+              ) -> tuple[str | None, str | None]:
+    """A probe's ``ranks`` processes to their end, from its spec file in ``folder``: (torchrun's pid,
+    why it failed or None). A Ctrl-C ends the probe's process group, then goes on."""
+    path = programs.write(folder, spec)
+    command = f"{launch_command(cluster, ranks)} {shlex.quote(str(path))}"
+    with (folder / LOG_FILE).open("w") as log:
+        process = subprocess.Popen(["sh", "-c", " && ".join([*cluster.setup, f"exec {command}"])], stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=60 * cluster.timeout_min)
+        except BaseException:  # its time limit, or a Ctrl-C: no rank outlives the launcher's wait
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+                raise
+            return str(process.pid), f"cluster.timeout_min={cluster.timeout_min} passed before its ranks ended"
+    if returncode == 0:
+        return str(process.pid), None
+    lines = [line for line in (folder / LOG_FILE).read_text(errors="replace").splitlines() if line.strip()]
+    return str(process.pid), f"torchrun exited with {returncode}: {lines[-1] if lines else 'no output'}"

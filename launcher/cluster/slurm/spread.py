@@ -11,23 +11,18 @@ clusters identical GPUs and hosts differ by several percent, which repeats on on
   configuration's earlier runs ran on, while enough other nodes are left for it.
 
 Only where the partition has at least two windows, and never over a ``cluster.nodelist`` or
-``cluster.exclude`` the user set. Pure functions: the node lists come from the backend.
+``cluster.exclude`` the user set. Pure functions: the node lists come from the backend
+(SlurmBackend.check_resources, .placing_apart, .excluding), the only code that rewrites them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from launcher.plan.cell import Cell
-
-_RUN = re.compile(r" run=\d+$")
-
-
-def configuration(cell_name: str) -> str:
-    """A cell's grid point: its name without ``run=N``."""
-    return _RUN.sub("", cell_name)
+from launcher.cluster.slurm import settings
+from launcher.cluster.slurm.nodelist import expand_nodelist
+from launcher.plan.cell import Cell, configuration
 
 
 def windows(nodes: Sequence[str], width: int) -> list[list[str]]:
@@ -44,7 +39,7 @@ def repeated(cells: Sequence[Cell]) -> bool:
 def rotation(cells: Sequence[Cell], partition_nodes: dict[str | None, list[str]]) -> dict[int, str]:
     """{cell index: its nodelist} that gives each run of a grid point with several runs its own window
     of its partition's nodes (``partition_nodes``: partition -> its nodes in order; None: the
-    default partition). Changes nothing: :func:`place` applies one."""
+    default partition). Changes nothing: the caller applies each as a placement (Resolved.placement)."""
     order: dict[str, int] = {}
     runs: dict[str, int] = {}
     for cell in cells:
@@ -53,7 +48,7 @@ def rotation(cells: Sequence[Cell], partition_nodes: dict[str | None, list[str]]
     for cell in cells:
         name = configuration(cell.name)
         j = order.setdefault(name, len(order))
-        c = cell.cluster
+        c = settings.of(cell.cluster)
         if runs[name] < 2 or c.nodelist or c.exclude or cell.placed:
             continue
         found = windows(partition_nodes.get(c.partition) or [], cell.layout.nodes)
@@ -62,17 +57,11 @@ def rotation(cells: Sequence[Cell], partition_nodes: dict[str | None, list[str]]
     return out
 
 
-def place(cell: Cell, nodelist: str) -> None:
-    """Run ``cell`` on ``nodelist``, on a settings object of its own (the runs of a grid point share one
-    until they are placed apart)."""
-    cell.cluster = dataclasses.replace(cell.cluster, nodelist=nodelist)
-    cell.placed = f"nodelist={nodelist}"
-
-
-def exclude_used(cell: Cell, used: set[str], seen: set[str]) -> bool:
+def exclude_used(cell: Cell, used: Collection[str], seen: Collection[str]) -> bool:
     """A later run of a configuration: exclude the nodes its earlier runs used (``used``) when the
     nodes known to run jobs (``seen``) leave enough others; clears the rotation copied from them."""
-    c = cell.cluster
+    c = settings.of(cell.cluster)
+    used, seen = set(used), set(seen)
     if cell.placed == f"nodelist={c.nodelist}":
         c.nodelist = None  # the placement copied from the run it was made from
     elif cell.placed == f"exclude={c.exclude}":
@@ -85,3 +74,17 @@ def exclude_used(cell: Cell, used: set[str], seen: set[str]) -> bool:
     c.exclude = ",".join(sorted(used))
     cell.placed = f"exclude={c.exclude}"
     return True
+
+
+def keep_out(cell: Cell, nodes: Collection[str]) -> None:
+    """``cell`` runs on none of ``nodes``: added to its exclude (on a settings object of its own). A
+    node list holding one of them is dropped, and with it the launcher's placement: Slurm places the
+    run elsewhere."""
+    if not nodes:
+        return
+    c = settings.of(cell.cluster)
+    own = expand_nodelist(c.exclude) if c.exclude else []
+    nodelist = c.nodelist
+    if nodelist and set(expand_nodelist(nodelist)) & set(nodes):
+        nodelist, cell.placed = None, None
+    cell.cluster = dataclasses.replace(c, exclude=",".join(dict.fromkeys([*own, *nodes])), nodelist=nodelist)
