@@ -1,25 +1,18 @@
-"""Every record the launcher and the ranks keep, read and written one way (docs/records.md).
+"""Every record the launcher and the ranks keep, read and written one way (docs/install.md).
 
-Three shapes of record, one reader each:
+* **Documents** (sweep.json, a cell's result.json, spec.json, mlflow.json), one JSON object a file:
+  :func:`read_document` refuses one that is cut short or of another shape, naming it (RecordError),
+  and leaves it as it is; a NaN in it is set aside (read as None) and named, the rest used.
+* **Keyed records** beside the sweeps (fabrics.json, noise-floor.json, sweep-drift.json,
+  forecast-errors.json), keys of one entry or a list of entries: :func:`read_keyed` sets aside and
+  names each entry of another shape or with NaN and uses every other; a file cut short gives the
+  entries before the cut. :func:`update_keyed` keeps what was set aside beside the record.
+* **Line records** (the health ledger, a cell's metrics.jsonl): :func:`read_lines` sets aside each
+  damaged line (left in the file), names its number and why, and uses every good one.
 
-* **Documents** (``sweep.json``, a cell's ``result.json``, ``spec.json``, ``mlflow.json``): one JSON
-  object a file. :func:`read_document` refuses one that cannot be read, is cut short or holds JSON
-  of another shape with a :class:`RecordError` naming the file, why and the fix, and leaves the file
-  as it is; a NaN or infinite number in it is set aside (read as None) and named, the rest used.
-* **Keyed records** beside the sweeps (``fabrics.json``, ``noise-floor.json``, ``sweep-drift.json``,
-  ``forecast-errors.json``): an object of keys, each holding one entry or a list of entries.
-  :func:`read_keyed` leaves out each entry that is not of its kind's shape or holds NaN, names it
-  in a warning and uses every other; a file cut short gives every entry before the cut; a file that
-  is not an object at all is renamed ``<name>.damaged-<time>`` and named. :func:`update_keyed` keeps
-  what it left out beside the record before it writes, so nothing is dropped without a trace.
-* **Line records** (the health ledger, a cell's ``metrics.jsonl``): one JSON object a line.
-  :func:`read_lines` sets each damaged line aside (not read, left in the file) and names it with
-  its line number and why; every good line is used.
-
-Every write is atomic (:func:`write_atomic`: a temporary file in the same directory, fsync, then
-``os.replace``), and every read-modify-write runs under :func:`locked`, the one lock: ``flock`` on
-a sibling ``.<name>.lock``, waited for at most ``LOCK_WAIT_S``, then a :class:`RecordError` that
-names the lock, its holder and the fix. A folder of its own is made by :func:`new_folder`.
+Every write is atomic (:func:`write_atomic`), every read-modify-write runs under :func:`locked`, the
+one lock (flock on a sibling ``.<name>.lock``, a bounded wait, then a RecordError naming the holder),
+and a folder of a process's own is made by :func:`new_folder`.
 """
 
 from __future__ import annotations
@@ -44,7 +37,7 @@ from typing import Any
 LOCK_WAIT_S = 30.0  # a record update takes milliseconds: a lock held this long is held by a stuck process
 _POLL_S = 0.02
 WARN_AT_MOST = 5  # damaged lines or entries named one by one in a warning; the rest counted
-SHARED_FS = "docs/records.md (shared file systems)"
+SHARED_FS = "docs/install.md (records on a shared file system)"
 
 
 class RecordError(Exception):
@@ -52,12 +45,6 @@ class RecordError(Exception):
 
 
 # ---- the one lock, and the one atomic write --------------------------------------------------------
-
-def lock_path(record: Path) -> Path:
-    """The lock of ``record``: ``.<name>.lock`` beside it (never the record itself, which os.replace
-    swaps for a new file that the old lock would not cover)."""
-    return record.with_name(f".{record.name}.lock")
-
 
 def _take(handle: Any, wait_s: float | None) -> bool:
     """flock ``handle`` exclusively, retrying until ``wait_s`` has passed (None: as long as the
@@ -100,16 +87,16 @@ def holding(path: Path, wait_s: float | None = LOCK_WAIT_S) -> Iterator[bool]:
 
 @contextlib.contextmanager
 def locked(record: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """``record``'s lock held while the block runs, or a RecordError after ``wait_s``."""
-    lock = lock_path(Path(record))
+    """``record``'s lock held while the block runs, or a RecordError after ``wait_s``: ``.<name>.lock``
+    beside it (never the record itself, which os.replace swaps for a file the old lock does not cover)."""
+    lock = Path(record).with_name(f".{Path(record).name}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with holding(lock, wait_s) as taken:
+        holder = ""
         if not taken:
-            try:
-                holder = lock.read_text().strip() or "a process"
-            except OSError:
-                holder = "a process"
-            raise RecordError(f"{record}: its lock {lock} is held by {holder} for more than {wait_s:g} s; nothing was "
+            with contextlib.suppress(OSError):
+                holder = lock.read_text().strip()
+            raise RecordError(f"{record}: its lock {lock} is held by {holder or 'a process'} for more than {wait_s:g} s; nothing was "
                               f"written. Fix: wait for that process to end, or end it if it hangs (a lock is freed "
                               f"when its process ends; on NFS a crashed client's lock is freed by the server's lock "
                               f"recovery); {SHARED_FS}.")
@@ -194,8 +181,7 @@ def without_nonfinite(value: Any) -> Any:
 
 
 def _named(notes: list[str]) -> str:
-    more = f"; and {len(notes) - WARN_AT_MOST} more" if len(notes) > WARN_AT_MOST else ""
-    return "; ".join(notes[:WARN_AT_MOST]) + more
+    return "; ".join(notes[:WARN_AT_MOST]) + (f"; and {len(notes) - WARN_AT_MOST} more" if notes[WARN_AT_MOST:] else "")
 
 
 def _aside_name(path: Path) -> Path:
@@ -235,14 +221,14 @@ def read_document(path: Path, what: str, fix: str, shape: type = dict, checked: 
     return data
 
 
-def maybe_document(path: Path, what: str, shape: type = dict) -> Any:
+def maybe_document(path: Path, what: str, shape: type = dict, checked: bool = False) -> Any:
     """A document that may be missing, and that its reader can do without (a cache, a derived record,
     a rank's heartbeat): None where there is none; a damaged one named in a warning and left as it is,
     then read as none."""
-    if not Path(path).exists():
-        return None
     try:
-        return read_document(path, what, "it is read as missing, and written again by whoever keeps it.", shape)
+        return read_document(path, what, "it is read as missing, and written again by whoever keeps it.", shape,
+                             checked) \
+            if Path(path).exists() else None
     except RecordError as exc:
         warn(f"warning: {exc}")
         return None
@@ -274,7 +260,7 @@ def lacks(entry: Any, fields: dict[str, type | tuple[type, ...]]) -> str | None:
 def _object_until_cut(text: str) -> tuple[dict[str, Any], bool] | None:
     """A JSON object's entries read one by one: (every entry before the place it is cut or broken,
     whether it was whole); None where the text is not an object at all."""
-    decoder, at, out = json.JSONDecoder(), 0, {}
+    decoder, at, out = json.JSONDecoder(), 0, dict[str, Any]()
     try:
         at = _skip(text, 0)
         if text[at] != "{":
@@ -296,9 +282,7 @@ def _object_until_cut(text: str) -> tuple[dict[str, Any], bool] | None:
 
 
 def _skip(text: str, at: int) -> int:
-    while at < len(text) and text[at] in " \t\r\n":
-        at += 1
-    return at
+    return len(text) - len(text[at:].lstrip())
 
 
 def _split(data: dict[str, Any], check: Check | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -322,9 +306,10 @@ def _split(data: dict[str, Any], check: Check | None) -> tuple[dict[str, Any], d
     return good, bad
 
 
-def _keyed(path: Path, check: Check | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the good entries, the damaged ones with where they were) of a keyed record; a file of another
-    shape is set aside, a file cut short read up to the cut."""
+def _keyed(path: Path, check: Check | None, moving: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the good entries, the damaged ones with where they were) of a keyed record; a file cut short
+    read up to the cut. A damaged file is left as it is by a reader (every read uses what it holds)
+    and renamed aside by an update (``moving``), which then writes the good entries anew."""
     try:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
@@ -334,13 +319,13 @@ def _keyed(path: Path, check: Check | None) -> tuple[dict[str, Any], dict[str, A
         return {}, {}
     read = _object_until_cut(text)
     if read is None:
-        _set_aside(path, "not a JSON object (JSON of another shape, or not JSON)", 0)
+        _set_aside(path, "not a JSON object (JSON of another shape, or not JSON)", 0, moving)
         return {}, {}
     data, whole = read
     good, why = _split(data, check)
     bad = {where: _at(data, where) for where in why}
     if not whole:
-        _set_aside(path, "cut short or broken", len(data))
+        _set_aside(path, "cut short or broken", len(data), moving)
     if why:
         warn(f"warning: {path}: {len(why)} damaged entr{'y' if len(why) == 1 else 'ies'} set aside, not used: "
              f"{_named([f'{where} ({w}: {json.dumps(bad[where], default=str)[:80]})' for where, w in why.items()])}; "
@@ -354,24 +339,22 @@ def _at(data: dict[str, Any], where: str) -> Any:
     return data[key][int(index[:-1])] if index and key in data and isinstance(data[key], list) else data.get(where)
 
 
-def _set_aside(path: Path, why: str, kept: int) -> None:
-    aside = _aside_name(path)
-    try:
-        os.replace(path, aside)
-    except FileNotFoundError:
-        return  # another process set it aside first
-    except OSError as exc:
-        warn(f"warning: {path} is damaged ({why}) and cannot be set aside ({exc.strerror or exc}); it is left as "
-             f"it is; {kept} entries read from it are used.")
+def _set_aside(path: Path, why: str, kept: int, moving: bool) -> None:
+    used = (f"the {kept} entries before the damage are used" if kept else
+            "going on without it (recover its entries from it by hand if they matter)")
+    if not moving:
+        warn(f"warning: {path} is damaged ({why}): left as it is, not overwritten; {used}. The next update keeps "
+             f"it aside as {path.name}.damaged-<time>.")
         return
-    warn(f"warning: {path} was damaged ({why}): kept aside as {aside.name}, not overwritten; "
-         + (f"the {kept} entries before the damage are used and written back by the next update."
-            if kept else "going on without it (recover its entries from it by hand if they matter)."))
+    aside = _aside_name(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, aside)
+        warn(f"warning: {path} was damaged ({why}): kept aside as {aside.name}, not overwritten; {used}.")
 
 
 def read_keyed(path: Path, check: Check | None = None) -> dict[str, Any]:
     """A keyed record's good entries ({} where there is none); each damaged one named and set aside."""
-    return _keyed(Path(path), check)[0]
+    return _keyed(Path(path), check, moving=False)[0]
 
 
 def update_keyed(path: Path, change: Callable[[dict[str, Any]], dict[str, Any]], check: Check | None = None) -> bool:
@@ -381,7 +364,7 @@ def update_keyed(path: Path, change: Callable[[dict[str, Any]], dict[str, Any]],
     path = Path(path)
     try:
         with locked(path):
-            good, bad = _keyed(path, check)
+            good, bad = _keyed(path, check, moving=True)
             if bad:
                 aside = _aside_name(path)
                 write_atomic(aside, json.dumps(bad, indent=1))  # as they were, NaN and all, for a person

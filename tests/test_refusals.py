@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.records import read_keyed, update_keyed
 from launcher.forecast import fabric
 from launcher.plan.cell import CellStatus
-from contract.records import read_keyed, update_keyed
 from launcher.report import findings, noisefloor
 from launcher.report.collect import collect
 from launcher.state import SweepState
@@ -45,11 +45,12 @@ def test_a_damaged_shared_record_is_kept_aside_named_and_never_overwritten(tmp_p
     for name in (fabric.KEPT_FILE, noisefloor.FLOOR_FILE, noisefloor.DRIFT_FILE):
         cut = '{"slurm:gpu 2x8": {"identity": {"cluster": "slurm:gpu"'  # other clusters' records, cut short
         (tmp_path / name).write_text(cut)
-        assert read_keyed(tmp_path / name) == {}
+        assert read_keyed(tmp_path / name) == {}  # a reader leaves it as it is, and names it
         err = capsys.readouterr().err
+        assert (tmp_path / name).read_text() == cut and str(tmp_path / name) in err and "not overwritten" in err
+        assert update_keyed(tmp_path / name, lambda r: {**r, "local:vm": {"x": 1}})  # an update keeps it aside
         (aside,) = tmp_path.glob(f"{name}.damaged-*")
-        assert aside.read_text() == cut and aside.name in err and "not overwritten" in err
-        assert update_keyed(tmp_path / name, lambda r: {**r, "local:vm": {"x": 1}})
+        assert aside.read_text() == cut and aside.name in capsys.readouterr().err
         assert json.loads((tmp_path / name).read_text()) == {"local:vm": {"x": 1}}
         assert aside.read_text() == cut  # still there for a person to recover
         aside.unlink()

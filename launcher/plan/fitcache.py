@@ -43,21 +43,23 @@ def key(model: dict[str, Any], shape: dict[str, Any]) -> str | None:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# What each kind of entry holds (a NaN is read as None, with a warning).
-ANALYSIS: dict[str, type | tuple[type, ...]] = {"shapes": list, "activations": (int, type(None)), "in_unit": list}
-FLOPS = {FLOPS_PER_SAMPLE: (int, float, type(None))}  # None: a model whose FLOPs cannot be counted
-BUFFERS = {"buffer_bytes": int}
+# What each kind of entry holds.
+Fields = dict[str, type | tuple[type, ...]]
+ANALYSIS: Fields = {"shapes": list, "activations": (int, type(None)), "in_unit": list}
+FLOPS: Fields = {FLOPS_PER_SAMPLE: (int, float, type(None))}  # None: a model whose FLOPs cannot be counted
+BUFFERS: Fields = {"buffer_bytes": int}
 
 
-def read(cache_key: str | None, fields: dict[str, type | tuple[type, ...]]) -> dict | None:
+def read(cache_key: str | None, fields: Fields) -> dict | None:
     """The entry kept under ``cache_key`` holding ``fields``, or None: not kept, or damaged (cut short,
     of another shape, NaN: named in a warning and read as a miss, so the launch analyses again and
     writes it anew; every other entry is still used)."""
     if cache_key is None:
         return None
     path = directory() / f"{cache_key}.json"
-    found = records.maybe_document(path, "a kept model analysis")
-    why = None if found is None else records.lacks(found, fields)
+    found = records.maybe_document(path, "a kept model analysis", checked=True)
+    nan = records.nonfinite(found)
+    why = None if found is None else f"{', '.join(nan)} NaN or infinite" if nan else records.lacks(found, fields)
     if why:
         records.warn(f"warning: {path} (a kept model analysis): {why}: set aside, analysed again and written anew.")
     return None if why else found
