@@ -15,15 +15,13 @@ record written as it ends.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from contract import metrics
+from contract import metrics, records
 from contract.mlflow_client import PARAM_MAX_CHARS, PARAMS_PER_BATCH
 
 METRICS_FILE = "metrics.jsonl"  # the job's records, written by rank 0 (jobs/sinks.py)
@@ -37,7 +35,7 @@ def write_template(cell_dir: Path, experiment_id: str, run_name: str, tags: dict
     """What the cell's run is created with (the launcher writes it when it creates the parent run)."""
     template = {"experiment_id": experiment_id, "run_name": run_name, "tags": tags,
                 "params": {k: str(v)[:PARAM_MAX_CHARS] for k, v in params.items()}, "metrics": metrics}
-    _write_atomically(Path(cell_dir) / TEMPLATE_FILE, json.dumps(template))
+    records.write_document(Path(cell_dir) / TEMPLATE_FILE, template, indent=None)
 
 
 def has_template(cell_dir: Path) -> bool:
@@ -82,8 +80,8 @@ def view_order(key: str) -> int:
 def known_metrics(cell_dir: Path) -> dict[str, float]:
     """The figures the launcher knew before launch (predicted model-state bytes...): logged after the
     job's own, so that they never lead the compare page."""
-    path = Path(cell_dir) / TEMPLATE_FILE
-    return dict(json.loads(path.read_text())["metrics"]) if path.exists() else {}
+    found = records.maybe_document(Path(cell_dir) / TEMPLATE_FILE, "the cell's MLflow run template")
+    return dict((found or {}).get("metrics") or {})
 
 
 def open_run(client, cell_dir: Path, start_s: float) -> str | None:
@@ -94,11 +92,11 @@ def open_run(client, cell_dir: Path, start_s: float) -> str | None:
         existing = run_id(cell_dir)
         if existing or not has_template(cell_dir):
             return existing
-        template = json.loads((cell_dir / TEMPLATE_FILE).read_text())
+        template = _template(cell_dir)
         run = client.create_run(template["experiment_id"], start_time=int(start_s * 1000), tags=template["tags"],
                                 run_name=template["run_name"])
         _log_params(client, run.info.run_id, template)
-        _write_atomically(cell_dir / RUN_ID_FILE, run.info.run_id + "\n")
+        records.write_atomic(cell_dir / RUN_ID_FILE, run.info.run_id + "\n")
         return run.info.run_id
 
 
@@ -109,7 +107,7 @@ def remember_run(cell_dir: Path, run: str) -> str:
     with _locked(cell_dir / LOCK_FILE):
         existing = run_id(cell_dir)
         if not existing:
-            _write_atomically(cell_dir / RUN_ID_FILE, run + "\n")
+            records.write_atomic(cell_dir / RUN_ID_FILE, run + "\n")
         return existing or run
 
 
@@ -129,18 +127,14 @@ def _log_params(client, run_id: str, template: dict[str, Any]) -> None:
         client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
 
 
+def _template(cell_dir: Path) -> dict[str, Any]:
+    return records.read_document(cell_dir / TEMPLATE_FILE, "the cell's MLflow run template",
+                                 "delete it: launcher.sync writes it again from the sweep document.")
+
+
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    # POSIX record locks (lockf) hold across the nodes of a shared file system, where flock may not.
-    with open(path, "a") as handle:
-        fcntl.lockf(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.lockf(handle, fcntl.LOCK_UN)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    # One creator of the cell's run at a time (the launcher, status, sync, rank 0): a turn around an
+    # MLflow call, whose own deadline bounds it, not a record write, so it waits for its holder.
+    with records.holding(path, wait_s=None):
+        yield

@@ -16,7 +16,6 @@ them. docs/troubleshooting.md, "The tracking store does not answer".
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -26,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from contract import records
 
 # MLflow's own limits (mlflow.utils.validation): longer values are refused, so they are cut here.
 TAG_MAX_CHARS = 5000
@@ -199,18 +200,9 @@ def store_lock(uri: str) -> Iterator[None]:
     if path is None:
         yield
         return
-    try:
-        handle = open(path.with_name(path.name + STORE_LOCK_SUFFIX), "a")  # noqa: SIM115 - closed below
-    except OSError:
+    with contextlib.ExitStack() as held:
+        try:  # a turn around MLflow's migrations, not a record write: it waits for the first opener
+            held.enter_context(records.holding(path.with_name(path.name + STORE_LOCK_SUFFIX), wait_s=None))
+        except (OSError, records.RecordError):  # a read-only directory, or a file system without locks:
+            pass  # open it as MLflow alone would
         yield
-        return
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError:  # a file system without locks: open it as MLflow alone would
-            yield
-            return
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from contract import programs, rank_env
+from contract import programs, rank_env, records
 from contract.codec import from_plain
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
@@ -59,8 +59,8 @@ class _Parser(argparse.ArgumentParser):
 def load(path: str, out_dir: str | None = None) -> RunSpec:
     """The cell's RunSpec from ``path``, validated; with ``out_dir``, redirected there and untracked."""
     try:
-        spec = from_plain(RunSpec, json.loads(Path(path).read_text()))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+        spec = from_plain(RunSpec, records.read_document(Path(path), "a cell spec", SPEC_FIX, checked=True))
+    except (OSError, ValueError, TypeError, KeyError, records.RecordError) as exc:
         raise Refused(f"python -m jobs {path}: not a readable cell spec ({type(exc).__name__}: {exc}). "
                       f"Fix: {SPEC_FIX}") from None
     try:

@@ -14,11 +14,11 @@ times) only means something for the same world size and is ignored otherwise.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
+
+from contract import records
 
 CKPT_DIR = "checkpoint"
 
@@ -48,10 +48,8 @@ def save(out_dir: Path, model, optimizer, *, rank: int, meta: dict[str, Any], ra
     if rank == 0:
         # How many ranks wrote their part: all of them, or the barrier above would not have passed.
         meta = {**meta, "ranks_saved": len(list(path.glob("rank*.pt")))}
-        (path / "meta.json").write_text(json.dumps(meta))
-        tmp = root / "latest.tmp"
-        tmp.write_text(path.name)
-        os.replace(tmp, root / "latest")  # readers see the old or the new checkpoint, never half of one
+        records.write_document(path / "meta.json", meta, indent=None)
+        records.write_atomic(root / "latest", path.name)  # readers see the old or the new checkpoint, never half
         for old in root.glob("step-*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
@@ -65,7 +63,8 @@ def load(path: Path, model, optimizer, *, rank: int, world_size: int) -> tuple[d
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    meta = json.loads((path / "meta.json").read_text())
+    meta = records.read_document(path / "meta.json", "a checkpoint's meta", "delete the checkpoint folder: the "
+                                 "run starts again from its first step.")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))

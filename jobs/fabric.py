@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from contract.fabric import COLLECTIVES, ELEMENT_BYTES, RESULT_FILE, SCOPES, ProbeSpec, fits, point, whole_count
 from contract.spec import Layout
 
@@ -132,7 +133,6 @@ class Probe:
 def main(spec: ProbeSpec) -> dict[str, Any]:
     """Measure every scope this shape has; rank 0 writes the result (fabric.json) and returns it."""
     entered = time.perf_counter()
-    import json
 
     import torch
 
@@ -153,7 +153,7 @@ def main(spec: ProbeSpec) -> dict[str, Any]:
     if env.is_head:
         out = Path(spec.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / RESULT_FILE).write_text(json.dumps(result, indent=1, sort_keys=True))
+        records.write_document(out / RESULT_FILE, result)
     return result
 
 

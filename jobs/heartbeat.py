@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from contract import records
+
 STALL_EXIT_CODE = 70
 WRITE_EVERY_S = 1.0
 
@@ -36,9 +38,8 @@ class Heartbeat:
     def _write(self, state: str) -> None:
         record = {"rank": self.rank, "host": self.host, "pid": os.getpid(), "step": self.step,
                   "state": state, "time": time.time()}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.path)
+        # atomic for the launcher's reader; not synced: a beat a second, which a crash makes stale anyway
+        records.write_atomic(self.path, json.dumps(record), sync=False)
 
     def beat(self, step: int) -> None:
         """Called after every step: no I/O here, the watchdog thread writes the file once a second

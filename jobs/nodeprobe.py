@@ -15,7 +15,6 @@ measure each other. Separate machines measure at once.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from contract.fabric import bus_factor
 from contract.health import RESULT_FILE, NodeProbeSpec, pair_rounds
 from contract.metrics import MEASURED_MATMUL_TFLOPS
@@ -91,7 +91,7 @@ def main(spec: NodeProbeSpec) -> dict[str, Any]:
     if env.is_head:
         out = Path(spec.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / RESULT_FILE).write_text(json.dumps(result, indent=1, sort_keys=True))
+        records.write_document(out / RESULT_FILE, result)
     return result
 
 

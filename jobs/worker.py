@@ -11,7 +11,6 @@ observes the named points through jobs/hooks.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 import traceback
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contract import records
 from contract.cell_run import METRICS_FILE
 from contract.spec import InputKind, OptimizerImpl, Precision, RunSpec, Strategy
 from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
@@ -71,7 +71,7 @@ def main(spec: RunSpec, observer: Observer | None = None) -> dict[str, Any]:
         raise
     heartbeat.close("finished")
     if env.is_head:
-        (out / RESULT_FILE).write_text(json.dumps(result, indent=2, sort_keys=True))
+        records.write_document(out / RESULT_FILE, result, indent=2)  # atomic: a status never reads half
     with observer.phase("sink_finish"):
         sink.finish("FINISHED")
     return result

@@ -1,9 +1,9 @@
 """How every command ends on a user's mistake or a damaged sweep directory: one paragraph (what is
 wrong, where, what to do) and a nonzero exit, never a traceback.
 
-The readers say what is wrong with a file (:class:`launcher.state.StateError`, raised by
-``state.read_json``); a path that cannot be written or read (a full disk, ``/proc``, permissions)
-is an ``OSError`` whose file and reason are named here; a setting the schema refuses is a
+The readers say what is wrong with a file (:class:`contract.records.RecordError`, and
+:class:`launcher.state.StateError` for a sweep's own files); a path that cannot be written or read
+(a full disk, ``/proc``, permissions) is an ``OSError`` whose file and reason are named here; a setting the schema refuses is a
 :class:`contract.spec.ConfigError`; a command line a command refuses is :class:`Refused` (its
 :class:`Parser` raises it for an unknown, mistyped or malformed flag). Anything else is a bug and
 keeps its traceback.
@@ -21,8 +21,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from contract.records import RecordError
 from contract.spec import ConfigError
-from launcher.state import StateError
 
 FAILURE_EXIT = 1
 USER_ERROR_EXIT = 2
@@ -34,14 +34,14 @@ class Refused(Exception):
 
 
 def guarded(main: Callable[..., int]) -> Callable[..., int]:
-    """``main`` with StateError, ConfigError, Refused and OSError turned into one paragraph on stderr
-    and exit code 2."""
+    """``main`` with RecordError (StateError among them), ConfigError, Refused and OSError turned
+    into one paragraph on stderr and exit code 2."""
 
     @functools.wraps(main)
     def run(*args, **kwargs) -> int:
         try:
             return main(*args, **kwargs)
-        except (StateError, ConfigError, Refused) as exc:
+        except (RecordError, ConfigError, Refused) as exc:  # StateError is a RecordError
             print(f"error: {exc}", file=sys.stderr, flush=True)
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""

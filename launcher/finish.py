@@ -19,7 +19,6 @@ status saved it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from launcher import decide
 from launcher.cluster import colocation
 from launcher.forecast import fabric, inputs
@@ -241,12 +241,8 @@ def attach_anatomy(state: SweepState) -> None:
 def settle_in_background(state: SweepState) -> int | None:
     """``python -m launcher.finish <sweep_dir>``, detached from this command; its pid, or None where a
     settler is waiting for its turn already (it reads the sweep after this process saved it)."""
-    with open(state.path / QUEUE_LOCK, "a") as queue:
-        try:
-            fcntl.flock(queue, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None
-        fcntl.flock(queue, fcntl.LOCK_UN)
+    if not _free(state.path / QUEUE_LOCK):
+        return None
     with open(state.path / SETTLE_LOG, "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", "launcher.finish", state.sweep_dir], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -369,8 +365,8 @@ def _section(markdown: str, heading: str) -> str:
 
 @contextlib.contextmanager
 def _held(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    # A turn at settling, not a record write: it waits for the one at work (contract/records.py).
+    with records.holding(path, wait_s=None):
         yield
 
 
@@ -378,25 +374,16 @@ def _held(path: Path) -> Iterator[None]:
 def _turn(sweep_dir: Path) -> Iterator[bool]:
     """A background settler's turn: False (leave) where another one waits already; else wait for the
     one at work, if any, then hand the waiting place on before working."""
-    with open(sweep_dir / QUEUE_LOCK, "a") as queue, open(sweep_dir / TURN_LOCK, "a") as turn:
-        try:
-            fcntl.flock(queue, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        fcntl.flock(turn, fcntl.LOCK_EX)
-        fcntl.flock(queue, fcntl.LOCK_UN)  # from here a new settler may wait: it reads what this one may miss
-        yield True
+    with contextlib.ExitStack() as turn:
+        with records.holding(sweep_dir / QUEUE_LOCK, wait_s=0) as queued:
+            if queued:
+                turn.enter_context(records.holding(sweep_dir / TURN_LOCK, wait_s=None))
+        yield queued  # the queue is free from here: a new settler may wait, it reads what this one may miss
 
 
 def _free(path: Path) -> bool:
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return True
+    with records.holding(path, wait_s=0) as free:
+        return free
 
 
 if __name__ == "__main__":

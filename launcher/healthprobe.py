@@ -11,13 +11,12 @@ Which nodes a probe covers and how flagged nodes are kept out of the cells is th
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from contract.codec import to_plain
 from contract.health import RESULT_FILE, NodeProbeSpec, cost, ring_pairs
 from contract.spec import Layout
@@ -83,23 +82,6 @@ def plan_cost(nodes: int, nodes_per_job: int, in_turn: bool) -> dict[str, Any]:
             "measured_s": c.measured_s, "wall_s": c.wall_s * c.jobs, "in_turn": in_turn}
 
 
-def new_folder(parent: Path, stamp: str | None = None) -> Path:
-    """A folder of its own for one probe, ``<parent>/<date>_<time>``, made here: probes started in the
-    same second (a scrontab entry, health=auto sweeps, by hand) take ``-2``, ``-3``, ... Made with
-    mkdir, which fails where the name is taken, so two probes never share one, on a shared file
-    system too."""
-    stamp = stamp or time.strftime("%Y-%m-%d_%H-%M-%S")
-    parent.mkdir(parents=True, exist_ok=True)
-    for i in itertools.count(1):
-        folder = parent / (stamp if i == 1 else f"{stamp}-{i}")
-        try:
-            folder.mkdir(exist_ok=False)
-        except FileExistsError:
-            continue
-        return folder
-    raise AssertionError("unreachable")
-
-
 def run(asked: Asked) -> Probed:
     """Probe the nodes, judge them, append the ledger, log the MLflow run."""
     one_machine = asked.cluster.one_machine
@@ -107,7 +89,7 @@ def run(asked: Asked) -> Probed:
     if not names:
         raise RuntimeError(f"no node to probe: {where(asked.cluster)} has no node that takes jobs (sinfo -N shows "
                            f"their states), or the nodes asked for (cluster.nodelist, cluster.exclude) left none")
-    folder = new_folder(asked.output_root / "health")
+    folder = records.new_folder(asked.output_root / "health")  # probes started in the same second: -2, -3
     chunks = [names] if one_machine else [names[i:i + asked.nodes_per_job]
                                           for i in range(0, len(names), asked.nodes_per_job)]
     results, errors, jobs = [], [], []
@@ -128,7 +110,7 @@ def run(asked: Asked) -> Probed:
                                                    "folder": str(folder), "errors": errors})
     ledger = health.ledger_path(asked.output_root, key)
     health.append(ledger, record)
-    (folder / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    records.write_document(folder / "record.json", record)
     health.trend_plot(health.read(ledger)[-TREND_PROBES:], folder / TREND_PLOT)
     probed = Probed(record, verdicts, folder, ledger, errors=errors)
     if asked.tracking_uri:
@@ -148,12 +130,10 @@ def _one_job(asked: Asked, chunk: list[str], out: Path) -> tuple[dict[str, Any] 
     spec = NodeProbeSpec(out_dir=str(out), nodes=n, cpus_per_task=0, gpus_per_node=c.gpus_per_node,
                          repeats=asked.repeats, emulate_nodes=one_machine, dcgm=asked.dcgm)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "asked.json").write_text(json.dumps(to_plain(spec), indent=1, sort_keys=True))
+    records.write_document(out / "asked.json", to_plain(spec))
     job, error = backend_for(c.name).run_health(out / "submitit", cluster, layout, spec, chunk)
-    try:
-        return json.loads((out / RESULT_FILE).read_text()), error, job
-    except (OSError, ValueError):
-        return None, error or "it left no result", job
+    result = records.maybe_document(out / RESULT_FILE, "a node probe's result")
+    return result, error if result is not None else error or "it left no result", job
 
 
 def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:

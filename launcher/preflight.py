@@ -185,7 +185,7 @@ def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
     """(parameter shapes, activation bytes or None, each parameter inside an FSDP unit or not), or
     None after recording why it cannot build."""
     cache_key = fitcache.key(plain, shape)
-    hit = fitcache.read(cache_key)
+    hit = fitcache.read(cache_key, fitcache.ANALYSIS)
     if hit is not None:
         return [(tuple(dims), size) for dims, size in hit["shapes"]], hit["activations"], hit["in_unit"]
     from jobs.models import check_buildable

@@ -8,7 +8,6 @@ sweep, and a document from another version is either read or refused with what t
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contract import cell_run
+from contract import cell_run, records
 from contract.codec import from_plain, to_plain
 from contract.spec import RunSpec
 from launcher.cluster import registry
@@ -43,7 +42,7 @@ SETTLED_FILE = "mlflow-settled.json"
 VERSION = 2
 
 
-class StateError(Exception):
+class StateError(records.RecordError):
     """A sweep directory that cannot be read; the message says what to do."""
 
 
@@ -62,27 +61,13 @@ DOCUMENT_FIX = ("restore sweep.json from a copy of the sweep directory, or run t
 
 
 def read_json(path: Path, what: str, fix: str, shape: type | None = None) -> Any:
-    """The JSON in ``path``; a file that cannot be read, is cut short, is not text or is not JSON of
-    ``shape`` raises StateError naming the file, what it holds and ``fix``."""
+    """The JSON in ``path`` (contract/records.py, read_document); a file that cannot be read, is cut
+    short, is not text or is not JSON of ``shape`` raises StateError naming the file, what it holds and
+    ``fix``."""
     try:
-        text = path.read_text()
-    except IsADirectoryError:
-        raise StateError(f"{path} should be a file ({what}) but is a directory. Fix: {fix}") from None
-    except UnicodeDecodeError:
-        raise StateError(f"{path} ({what}) is not text: the file is damaged. Fix: {fix}") from None
-    except OSError as exc:
-        raise StateError(f"{path} ({what}) cannot be read: {exc.strerror or exc}. Fix: {fix}") from None
-    if not text.strip():
-        raise StateError(f"{path} ({what}) is empty (a full disk, or a copy cut short?). Fix: {fix}")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise StateError(f"{path} ({what}) is not complete JSON ({exc}; a full disk, or a copy cut short?). "
-                         f"Fix: {fix}") from None
-    if shape is not None and not isinstance(data, shape):
-        raise StateError(f"{path} ({what}) holds a JSON {type(data).__name__}, not the {shape.__name__} this "
-                         f"file holds: another program's file? Fix: {fix}")
-    return data
+        return records.read_document(path, what, fix, shape or object)
+    except records.RecordError as exc:
+        raise StateError(str(exc)) from None
 
 
 def this_process() -> str:
@@ -179,9 +164,7 @@ class SweepState:
         return json.dumps([[c.status.value, c.job_id, c.interference] for c in self.cells])
 
     def save(self) -> None:
-        tmp = self.path / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(to_plain(self), indent=1))
-        os.replace(tmp, self.path / STATE_FILE)  # atomic: a reader never sees half a file
+        records.write_atomic(self.path / STATE_FILE, json.dumps(to_plain(self), indent=1))
 
     @classmethod
     def load(cls, sweep_dir: Path | str) -> SweepState:
@@ -238,11 +221,7 @@ class SweepState:
     def settled(self) -> dict[str, Any]:
         """SETTLED_FILE's content ({} where nothing was settled yet, or the file is damaged: then
         everything is settled again, which changes nothing in runs that agree)."""
-        try:
-            found = json.loads((self.path / SETTLED_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-        return found if isinstance(found, dict) else {}
+        return records.maybe_document(self.path / SETTLED_FILE, "what the MLflow store has been told") or {}
 
     def unsettled(self) -> list[Cell]:
         """The cells whose MLflow run does not show them yet: a run whose cell changed since it was last
@@ -257,8 +236,7 @@ class SweepState:
         ``closed`` and the report of that mtime; that the report was written in the background for
         the outcome ``reported``): a read-modify-write of SETTLED_FILE under its own lock, atomic for
         readers."""
-        with open(self.path / (SETTLED_FILE + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with records.locked(self.path / SETTLED_FILE):
             found = self.settled()
             found.setdefault("runs", {}).update({c.run_id: signature(c) for c in cells if c.run_id})
             if closed is not None:
@@ -266,18 +244,16 @@ class SweepState:
                 self.closed = closed
             if reported is not None:
                 found["reported"] = reported
-            tmp = self.path / (SETTLED_FILE + ".tmp")
-            tmp.write_text(json.dumps(found))
-            os.replace(tmp, self.path / SETTLED_FILE)
+            records.write_document(self.path / SETTLED_FILE, found, indent=None)
 
     def save_runs(self) -> None:
-        (self.path / RUNS_FILE).write_text(json.dumps({"experiment_id": self.experiment_id,
-                                                       "parent_run_id": self.parent_run_id}))
+        records.write_document(self.path / RUNS_FILE, {"experiment_id": self.experiment_id,
+                                                       "parent_run_id": self.parent_run_id}, indent=None)
 
     def save_spec(self, cell: Cell, spec: RunSpec) -> None:
         d = self.cell_dir(cell)
         d.mkdir(parents=True, exist_ok=True)
-        (d / SPEC_FILE).write_text(json.dumps(to_plain(spec), indent=1))
+        records.write_atomic(d / SPEC_FILE, json.dumps(to_plain(spec), indent=1))
         self._specs()[cell.index] = spec
 
     def load_spec(self, cell: Cell) -> RunSpec:

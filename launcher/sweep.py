@@ -8,11 +8,11 @@ What it says of the cluster, it says in the backend's words (Backend.words).
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from contract import records
 from contract.codec import to_plain
 from contract.metrics import STEP_TIME_MS_P50, THROUGHPUT_SAMPLES_PER_S
 from launcher import decide, finish, healthprobe, probe
@@ -94,11 +94,12 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
     """The sweep directory with its document, every cell's spec.json and config.yaml; or, when
     sweep_dir already holds this sweep, that sweep with its unfinished cells planned again."""
     cfg = cells[0].config  # sweep-level settings are uniform (plan._check_uniform)
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else Path(cfg.output_root) / stamp
-    if (sweep_dir / STATE_FILE).exists():
-        return resume(sweep_dir, cells)
+    if cfg.sweep_dir and (Path(cfg.sweep_dir) / STATE_FILE).exists():
+        return resume(Path(cfg.sweep_dir), cells)
+    # A folder of its own: two sweeps started in the same second take two (contract/records.py).
+    sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else records.new_folder(Path(cfg.output_root))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    stamp = sweep_dir.name if not cfg.sweep_dir else datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name,
                        argv=argv, experiment=cfg.tracking.experiment if cfg.tracking.enabled else None,
                        submitter=this_process(), code=tracking.code_provenance())
@@ -283,9 +284,12 @@ def progress_line(state: SweepState, cell: Cell) -> str:
     if cell.status is not CellStatus.done:
         return f"{cell.status.value}: {cell.error or '-'}"
     try:
-        summary = json.loads((state.cell_dir(cell) / "result.json").read_text()).get("summary", {})
-    except (OSError, ValueError):
+        result = state.read_result(cell)
+    except StateError as exc:  # named: the report refuses it the same way
+        return f"done (its result.json is damaged: {exc})"
+    if not result:
         return "done (no result.json)"
+    summary = result.get("summary", {})
     rate, step = summary.get(THROUGHPUT_SAMPLES_PER_S), summary.get(STEP_TIME_MS_P50)
     parts = [f"{rate:.1f} samples/s" if isinstance(rate, (int, float)) else None,
              f"step p50 {step:.1f} ms" if isinstance(step, (int, float)) else None]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.records import read_keyed, update_keyed
 from launcher.forecast import fabric
 from launcher.plan.cell import CellStatus
-from launcher.report import findings, noisefloor, shared
+from launcher.report import findings, noisefloor
 from launcher.report.collect import collect
 from launcher.state import SweepState
 from launcher.track import tracking
@@ -44,11 +45,12 @@ def test_a_damaged_shared_record_is_kept_aside_named_and_never_overwritten(tmp_p
     for name in (fabric.KEPT_FILE, noisefloor.FLOOR_FILE, noisefloor.DRIFT_FILE):
         cut = '{"slurm:gpu 2x8": {"identity": {"cluster": "slurm:gpu"'  # other clusters' records, cut short
         (tmp_path / name).write_text(cut)
-        assert shared.read(tmp_path, name) == {}
+        assert read_keyed(tmp_path / name) == {}  # a reader leaves it as it is, and names it
         err = capsys.readouterr().err
+        assert (tmp_path / name).read_text() == cut and str(tmp_path / name) in err and "not overwritten" in err
+        assert update_keyed(tmp_path / name, lambda r: {**r, "local:vm": {"x": 1}})  # an update keeps it aside
         (aside,) = tmp_path.glob(f"{name}.damaged-*")
-        assert aside.read_text() == cut and aside.name in err and "not overwritten" in err
-        assert shared.update(tmp_path, name, lambda r: {**r, "local:vm": {"x": 1}})
+        assert aside.read_text() == cut and aside.name in capsys.readouterr().err
         assert json.loads((tmp_path / name).read_text()) == {"local:vm": {"x": 1}}
         assert aside.read_text() == cut  # still there for a person to recover
         aside.unlink()
@@ -521,7 +523,7 @@ def test_three_probes_started_in_the_same_second_get_three_folders_and_three_rec
     import sys
 
     ledger = tmp_path / "health-local_x.jsonl"
-    code = ("import sys; from pathlib import Path; from launcher.healthprobe import new_folder; "
+    code = ("import sys; from pathlib import Path; from contract.records import new_folder; "
             "from launcher.report import healthledger; "
             "f = new_folder(Path(sys.argv[1]) / 'health', '2026-11-28_06-00-00'); "
             "healthledger.append(Path(sys.argv[2]), {'folder': str(f)})")
@@ -752,12 +754,13 @@ def test_one_nan_entry_of_sweep_drift_is_set_aside_and_the_clusters_record_kept(
     assert got is not None and good is not None and got.cv == good.cv and got.df == good.df  # the good 12 entries
     assert "local:vm[12]" in err and "NaN or infinity" in err and '"d2": "0.0x"' in err and "Traceback" not in err
     assert (root / noisefloor.DRIFT_FILE).read_text() == before  # a read changes nothing
-    # The next update keeps the NaN entry aside, and every good entry in the record.
+    # The next update keeps both damaged entries aside, as they were, and every good entry in the record.
     noisefloor.record_drift(root, "local:vm", [{"metric": "throughput", "d2": 0.0, "within": 0.0}], "new")
     (aside,) = root.glob(f"{noisefloor.DRIFT_FILE}.damaged-*")
-    assert json.loads(aside.read_text().replace("NaN", '"nan"')) == {"local:vm[12]": {**nan, "d2": "nan"}}
+    assert json.loads(aside.read_text().replace("NaN", '"nan"')) == {"local:vm[12]": {**nan, "d2": "nan"},
+                                                                     "local:vm[13]": cut}
     kept = json.loads((root / noisefloor.DRIFT_FILE).read_text())["local:vm"]
-    assert all(e in kept for e in DRIFT_GOOD) and len(kept) == len(DRIFT_GOOD) + 2  # the cut entry is still there
+    assert all(e in kept for e in DRIFT_GOOD) and len(kept) == len(DRIFT_GOOD) + 1
 
 
 def _drift(root: Path, entries: list) -> Path:

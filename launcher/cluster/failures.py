@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+
+from contract import records
 
 # A rank that fails because a peer vanished reports a communication error; the peer is the cause.
 _COMM_ERROR = re.compile(r"DistBackendError|Connection (reset|closed|refused)|Gloo|NCCL|timed out|Timeout|"
@@ -105,11 +106,9 @@ _VANISHED_TEXT = re.compile(r"neither the queue nor accounting|NODE_FAIL|node fa
 def _heartbeats(cell_dir: Path) -> dict[int, dict]:
     beats = {}
     for path in (cell_dir / "ranks").glob("rank*.json"):
-        try:
-            rec = json.loads(path.read_text())
-            beats[int(rec["rank"])] = rec
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        rec = records.maybe_document(path, "a rank's heartbeat")
+        if rec is not None and isinstance(rec.get("rank"), int):
+            beats[rec["rank"]] = rec
     return beats
 
 

@@ -19,6 +19,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from contract import records
 from contract.metrics import THROUGHPUT_SAMPLES_PER_S
 from launcher.cli import guarded
 from launcher.forecast import forecastrecord, inputs, perfmodel
@@ -235,7 +236,7 @@ def verify(state: SweepState, made: list[Forecast], spread_basis: Basis) -> int:
         return 0
     target = max(candidates, key=lambda f: (f.cell.world_size, f.work.flops if f.work else 0.0))
     assert target.prediction is not None
-    out = state.path.parent / f"verify-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
+    out = records.new_folder(state.path.parent, f"verify-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}")
     command = [*(o for o in target.cell.overrides if o != FORECAST_ONLY), f"sweep_dir={out}"]
     print(f"\n--verify: running {target.cell.name} once -> {out}", flush=True)
     points, swept = grid.expand(command, False)

@@ -12,7 +12,6 @@ again; ``fabric.probe=always`` measures again anyway.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -21,12 +20,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from contract import metrics
+from contract import metrics, records
 from contract.fabric import RESULT_FILE
 from contract.spec import Layout
 from launcher.forecast import perfmodel
 from launcher.plan.clusterschema import ClusterConfig
-from launcher.report import shared
 from launcher.report.rows import md_cell
 
 PROBE_DIR = "fabric"
@@ -96,9 +94,9 @@ def keep(root: Path, probed: Probed, sweep: str) -> None:
                                  "result": result}
         return records
 
-    # Under the record's lock, atomic, a damaged file set aside (launcher/report/shared.py); a
-    # read-only output root keeps its old records: this sweep's figures are in its own folder.
-    shared.update(root, KEPT_FILE, kept)
+    # Under the record's lock, atomic, a damaged entry set aside (contract/records.py); a read-only
+    # output root keeps its old records: this sweep's figures are in its own folder.
+    records.update_keyed(Path(root) / KEPT_FILE, kept, _entry)
 
 
 def _key(wanted: dict[str, Any]) -> str:
@@ -107,16 +105,21 @@ def _key(wanted: dict[str, Any]) -> str:
 
 def _read(root: Path) -> dict[str, Any]:
     # None kept yet, or a damaged file (set aside and named): every shape is probed again.
-    return shared.read(root, KEPT_FILE)
+    return records.read_keyed(Path(root) / KEPT_FILE, _entry)
+
+
+def _entry(entry: Any) -> str | None:
+    """Why an entry of fabrics.json is not a shape's kept probe (None: it is one)."""
+    return records.lacks(entry, {"identity": dict, "result": dict})
 
 
 # ---- a sweep's folders ----------------------------------------------------------------------------
 
 def write_asked(folder: Path, asked: dict[str, Any], result: dict[str, Any] | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / PROBE_FILE).write_text(json.dumps(asked, indent=1, sort_keys=True))
+    records.write_document(folder / PROBE_FILE, asked)
     if result is not None:
-        (folder / RESULT_FILE).write_text(json.dumps(result, indent=1, sort_keys=True))
+        records.write_document(folder / RESULT_FILE, result)
 
 
 def read_sweep(sweep_dir: Path) -> list[Probed]:
@@ -130,11 +133,7 @@ def read_sweep(sweep_dir: Path) -> list[Probed]:
 
 
 def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return records.maybe_document(path, "a fabric probe's record")
 
 
 # ---- the report's section and the parent run's figures --------------------------------------------

@@ -17,8 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from launcher.forecast import perfmodel
-from launcher.report import shared
 
 RECORD_FILE = "forecast-errors.json"
 KEEP = 500
@@ -36,7 +36,7 @@ def add(root: Path, key: str, sweep: str, entries: list[dict[str, Any]]) -> None
         records[key] = kept[-KEEP:]
         return records
 
-    shared.update(root, RECORD_FILE, added)  # under its lock, atomic, a damaged file set aside
+    records.update_keyed(Path(root) / RECORD_FILE, added, _entry)  # under its lock, atomic, damage set aside
 
 
 def errors(root: Path, key: str, without_sweep: str | None = None) -> list[dict[str, Any]]:
@@ -72,4 +72,10 @@ def said(entries: list[dict[str, Any]], key: str) -> str:
 
 def _read(root: Path) -> dict[str, Any]:
     # None recorded yet, or a damaged file (set aside and named): intervals rest on the sweep's own points.
-    return shared.read(root, RECORD_FILE)
+    return records.read_keyed(Path(root) / RECORD_FILE, _entry)
+
+
+def _entry(entry: Any) -> str | None:
+    """Why an entry of forecast-errors.json is not a checked forecast (None: it is one)."""
+    return records.lacks(entry, {"predicted": records.NUMBER, "measured": records.NUMBER,
+                                 "log_error": records.NUMBER})

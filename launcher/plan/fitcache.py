@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import jobs
-from contract import spec
+from contract import records, spec
 from contract.metrics import FLOPS_PER_SAMPLE
 
 # The sources that decide a project model's parameters and what its forward and loss save, and the
@@ -43,13 +43,26 @@ def key(model: dict[str, Any], shape: dict[str, Any]) -> str | None:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def read(cache_key: str | None) -> dict | None:
+# What each kind of entry holds.
+Fields = dict[str, type | tuple[type, ...]]
+ANALYSIS: Fields = {"shapes": list, "activations": (int, type(None)), "in_unit": list}
+FLOPS: Fields = {FLOPS_PER_SAMPLE: (int, float, type(None))}  # None: a model whose FLOPs cannot be counted
+BUFFERS: Fields = {"buffer_bytes": int}
+
+
+def read(cache_key: str | None, fields: Fields) -> dict | None:
+    """The entry kept under ``cache_key`` holding ``fields``, or None: not kept, or damaged (cut short,
+    of another shape, NaN: named in a warning and read as a miss, so the launch analyses again and
+    writes it anew; every other entry is still used)."""
     if cache_key is None:
         return None
-    try:
-        return json.loads((directory() / f"{cache_key}.json").read_text())
-    except (OSError, ValueError):
-        return None
+    path = directory() / f"{cache_key}.json"
+    found = records.maybe_document(path, "a kept model analysis", checked=True)
+    nan = records.nonfinite(found)
+    why = None if found is None else f"{', '.join(nan)} NaN or infinite" if nan else records.lacks(found, fields)
+    if why:
+        records.warn(f"warning: {path} (a kept model analysis): {why}: set aside, analysed again and written anew.")
+    return None if why else found
 
 
 def write(cache_key: str | None, value: dict) -> None:
@@ -59,9 +72,7 @@ def write(cache_key: str | None, value: dict) -> None:
     path = directory() / f"{cache_key}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(value))
-        tmp.replace(path)  # atomic: a concurrent launch reads the old file or the new one
+        records.write_document(path, value, indent=None)  # a concurrent launch reads the old file or the new
     except OSError:
         pass
 
@@ -72,9 +83,9 @@ def flops_per_sample(model: spec.ModelSpec) -> float | None:
     from launcher.plan import fit
 
     cache_key = _flops_key(model)
-    hit = read(cache_key)
+    hit = read(cache_key, FLOPS)
     if hit is not None:
-        return hit.get(FLOPS_PER_SAMPLE)
+        return hit[FLOPS_PER_SAMPLE]
     value = fit.count_flops(model)
     write(cache_key, {FLOPS_PER_SAMPLE: value})
     return value
@@ -84,7 +95,7 @@ def keep_flops_per_sample(model: spec.ModelSpec, value: float) -> None:
     """The worker's own count for ``model`` (its results' flops_per_sample), kept where
     :func:`flops_per_sample` reads it: a forecast of any cell of a model that ran builds nothing."""
     cache_key = _flops_key(model)
-    if (read(cache_key) or {}).get(FLOPS_PER_SAMPLE) != value:
+    if (read(cache_key, FLOPS) or {}).get(FLOPS_PER_SAMPLE) != value:
         write(cache_key, {FLOPS_PER_SAMPLE: value})
 
 
@@ -100,9 +111,9 @@ def buffer_bytes(model: spec.ModelSpec) -> int:
     from launcher.plan import fit
 
     cache_key = key(to_plain(model), {"count": "buffer_bytes"})
-    hit = read(cache_key)
+    hit = read(cache_key, BUFFERS)
     if hit is not None:
-        return int(hit.get("buffer_bytes") or 0)
+        return hit["buffer_bytes"]
     value = fit.count_buffer_bytes(model)
     write(cache_key, {"buffer_bytes": value})
     return value

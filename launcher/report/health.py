@@ -21,7 +21,6 @@ network when both of a node's pairs are slow and its own figures are not; otherw
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 import statistics
@@ -30,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from contract.health import NODE_FIGURES, PAIR_FIGURE
 from launcher.report.healthledger import append as append
 from launcher.report.healthledger import history_dir as history_dir
@@ -291,7 +291,7 @@ def keep_in_sweep(sweep_dir: Path, notes: dict[str, Any]) -> None:
                 (Path(sweep_dir) / PLOTS_DIR).mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, Path(sweep_dir) / name)
                 p[key] = name
-    (Path(sweep_dir) / SWEEP_FILE).write_text(json.dumps(notes, indent=1, sort_keys=True))
+    records.write_document(Path(sweep_dir) / SWEEP_FILE, notes)
 
 
 def sweep_plots(sweep_dir: Path) -> list[Path]:
@@ -301,9 +301,8 @@ def sweep_plots(sweep_dir: Path) -> list[Path]:
 
 def section(sweep_dir: Path) -> list[str]:
     """The report's *Node health* section: what the probe before the cells found and kept out."""
-    try:
-        notes = json.loads((Path(sweep_dir) / SWEEP_FILE).read_text())
-    except (OSError, ValueError):
+    notes = records.maybe_document(Path(sweep_dir) / SWEEP_FILE, "what health=auto found")
+    if notes is None:
         return []
     lines = ["## Node health", "", "`health=auto`: the nodes were probed before the cells (`python -m launcher.health`, "
              "docs/health.md)."]

@@ -2,27 +2,24 @@
 launcher.health, health=auto and launcher.history read it).
 
 Every probe of a cluster is appended to ``health-<cluster>.jsonl`` in the output root, beside
-``fabrics.json``, under a lock and atomically (a new file replaces the old): one line per probe with
-every node's figures, every pair's, the verdicts and what was asked. A line that is not such a
-record (cut short by a full disk, other JSON, edited by hand) is named in a warning and set aside:
-not read, and left where it is in the file, for a person to repair or delete (its place matters:
-``--check`` answers undecided for a node when a damaged line may be the node's latest probe). A
-NaN or infinite figure is set aside alone, the rest of its probe kept.
+``fabrics.json``, under its lock and atomically (contract/records.py, append_line): one line per
+probe with every node's figures, every pair's, the verdicts and what was asked. A line that is not
+such a record (cut short by a full disk, other JSON, edited by hand) is named in a warning and set
+aside (contract/records.py, read_lines): not read, and left where it is in the file, for a person
+to repair or delete (its place matters: ``--check`` answers undecided for a node when a damaged
+line may be the node's latest probe). A NaN or infinite figure is set aside alone, the rest of its
+probe kept.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import math
-import os
 import re
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from contract import records
 
 
 def ledger_path(root: Path, cluster_key: str) -> Path:
@@ -36,59 +33,26 @@ def history_dir(ledger: Path) -> Path:
     return Path(ledger).with_name(Path(ledger).stem + "-history")
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(path) + ".lock", "a") as handle:
-        # one writer at a time: two probes' lines never interleave (a POSIX record lock, as the shared
-        # records take one: it holds across the nodes of a shared file system, where flock may not)
-        fcntl.lockf(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.lockf(handle, fcntl.LOCK_UN)
-
-
 def append(path: Path, record: dict[str, Any]) -> None:
-    """Append one probe's record: under the ledger's lock, the old lines and the new one written to a
-    new file that then replaces the ledger (a reader sees the old ledger or the new, never half a line).
-    A damaged line stays where it is; a last line cut short gets its own line end, so the new record
-    starts a line of its own."""
-    with _locked(path):
-        old = path.read_text() if path.exists() else ""
-        if old and not old.endswith("\n"):
-            old += "\n"
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(old + json.dumps(record, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+    """Append one probe's record (a damaged line stays where it is)."""
+    records.append_line(path, record)
 
 
-@dataclass
-class Ledger:
-    """A ledger as read: its records with their line numbers, oldest first, and the lines set aside."""
-
-    path: Path
-    records: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    damaged: list[tuple[int, str]] = field(default_factory=list)  # (line number, why)
-    unreadable: set[int] = field(default_factory=set)  # damaged lines that are not JSON: they may hold any node
-    text: dict[int, str] = field(default_factory=dict)  # a damaged line's text
+Ledger = records.Lines  # a ledger as read: its probes with their line numbers, and the lines set aside
 
 
 _SHAPE: dict[str, type | tuple[type, ...]] = {"cluster": str, "measured_at": str, "nodes": dict, "pairs": dict,
                                               "verdicts": dict, "asked": dict}
 _VERDICTS: dict[str, type | tuple[type, ...]] = {"flagged": list, "slow_nodes": dict, "slow_links": dict,
                                                  "dcgm_failed": dict, "note": str, "judged": bool}
-WARN_LINES = 5  # damaged lines named one by one; the rest counted
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _shape(rec: Any) -> str | None:
+def _shape(rec: dict[str, Any]) -> str | None:
     """Why ``rec`` is not a probe record (None: it is one)."""
-    if not isinstance(rec, dict):
-        return f"JSON of another shape (a {type(rec).__name__}, not a probe record)"
     for where, want, got in [*((k, t, rec.get(k)) for k, t in _SHAPE.items()),
                              *((f"verdicts.{k}", t, (rec.get("verdicts") or {}).get(k)) for k, t in _VERDICTS.items()
                                if isinstance(rec.get("verdicts"), dict))]:
@@ -128,38 +92,7 @@ def _finite(rec: dict[str, Any]) -> list[str]:
 def read_ledger(path: Path, warn: bool = True) -> Ledger:
     """The ledger's records with their line numbers; each damaged line set aside and (``warn``) named
     in a warning on stderr, every good record kept. No ledger (or none readable): an empty one."""
-    out = Ledger(Path(path))
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return out
-    notes = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        why: str | None
-        try:
-            rec, readable = json.loads(line), True
-        except ValueError:
-            why, rec, readable = "cut short or not JSON", None, False
-        else:
-            why = _shape(rec)
-        if why is None:
-            nan = _finite(rec)
-            if nan:
-                notes.append(f"line {number}: {', '.join(nan)} NaN or infinite: set aside, the rest of the probe kept")
-            out.records.append((number, rec))
-            continue
-        out.damaged.append((number, why))
-        if not readable:
-            out.unreadable.add(number)
-        out.text[number] = line
-        notes.append(f"line {number}: {why}: set aside (not read; left in the file for a person to repair or delete)")
-    if warn and notes:
-        more = f"; and {len(notes) - WARN_LINES} more damaged line(s)" if len(notes) > WARN_LINES else ""
-        print(f"warning: {path}: " + "; ".join(notes[:WARN_LINES]) + more + f"; {len(out.records)} readable "
-              f"probe(s) kept.", file=sys.stderr, flush=True)
-    return out
+    return records.read_lines(Path(path), _shape, _finite, what="probe", say=warn)
 
 
 def may_hold(ledger: Ledger, number: int, node: str) -> bool:

@@ -24,16 +24,15 @@ a coefficient of variation) to the noise of each difference it judges (launcher/
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from launcher.cluster.backends import backend_for
 from launcher.plan.clusterschema import settings_class
-from launcher.report import shared
 from launcher.report.rows import grouped
 from launcher.report.stats import METRICS, Drift, Floor, estimate, run_values
 from launcher.state import SweepState
@@ -79,9 +78,9 @@ def record(root: Path, key: str, rows: list[dict[str, Any]], sweep: str) -> dict
         floors[key] = found
         return floors
 
-    # Under the file's lock, atomic, a damaged file set aside (launcher/report/shared.py); a read-only
+    # Under the file's lock, atomic, a damaged entry set aside (contract/records.py); a read-only
     # output root keeps its old floor: the report itself does not depend on it.
-    return found if shared.update(root, FLOOR_FILE, kept) else None
+    return found if records.update_keyed(Path(root) / FLOOR_FILE, kept, _floor_entry) else None
 
 
 def load(root: Path, key: str) -> Floor | None:
@@ -98,7 +97,17 @@ def load(root: Path, key: str) -> Floor | None:
 
 def _read(root: Path) -> dict[str, Any]:
     # No floor yet, or a damaged file (set aside and named): none (the report says "no noise floor").
-    return shared.read(root, FLOOR_FILE)
+    return records.read_keyed(Path(root) / FLOOR_FILE, _floor_entry)
+
+
+def _floor_entry(entry: Any) -> str | None:
+    """Why an entry of noise-floor.json is not a cluster's floor (None: it is one)."""
+    return records.lacks(entry, {"cv": dict, "df": int})
+
+
+def _drift_entry(entry: Any) -> str | None:
+    """Why an entry of sweep-drift.json is not one metric of an A/A pair (None: it is one)."""
+    return records.lacks(entry, {"metric": str, "d2": records.NUMBER, "within": records.NUMBER})
 
 
 def drift_entries(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -132,31 +141,20 @@ def record_drift(root: Path, key: str, entries: list[dict[str, Any]], pair: str)
         records[key] = [e for es in by_metric.values() for e in es[-DRIFT_KEEP:]]
         return records
 
-    shared.update(root, DRIFT_FILE, added)
+    records.update_keyed(Path(root) / DRIFT_FILE, added, _drift_entry)
     return load_drift(root, key)
 
 
 def load_drift(root: Path, key: str) -> Drift | None:
     """The cluster's sweep-to-sweep drift from its kept A/A entries, or None (none recorded)."""
-    entries = shared.read(root, DRIFT_FILE).get(key)
-    if not isinstance(entries, list):
+    # Each entry that is not a metric's d2 and within (NaN among them) is named and set aside by the
+    # reader, never the metric's or the cluster's record.
+    read = records.read_keyed(Path(root) / DRIFT_FILE, _drift_entry).get(key)
+    if not isinstance(read, list):
         return None
     left: dict[str, list[float]] = {}
-    read, unread = [], []
-    for e in entries:
-        try:
-            metric, value = str(e["metric"]), float(e["d2"]) - float(e["within"])
-        except (TypeError, KeyError, ValueError):
-            metric, value = "", math.nan
-        if math.isfinite(value):  # one damaged entry is set aside, never the metric's or the cluster's record
-            left.setdefault(metric, []).append(value)
-            read.append(e)
-        else:
-            unread.append(json.dumps(e, default=str)[:80])
-    if unread:
-        shared.warn_once(f"warning: {root / DRIFT_FILE}: {len(unread)} entr{'y' if len(unread) == 1 else 'ies'} of {key} "
-                         f"without a readable metric, d2 and within set aside, not used: {'; '.join(unread[:3])}; the "
-                         f"other {len(read)} are used.")
+    for e in read:
+        left.setdefault(e["metric"], []).append(float(e["d2"]) - float(e["within"]))
     if not left:
         return None
     pairs = len({e.get("pair") for e in read})

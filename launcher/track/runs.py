@@ -7,7 +7,6 @@ reason). ``launcher.sync``, ``launcher.status``, the report and the launcher its
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import subprocess
 import sys
@@ -17,10 +16,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from contract import cell_run, mlflow_client
+from contract import cell_run, mlflow_client, records
 from contract.metrics import PREDICTED_ACTIVATION_BYTES, PREDICTED_MODEL_STATE_BYTES, RESTARTS, predicted_comm_bytes
 from contract.mlflow_client import METRICS_PER_BATCH, TAG_MAX_CHARS
-from contract.records import read_records
 from launcher.cluster.backends import backend_for
 from launcher.plan.cell import Cell, CellStatus
 from launcher.state import MLFLOW_STATUS, RUNS_FILE, SETTLED_FILE, SweepState
@@ -101,7 +99,7 @@ def sync_sweep(state: SweepState) -> dict[str, int]:
     added = {}
     for cell in state.cells:
         if cell.run_id:
-            added[cell.name] = sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"),
+            added[cell.name] = sync_run(client, cell.run_id, records.read_records(state.cell_dir(cell) / "metrics.jsonl"),
                                         cell_run.known_metrics(state.cell_dir(cell)))
     return added
 
@@ -120,7 +118,7 @@ def finish_cell(state: SweepState, cell: Cell) -> bool:
             return not cell.status.terminal
         client = mlflow_client.client(state.tracking_uri)
         if cell.status.terminal:
-            sync_run(client, cell.run_id, read_records(state.cell_dir(cell) / "metrics.jsonl"),
+            sync_run(client, cell.run_id, records.read_records(state.cell_dir(cell) / "metrics.jsonl"),
                      cell_run.known_metrics(state.cell_dir(cell)))
             tracking.attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell),
                                            state.path / "submitit", cell.job_id)
@@ -226,16 +224,8 @@ LOCK_FILE = "mlflow.lock"
 def runs_lock(state: SweepState, wait: bool = True) -> Iterator[bool]:
     """One run creator at a time per sweep (the launcher, a background sync, a status): yields whether
     this process holds the lock (False only with wait=False while another one works)."""
-    with open(state.path / LOCK_FILE, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with records.holding(state.path / LOCK_FILE, wait_s=None if wait else 0) as taken:
+        yield taken
 
 
 def ensure_runs(state: SweepState, wait: bool = True) -> int:
@@ -370,7 +360,7 @@ def job_end_s(state: SweepState, cell: Cell) -> float:
     """When the cell's job ended: its rank 0's end record; for a job killed before writing it, the
     last sign of life of any of its ranks (records, heartbeats); else when it was submitted."""
     cell_dir = state.cell_dir(cell)
-    ended = cell_run.end_s(read_records(cell_dir / cell_run.METRICS_FILE))
+    ended = cell_run.end_s(records.read_records(cell_dir / cell_run.METRICS_FILE))
     if ended is not None:
         return ended
     touched = [p.stat().st_mtime for p in (cell_dir / cell_run.METRICS_FILE, *cell_dir.glob("ranks/rank*.json"))

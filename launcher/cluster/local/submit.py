@@ -10,7 +10,6 @@ memory cgroup where it has a memory limit (memlimit.py), and a Ctrl-C stops it a
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shlex
 import subprocess
@@ -20,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from contract import records
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import Layout
@@ -70,10 +70,7 @@ def _run_cell(state: SweepState, cell: Cell, stops: Interrupts) -> None:
 def _record_interrupted(state: SweepState, cell: Cell, stops: Interrupts) -> None:
     """A cell the interrupt stopped before its measured window completed: cancelled, never done."""
     cell_dir = state.cell_dir(cell)
-    try:
-        step = json.loads((cell_dir / "ranks" / "rank0.json").read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        step = None
+    step = (records.maybe_document(cell_dir / "ranks" / "rank0.json", "rank 0's heartbeat") or {}).get("step")
     at = f" at step {step + 1} of {state.load_spec(cell).train.steps}" if isinstance(step, int) else ""
     marker = cell_dir / "preempted.txt"  # rank 0 writes it after the checkpoint is saved
     saved = (marker.exists() and marker.stat().st_mtime >= (cell.submitted_at or 0.0)
@@ -111,10 +108,7 @@ def _show_progress(job, cell_dir: Path, steps: int, poll_s: float = 0.2, plain_e
         time.sleep(poll_s)
         if stops is not None:
             stops.enforce()
-        try:
-            step = json.loads(beat.read_text()).get("step")
-        except (OSError, ValueError):
-            continue
+        step = (records.maybe_document(beat, "rank 0's heartbeat") or {}).get("step")
         if step is None or step == shown:
             continue
         shown = step

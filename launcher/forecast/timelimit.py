@@ -1,0 +1,134 @@
+"""``cluster.timeout_min=auto``: each cell asks for the time it needs, not the grid's one limit.
+
+A scheduler plans with the time a job asks for (Slurm's backfill fits short jobs into gaps before
+larger ones): a cell asking for an hour it uses a minute of waits behind jobs it could have run
+between. A cell's time, in order of what it rests on:
+
+1. **measured**: the same configuration ran before on this cluster (an earlier run of this sweep, or
+   the latest sweep of the cluster under ``output_root``): the longest of its runs' wall times;
+2. **forecast**: the performance model's step time (launcher/forecast/perfmodel.py, fitted on the
+   latest sweep of the cluster) times the cell's steps, plus that sweep's start-up (a run's wall time
+   less its steps: process start, model build, compilation, probes), the longest it saw;
+3. **default**: nothing to forecast from (the first sweep of a cluster, a model never run): the
+   stated ``DEFAULT_MIN``, and the plan says so.
+
+The time asked is ``MARGIN`` (1.5) times the expected wall time, rounded up to whole minutes, at least
+``FLOOR_MIN``. A run that outlives its limit is not lost silently: on Slurm the warning signal before
+the limit checkpoints and requeues it (docs/backends.md), and the report sets the time asked against
+the time used for every cell.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.cell_run import end_s, first_start_s
+from contract.records import read_records
+from launcher.forecast import inputs
+from launcher.forecast.cells import forecast_cells, latest_sweep, row_of
+from launcher.plan import fit
+from launcher.plan.cell import Cell, CellStatus
+from launcher.state import SweepState
+
+AUTO = "auto"
+MARGIN = 1.5  # a run may take half as long again as expected: the runs of a configuration here differ by far less
+FLOOR_MIN = 1  # Slurm counts limits in whole minutes
+DEFAULT_MIN = 60  # where nothing can be forecast: the limit every cell asked for before
+
+
+@dataclass(frozen=True)
+class TimeAsked:
+    """A cell's time limit and what it rests on (shown by --plan and the report)."""
+
+    minutes: int
+    expected_s: float | None  # None: the default, nothing to expect from
+    how: str
+
+
+def minutes_for(expected_s: float) -> int:
+    return max(FLOOR_MIN, math.ceil(MARGIN * expected_s / 60.0))
+
+
+def used_s(state: SweepState, cell: Cell) -> float | None:
+    """The wall time a finished cell's job used, from its records (start to its last end)."""
+    if cell.status is not CellStatus.done:
+        return None
+    records = state.cell_dir(cell) / "metrics.jsonl"
+    start = first_start_s(records)
+    try:
+        end = end_s(read_records(records))
+    except OSError:
+        return None
+    return end - start if start is not None and end is not None and end > start else None
+
+
+def asked(cells: list[Cell], predicted: dict[int, fit.StateBytes], root: Path, key: str) -> dict[int, TimeAsked]:
+    """Each cell's time limit from the latest sweep of cluster ``key`` under ``root``."""
+    found = latest_sweep(root, key)
+    if found is None:
+        return {c.index: _default("no earlier sweep of this cluster to forecast from") for c in cells}
+    state, points = found
+    measured = _measured_by_settings(state, points)
+    startup = _startup_s(state, points)
+    made, _, _ = forecast_cells(cells, predicted, points, inputs.probes_of(state))
+    out = {}
+    for f in made:
+        settings = inputs.point_settings(row_of(f.cell))
+        steps = f.cell.config.steps if f.cell.resolved is not None else None
+        if (seen := measured.get(_frozen(settings))) is not None:
+            out[f.cell.index] = TimeAsked(minutes_for(seen), seen, f"measured: its configuration used {seen:.0f} s "
+                                                                 f"in {state.name}")
+        elif f.prediction is not None and steps and startup is not None:
+            expected = startup + steps * f.prediction.step_ms / 1000.0
+            out[f.cell.index] = TimeAsked(minutes_for(expected), expected,
+                                          f"forecast: {steps} steps x {f.prediction.step_ms:.1f} ms + {startup:.0f} s "
+                                          f"start-up ({state.name})")
+        else:
+            out[f.cell.index] = _default(f.why_not or "its start-up was not measured")
+    return out
+
+
+def after_runs(state: SweepState, cells: list[Cell]) -> TimeAsked | None:
+    """A further run's limit from the runs of its configuration that ended (runs=auto's rounds)."""
+    seen = [s for c in cells if (s := used_s(state, c)) is not None]
+    if not seen:
+        return None
+    return TimeAsked(minutes_for(max(seen)), max(seen), f"measured: {len(seen)} earlier run(s), longest {max(seen):.0f} s")
+
+
+def _default(why: str) -> TimeAsked:
+    return TimeAsked(DEFAULT_MIN, None, f"default {DEFAULT_MIN} min: {why}")
+
+
+def _frozen(settings: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(settings.items()))
+
+
+def _by_name(state: SweepState) -> dict[str, Cell]:
+    return {c.name: c for c in state.cells}
+
+
+def _measured_by_settings(state: SweepState, points: list[inputs.Point]) -> dict[tuple, float]:
+    cells = _by_name(state)
+    out = {}
+    for p in points:
+        seen = [s for m in p.members if (c := cells.get(str(m.get("cell")))) and (s := used_s(state, c)) is not None]
+        if seen:
+            out[_frozen(p.settings)] = max(seen)
+    return out
+
+
+def _startup_s(state: SweepState, points: list[inputs.Point]) -> float | None:
+    """The longest wall time a run spent outside its measured steps (start, build, compile, probes)."""
+    cells = _by_name(state)
+    seen = []
+    for p in points:
+        for m in p.members:
+            cell = cells.get(str(m.get("cell")))
+            used = used_s(state, cell) if cell else None
+            steps = state.load_spec(cell).train.steps if cell and used is not None else None
+            if used is not None and steps:
+                seen.append(used - steps * p.observed.step_ms / 1000.0)
+    return max(0.0, max(seen)) if seen else None
