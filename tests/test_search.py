@@ -72,10 +72,10 @@ def test_the_replayed_search_finds_the_full_grids_best_in_most_replays_with_fewe
 def test_a_local_search_prunes_reports_and_logs_what_it_did_not_run(tmp_path, fast_overrides, capsys):
     """Three batch sizes at one rank: the pilot runs the smallest and the largest; the middle one
     is forecast from them and pruned when its interval stays below the best."""
+    from contract.mlflow_client import client as mlflow_client
     from launcher.__main__ import main
     from launcher.state import SweepState
     from launcher.track import tracking
-    from contract.mlflow_client import client as mlflow_client
 
     overrides = [o for o in fast_overrides if not o.startswith("batch_size=")]
     code = main(["-m", *overrides, "batch_size=1,2,16", "cells=auto", f"output_root={tmp_path}",

@@ -113,7 +113,8 @@ def begin(state: SweepState) -> None:
     state._specs().clear()
     # The pilot's cells at 0, 1, ...; the waiting ones at -1, -2, ...: no index is shared, and a
     # round gives each cell it picks the next index of state.cells.
-    pilot_cells, waiting = [], []
+    pilot_cells: list[Cell] = []
+    waiting: list[Cell] = []
     for cell, spec in specs:
         mine = pilot_cells if configuration(cell.name) in chosen else waiting
         mine.append(cell)
@@ -285,7 +286,7 @@ def _log_forecast_runs(state: SweepState) -> None:
     try:
         ids = tracking.log_forecast_runs(state.tracking_uri, state.experiment_id, state.parent_run_id, [
             (p.name, dict(w.split("=", 1) for w in p.name.split() if "=" in w),
-             {"forecast_throughput_samples_per_s": p.forecast or 0.0, "forecast_low": p.low or 0.0,
+             {inputs.FORECAST_METRIC: p.forecast or 0.0, "forecast_low": p.low or 0.0,
               "forecast_high": p.high or 0.0, **({"beaten_by_ratio": (p.forecast or 0.0) / p.beaten_at}
                                                  if p.beaten_at else {})},
              {"forecast_of": p.name, "sweep": state.name, "why_not_run": p.why, "beaten_by": p.beaten_by or "-"})
@@ -325,7 +326,7 @@ def plan_lines(cells: list[Cell], predicted: dict) -> list[str]:
         return []
     shapes = planned_shapes(cells)
     chosen = search.pilot(shapes)
-    first = {}
+    first: dict[str, Cell] = {}
     for cell in cells:
         first.setdefault(configuration(cell.name), cell)
     runs = {name: sum(1 for c in cells if configuration(c.name) == name) for name in first}

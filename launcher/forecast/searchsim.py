@@ -85,7 +85,7 @@ def replay(shapes: Sequence[search.Shape], grid: dict[str, Observed], rng: rando
         return out
 
     outcome = search.replay(shapes, value.__getitem__, forecast, record, cells_max, level)
-    full = {}
+    full: dict[tuple[str, int], str] = {}
     for s in shapes:
         if s.scale not in full or value[s.name] > value[full[s.scale]]:
             full[s.scale] = s.name

@@ -17,7 +17,8 @@ from launcher.state import SweepState
 
 def node_hours(state: SweepState) -> tuple[float, dict[int, float]]:
     """(node-hours of the launches run, seconds per launch by world size) from each cell's records."""
-    total, seconds = 0.0, {}
+    total = 0.0
+    seconds: dict[int, list[float]] = {}
     for cell in state.cells:
         path = state.cell_dir(cell) / cell_run.METRICS_FILE
         start, end = cell_run.first_start_s(path), cell_run.end_s(read_records(path)) if path.exists() else None

@@ -385,10 +385,10 @@ def log_forecast_runs(uri: str, experiment_id: str, parent_run_id: str,
         run = client.create_run(experiment_id, run_name=f"{name} (forecast)",
                                 tags={"mlflow.parentRunId": parent_run_id, FORECAST_TAG: "true",
                                       **{k: v[:TAG_MAX_CHARS] for k, v in tags.items()}})
-        for key, value in params.items():
-            client.log_param(run.info.run_id, key, value)
-        for key, value in figures.items():
-            client.log_metric(run.info.run_id, key, value)
+        for key, text in params.items():
+            client.log_param(run.info.run_id, key, text)
+        for key, figure in figures.items():
+            client.log_metric(run.info.run_id, key, figure)
         client.set_terminated(run.info.run_id, "FINISHED")
         ids.append(run.info.run_id)
     return ids
