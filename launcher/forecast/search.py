@@ -15,7 +15,7 @@ Pure arithmetic over names and numbers (no files, no torch): the live search
 **Pruned** is a configuration whose forecast, times the interval's upper factor ``e^h``, stays below
 the best *measured* configuration of its scale. ``h`` is the ``LEVEL`` (95%) split-conformal quantile
 of the absolute log errors of checked forecasts (the cluster's record and this search's own,
-launcher/forecast/forecastrecord.py), pooled with a default allowance (:func:`band`). The best of a
+launcher/forecast/forecastrecord.py), pooled with a default allowance as a prior (:func:`band`). The best of a
 scale is lost only when the truly best configuration's forecast fell short of it by more than
 ``h``: one forecast erring low beyond a two-sided 95% band, at most 2.5% when errors are symmetric
 and exchangeable with the recorded ones, whichever and however many others were pruned.
@@ -109,14 +109,16 @@ class Band:
 
 
 def band(errors: Sequence[float], level: float = LEVEL) -> Band:
-    """The ``level`` split-conformal quantile of |errors| pooled with DEFAULT_ENTRIES entries at
-    DEFAULT_ERROR: k-th smallest of m + DEFAULT_ENTRIES with k = ceil(level (m + 1 + entries))."""
-    pooled = sorted([abs(e) for e in errors] + [DEFAULT_ERROR] * DEFAULT_ENTRIES)
-    k = min(len(pooled), math.ceil(level * (len(pooled) + 1)))
-    h = pooled[k - 1]
-    said = (f"forecasts x/÷{math.exp(h):.2f} ({level:.0%} conformal over {len(errors)} checked forecast(s) pooled "
-            f"with the default allowance ±{math.expm1(DEFAULT_ERROR):.0%} as {DEFAULT_ENTRIES} entries)")
-    return Band(h, len(errors), said)
+    """The half-width: the ``level`` split-conformal quantile ``q`` of |errors| (the k-th smallest,
+    k = ceil(level (m + 1)), capped at m) pooled with the default as a prior worth DEFAULT_ENTRIES
+    entries, as the drift between sweeps is (docs/deciding.md): ``h^2 = (k0 h0^2 + m q^2) / (k0 + m)``."""
+    m = len(errors)
+    q = sorted(abs(e) for e in errors)[min(m, math.ceil(level * (m + 1))) - 1] if m else 0.0
+    h = math.sqrt((DEFAULT_ENTRIES * DEFAULT_ERROR**2 + m * q * q) / (DEFAULT_ENTRIES + m))
+    said = (f"forecasts x/÷{math.exp(h):.2f}: the {level:.0%} conformal quantile of {m} checked forecast(s)"
+            + (f" (x/÷{math.exp(q):.2f})" if m else "") + f" pooled with the default ±{math.expm1(DEFAULT_ERROR):.0%} "
+            f"as {DEFAULT_ENTRIES} entries")
+    return Band(h, m, said)
 
 
 @dataclass(frozen=True)
