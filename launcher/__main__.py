@@ -27,7 +27,8 @@ Run benchmark grid points of distributed training (DDP / FSDP) and compare them.
 config groups (launcher/conf/):
 {groups}
 top-level settings: nodes, batch_size (per device), steps, warmup_steps, runs (N or auto: runs_min,
-  runs_max, runs_budget_min, baseline; docs/deciding.md), repeats, grad_accum_steps,
+  runs_max, runs_budget_min, baseline; docs/deciding.md), cells (all or auto: a pilot, then only the
+  cells that can still win; cells_max, cells_budget_min), repeats, grad_accum_steps,
   seed, optimizer (adamw|sgd), lr, lr_scaling (none|linear|sqrt), activation_checkpointing,
   sync_batchnorm, output_root, sweep_dir, wait, collective_timeout_s, allow_oom; the step's tuning,
   each auto by device (docs/configuration.md): compile, optimizer_impl, channels_last,

@@ -32,7 +32,7 @@ from launcher import decide
 from launcher.cluster import colocation
 from launcher.forecast import fabric, inputs
 from launcher.plan.cell import Cell, CellStatus
-from launcher.report import health, noisefloor, plots
+from launcher.report import health, noisefloor, plots, searched
 from launcher.report.collect import collect, looks_of
 from launcher.report.markdown import CELLS_FILE, PLOTS_DIR, REPORT_FILE, Report, write
 from launcher.report.noisefloor import floor_key
@@ -322,7 +322,7 @@ def write_sweep_report(state: SweepState) -> Report:
         fabric.keep(state.path.parent, one, state.name)
     checked = _forecasts_checked(state, rows, key)
     written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
-                    [*health.section(state.path), *fabric.section(probed), *checked.section], looks_of(state))
+                    [*searched.section(state), *health.section(state.path), *fabric.section(probed), *checked.section], looks_of(state))
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
     written.plots += health.sweep_plots(state.path)  # attached with the others to the parent run
     return written

@@ -21,6 +21,7 @@ from contract.codec import to_plain
 from contract.spec import ConfigError, ModelSpec
 from contract.tuning import missing_compiler, resolved_model
 from launcher.cluster.backends import backend_for
+from launcher.forecast import cellsearch
 from launcher.plan import fit, fitcache, traffic
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
@@ -46,6 +47,7 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _looks(cells[0].config)
+    cellsearch.check(cells)  # cells=auto: a grid it can search, a baseline of the same grid
     _baseline(cells)
     _writable(cells[0].config)
     _tracking(cells[0].config)

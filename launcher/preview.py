@@ -14,9 +14,10 @@ from launcher.plan.cell import Cell
 def render(cells: list[Cell], predicted: dict[int, fit.StateBytes], max_array_size: int | None = None) -> str:
     """Cells with resources and predicted per-rank model state, then the sbatch calls with their scripts."""
     from launcher.forecast.cells import beside_plan
+    from launcher.forecast.cellsearch import plan_lines
 
     return "\n".join([*_cells(cells, predicted), "", *_traffic(cells, predicted), "", *beside_plan(cells, predicted),
-                      "", *_submissions(cells, max_array_size)])
+                      "", *plan_lines(cells, predicted), *_submissions(cells, max_array_size)])
 
 
 def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:

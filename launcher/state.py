@@ -109,6 +109,56 @@ class Design:
 
 
 @dataclass
+class Pruned:
+    """A configuration of a ``cells=auto`` sweep that was not run (launcher/forecast/search.py): its
+    forecast and interval, and the measured configuration that beat it (None: left undecided by a budget)."""
+
+    name: str
+    model: str
+    world_size: int
+    nodes: int
+    forecast: float | None  # samples/s
+    low: float | None
+    high: float | None
+    beaten_by: str | None = None
+    beaten_at: float | None = None  # the measured samples/s that beat it
+    why: str = ""
+    run_id: str | None = None  # its MLflow run, tagged forecast
+
+
+@dataclass
+class SearchRound:
+    """One round of a ``cells=auto`` sweep: the configurations it ran, each with why."""
+
+    number: int  # 1: the pilot
+    configurations: list[str]
+    why: list[str]
+    started_s: float
+
+
+@dataclass
+class Search:
+    """How a ``cells=auto`` sweep searches its grid (launcher/forecast/search.py): the grid's cells not
+    run yet (their specs are written, their directories hold nothing else), its rounds, and once it
+    has stopped, the configurations it did not run and why."""
+
+    cells_max: int | None
+    budget_min: float | None
+    started_s: float
+    grid: int  # configurations in the full grid
+    waiting: list[Cell] = field(default_factory=list)
+    rounds: list[SearchRound] = field(default_factory=list)
+    # Each configuration run after the pilot, forecast (samples/s) before it ran: set against its
+    # measurement, the errors widen the intervals of the next rounds (out of sample, as a record's).
+    forecasts: dict[str, float] = field(default_factory=dict)
+    pruned: list[Pruned] = field(default_factory=list)
+    level: float = 0.95
+    half_width: float | None = None  # the intervals' half-width (ln) when it stopped
+    basis: str = ""  # what the intervals rested on, in words
+    stopped: str | None = None
+
+
+@dataclass
 class SweepState:
     name: str
     sweep_dir: str
@@ -135,6 +185,8 @@ class SweepState:
     code: dict[str, str] | None = None
     # runs=auto: the sequential design and its rounds (None: fixed runs, one look at the end).
     design: Design | None = None
+    # cells=auto: the search of the grid (None: every cell runs).
+    search: Search | None = None
     version: int = VERSION
 
     @property

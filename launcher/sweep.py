@@ -19,6 +19,7 @@ from launcher import decide, finish, healthprobe, probe
 from launcher.cluster.backends import backend_for
 from launcher.cluster.failures import SUBMIT_REFUSED
 from launcher.cluster.interrupt import NOT_STARTED, Interrupts, stop_waiting
+from launcher.forecast import cellsearch
 from launcher.masking import mask
 from launcher.plan import fit
 from launcher.plan.cell import RUN_AGAIN, Cell, CellStatus
@@ -33,6 +34,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
         allow_concurrent: bool = False) -> int:
     """The whole life of a sweep from the command line; returns the exit code."""
     refuse_declared(cells)
+    cellsearch.refuse_background(cells)
     if not allow_concurrent:
         check_not_running(cells, argv)
     health_notes = healthprobe.before_cells(cells)  # health=auto: slow nodes kept out of every cell
@@ -52,7 +54,7 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
                                interrupts=interrupts)
                 if interrupts.requested:
                     return _interrupted(state, interrupts)
-                todo = decide.next_round(state)
+                todo = cellsearch.next_round(state) or decide.next_round(state)
                 _said_round(state, todo)
     else:
         backend.submit(state, todo, after=probes)
@@ -76,6 +78,8 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     print(finish.finalize(state))
     if state.design is not None:
         print(decide.summary(state), flush=True)
+    if state.search is not None:
+        print(cellsearch.summary(state), flush=True)
     _print_mlflow(state)
     _print_missing_runs(state)
     return 0 if all(c.status is CellStatus.done for c in state.cells) else 1
@@ -108,7 +112,6 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
             tracking.default_uri(Path(cfg.output_root))
     state.cells = list(cells)
     state.design = decide.design_for(cfg)
-    decide.first_round(state)
     for cell in state.cells:
         state_bytes = (predicted or {}).get(cell.index)
         if state_bytes is not None:
@@ -123,6 +126,8 @@ def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBy
     for cell in state.cells:
         state.save_spec(cell, run_spec(cell, sweep_dir, worker_uri, None))
         write_resolved_config(state.cell_dir(cell) / "config.yaml", cell)
+    cellsearch.begin(state)  # cells=auto: the pilot's cells run first, the others wait
+    decide.first_round(state)
     state.save()
     return state
 
@@ -135,7 +140,8 @@ def resume(sweep_dir: Path, cells: list[Cell]) -> SweepState:
     except StateError as exc:
         raise SweepError(str(exc)) from exc
     # A runs=auto sweep has added rounds after the cells the command plans: those are compared.
-    if [c.name for c in state.cells[:len(cells)]] != [c.name for c in cells]:
+    if ([c.name for c in state.cells[:len(cells)]] if state.search is None else cellsearch.grid_names(state)) != \
+            ([c.name for c in cells] if state.search is None else sorted(c.name for c in cells)):
         raise SweepError(f"sweep_dir={str(sweep_dir)!r} holds another sweep ({len(state.cells)} cells: "
                          f"{', '.join(c.name for c in state.cells[:4])}...). Fix: repeat that sweep's grid to resume "
                          f"it, or give a new sweep_dir.")

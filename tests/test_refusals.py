@@ -143,6 +143,7 @@ def test_a_report_directory_named_after_an_experiment_stays_under_outputs(tmp_pa
 # Every case also checks: no traceback, and nothing created or lost under the test's directory.
 
 AUTO = ["runs=auto", "-m", "strategy=ddp,fsdp"]
+SEARCH = ["cells=auto", "-m", "strategy=ddp,fsdp"]
 CORPUS = [
     # runs=auto and its limits
     ("launcher", [*AUTO, "runs_max=1000000"], 2, "runs_max=1000000: is beyond limits.runs=50"),
@@ -163,6 +164,25 @@ CORPUS = [
     ("launcher", ["nodes=100000", "--plan"], 2, "limits.nodes=100000"),
     ("launcher", ["nodes=20", "--plan"], 2, "limits.local_ranks_per_core"),
     ("launcher", ["cluster.timeout_min=100000"], 2, "cluster.timeout_min=100000"),
+    # cells=auto and its limits
+    ("launcher", [*SEARCH, "cells_max=0"], 2, "cells_max=0"),
+    ("launcher", [*SEARCH, "cells_max=-3"], 2, "cells_max=-3"),
+    ("launcher", [*SEARCH, "cells_max=true"], 2, "cells_max"),
+    ("launcher", [*SEARCH, "batch_size=1,2,4", "cells_max=1"], 2, "below the pilot's"),
+    ("launcher", [*SEARCH, "cells_budget_min=0"], 2, "cells_budget_min=0"),
+    ("launcher", [*SEARCH, "cells_budget_min=-5"], 2, "cells_budget_min=-5"),
+    ("launcher", [*SEARCH, "cells_budget_min=nan"], 2, "cells_budget_min=nan"),
+    ("launcher", [*SEARCH, "cells_budget_min=inf"], 2, "cells_budget_min=inf"),
+    ("launcher", [*SEARCH, "cells_budget_min=100000"], 2, "limits.budget_min=10080"),
+    ("launcher", ["cells=auto"], 2, "this grid has one"),
+    ("launcher", ["cells=auto", "runs=auto", "baseline={A}"], 2, "this grid has one"),
+    ("launcher", ["cells=some", "-m", "strategy=ddp,fsdp"], 2, "cells=some"),
+    ("launcher", ["cells=-1", "-m", "strategy=ddp,fsdp"], 2, "cells=-1"),
+    ("launcher", ["cells_max=5", "-m", "strategy=ddp,fsdp"], 2, "cells_max=5: is read only with cells=auto"),
+    ("launcher", ["cells_budget_min=5", "-m", "strategy=ddp,fsdp"], 2, "is read only with cells=auto"),
+    ("launcher", ["cells=auto,all", "-m", "strategy=ddp,fsdp"], 2, "cells differs between grid points"),
+    ("launcher", [*SEARCH, "runs=auto", "nodes=1,2,4", "baseline={A}"], 2, "holds another grid"),
+    ("launcher", [*SEARCH, "runs=auto", "baseline={CUT}"], 2, "baseline="),
     # baseline=
     ("launcher", ["runs=3", "baseline={A}", "-m", "strategy=ddp,fsdp"], 2, "baseline="),
     ("launcher", [*AUTO, "baseline={NOPE}"], 2, "holds no sweep.json"),

@@ -89,7 +89,7 @@ def _planned(tmp_path, *overrides, name="sweep"):
 
 def _finish(state, throughputs: dict[str, list[float]]) -> None:
     """Each planned cell done, with the result.json summary and tags its rank 0 would write (run k of
-    the j-th configuration on node j + k, as launcher/plan/spread.py places them on Slurm)."""
+    the j-th configuration on node j + k, as launcher/cluster/slurm/spread.py places them on Slurm)."""
     for cell in state.cells:
         if cell.status.terminal:
             continue

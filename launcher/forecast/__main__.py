@@ -106,12 +106,12 @@ def forecast(state: SweepState, overrides: list[str]) -> tuple[list[Forecast], p
 def target_cells(state: SweepState, overrides: list[str]) -> list[Cell]:
     """The sweep's command with ``overrides`` replacing its settings of the same keys, one run each."""
     from launcher.plan import grid, planner
-    from launcher.plan.schema import AUTO_ONLY
+    from launcher.plan.schema import AUTO_ONLY, SEARCH_ONLY
 
     config_dirs, own = _command(state.argv)
     keys = {_key(o) for o in overrides}
     # One run each: runs=auto and the settings read only with it (runs_min, baseline, ...) go with it.
-    kept = [o for o in own if _key(o) not in keys | {"runs", "sweep_dir", "wait", *AUTO_ONLY}]
+    kept = [o for o in own if _key(o) not in keys | {"runs", "sweep_dir", "wait", *AUTO_ONLY, *SEARCH_ONLY}]
     extra = grid.search_path(config_dirs)
     # A forecast runs nothing: the ranks-per-core bound of the local cluster (limits.local_ranks_per_core)
     # does not apply to it, and --verify drops this override again before it runs a cell.

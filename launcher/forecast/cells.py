@@ -58,7 +58,7 @@ def _one(cell: Cell, state: fit.StateBytes | None, model: perfmodel.Model, point
     if not flops:
         return Forecast(cell, None, None, state, f"no FLOP count for model {cell.model}")
     moved = state.comm_bytes_per_step if state else {}
-    work = inputs.work_of(spec, cell.strategy, flops, dict(moved), _calls(settings, cell.strategy, points), cpus,
+    work = inputs.work_of(spec, cell.strategy, flops, dict(moved), nearest_calls(settings, cell.strategy, points), cpus,
                              one_machine_cpus=one_machine_cpus)
     try:
         prediction = model.predict(work)
@@ -76,7 +76,7 @@ def throughput_of(o: perfmodel.Observed) -> float:
     return 1000.0 * o.work.world_size * o.work.samples / o.step_ms
 
 
-def _calls(settings: dict[str, str], strategy: str, points: list[inputs.Point]) -> dict[str, float]:
+def nearest_calls(settings: dict[str, str], strategy: str, points: list[inputs.Point]) -> dict[str, float]:
     """Collectives per step of the measured cell most like this one (same strategy, most settings in
     common): the calls do not change with the node count, and little with the batch."""
     same = [p for p in points if p.observed.work.strategy == strategy and p.observed.work.collectives]

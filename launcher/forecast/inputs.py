@@ -38,6 +38,7 @@ from launcher.report.rows import grouped, md_cell, num, settings, throughput
 from launcher.state import StateError, SweepState
 
 MIN_SERIES = 3
+FORECAST_METRIC = "forecast_throughput_samples_per_s"  # a measured run's forecast, and a forecast run's
 LEVEL = 0.9  # the intervals' nominal coverage (split conformal)
 
 
@@ -378,7 +379,7 @@ def check(state: SweepState, rows: Sequence[dict[str, Any]], key: str, keep: boo
     for c in checked:
         if c.predicted is None:
             continue
-        figures = {"forecast_throughput_samples_per_s": c.predicted, "forecast_error": math.expm1(c.error or 0.0)}
+        figures = {FORECAST_METRIC: c.predicted, "forecast_error": math.expm1(c.error or 0.0)}
         for m in c.point.members:
             if m.get("run_id"):
                 cell_figures[str(m["run_id"])] = figures

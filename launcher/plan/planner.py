@@ -93,7 +93,8 @@ def _check_uniform(cells: list[Cell]) -> None:
     first = cells[0].config if cells else None
     for c in cells[1:]:
         for key in ("cluster.name", "cluster.declared", "tracking", "fabric", "health", "output_root", "sweep_dir", "wait",
-                    "runs", "runs_min", "runs_max", "runs_budget_min", "baseline", "limits"):
+                    "runs", "runs_min", "runs_max", "runs_budget_min", "baseline", "cells", "cells_max",
+                    "cells_budget_min", "limits"):
             mine, theirs = c.config, first
             for part in key.split("."):
                 mine, theirs = getattr(mine, part), getattr(theirs, part)

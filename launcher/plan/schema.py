@@ -57,6 +57,10 @@ AUTO = "auto"  # runs=auto
 # The settings read only with runs=auto (refused with a number of runs): a command that runs a sweep's
 # own grid once (python -m launcher.forecast) leaves them out with runs.
 AUTO_ONLY = ("runs_min", "runs_max", "runs_budget_min", "baseline")
+# The settings of cells=auto (the grid searched instead of swept, launcher/forecast/search.py): a
+# command that runs cells one by one (python -m launcher.forecast) leaves them out.
+SEARCH_ONLY = ("cells", "cells_max", "cells_budget_min")
+CELLS_ALL = "all"
 
 
 class HealthMode(enum.Enum):
@@ -118,6 +122,11 @@ class Config(TrainSpec):
     # runs=auto: a previous sweep directory; its configurations are compared with this sweep's (as
     # launcher.report --compare does), and those comparisons decide where runs are added too.
     baseline: str | None = None
+    # "all": every cell of the grid runs; "auto": a pilot, then rounds that run only the cells whose
+    # forecast can still beat the best measured at their scale (docs/deciding.md). Typed Any as runs.
+    cells: Any = CELLS_ALL
+    cells_max: int | None = None  # cells=auto: no more configurations (grid points) run, pilot included
+    cells_budget_min: float | None = None  # cells=auto: no round starts that would end after this (wall time)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     @property
@@ -141,6 +150,7 @@ class Config(TrainSpec):
         _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
         _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
         self._validate_runs()
+        self._validate_cells()
         self._validate_limits()
         self.checkpoint.validate()
         if c.cpus_per_task is not None:
@@ -198,6 +208,27 @@ class Config(TrainSpec):
                 raise ConfigError("baseline", self.baseline, "holds no sweep.json: it is not a sweep directory.",
                                   "give the directory a previous sweep printed (it holds sweep.json).")
 
+    def _validate_cells(self) -> None:
+        """cells: all or auto; cells_max and cells_budget_min only with auto, each a real bound."""
+        if self.cells not in (CELLS_ALL, AUTO):
+            raise ConfigError("cells", self.cells, "is neither all nor auto.",
+                              "use cells=auto (a pilot, then only the cells that can still win), or drop it (every "
+                              "cell runs).")
+        if self.cells != AUTO:
+            for key in SEARCH_ONLY[1:]:
+                if getattr(self, key) is not None:
+                    raise ConfigError(key, getattr(self, key), f"is read only with cells=auto, and cells={self.cells}.",
+                                      f"add cells=auto, or drop {key}.")
+            return
+        if self.cells_max is not None and (isinstance(self.cells_max, bool) or not isinstance(self.cells_max, int)
+                                           or self.cells_max < 1):
+            raise ConfigError("cells_max", self.cells_max, "must be a whole number of configurations of at least 1 "
+                              "(the pilot's included).", "give the most configurations the search may run, e.g. "
+                              "cells_max=12, or drop it (the grid's size bounds it).")
+        if self.cells_budget_min is not None:
+            _positive("cells_budget_min", self.cells_budget_min, "give the search's wall-time budget in minutes, e.g. "
+                      "cells_budget_min=60, or drop it.")
+
     def _validate_limits(self) -> None:
         """The work one grid point may start, bounded before anything runs (the cells per sweep are
         bounded by launcher/plan/grid.py, which sees them all)."""
@@ -224,7 +255,8 @@ class Config(TrainSpec):
         if c.one_machine and not c.declared:
             check_local_ranks("nodes", self.nodes, self.nodes * c.tasks_per_node, lim.local_ranks_per_core,
                               f"x cluster.tasks_per_node={c.tasks_per_node} ")
-        for setting, minutes in (("runs_budget_min", self.runs_budget_min), ("cluster.timeout_min", c.timeout_min)):
+        for setting, minutes in (("runs_budget_min", self.runs_budget_min), ("cells_budget_min", self.cells_budget_min),
+                                 ("cluster.timeout_min", c.timeout_min)):
             if minutes is not None and minutes > lim.budget_min:
                 raise ConfigError(setting, minutes, f"is beyond limits.budget_min={lim.budget_min:g} minutes.",
                                   f"use a shorter time, or raise limits.budget_min={minutes:g} if you mean it.")

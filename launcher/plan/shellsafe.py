@@ -74,6 +74,7 @@ NOT_SHELL_BOUND: dict[str, str] = {
     "tracking.experiment": "an MLflow experiment name (launcher.report --experiment checks it as a name where it "
                            "names a directory)",
     "runs": "an int or auto (refused otherwise)",
+    "cells": "all or auto (refused otherwise)",
     "cluster.name": "a backend's name, refused unless the registry knows it (launcher/cluster/registry.py)",
 }
 

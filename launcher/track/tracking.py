@@ -368,3 +368,27 @@ def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()
     client.set_tag(run_id, "mlflow.note.content", note)
     for path in files:
         client.log_artifact(run_id, str(path))
+
+
+# The tag of a run that holds a forecast, never a measurement (a cells=auto sweep's configurations
+# not run, launcher/forecast/cellsearch.py): it carries no ``cell`` tag, so no report reads it as a cell.
+FORECAST_TAG = "forecast"
+
+
+def log_forecast_runs(uri: str, experiment_id: str, parent_run_id: str,
+                      runs: Sequence[tuple[str, dict[str, str], dict[str, float], dict[str, str]]]) -> list[str]:
+    """One FINISHED child run of the parent per (name, params, metrics, tags), tagged ``forecast``;
+    returns their ids in order."""
+    client = mlflow_client.client(uri)
+    ids = []
+    for name, params, figures, tags in runs:
+        run = client.create_run(experiment_id, run_name=f"{name} (forecast)",
+                                tags={"mlflow.parentRunId": parent_run_id, FORECAST_TAG: "true",
+                                      **{k: v[:TAG_MAX_CHARS] for k, v in tags.items()}})
+        for key, text in params.items():
+            client.log_param(run.info.run_id, key, text)
+        for key, figure in figures.items():
+            client.log_metric(run.info.run_id, key, figure)
+        client.set_terminated(run.info.run_id, "FINISHED")
+        ids.append(run.info.run_id)
+    return ids
