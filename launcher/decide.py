@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.cluster.backends import backend_for
+from launcher.forecast import timelimit
 from launcher.plan.cell import Cell, CellStatus, configuration
 from launcher.plan.planner import cell_dirname
 from launcher.plan.schema import Config
@@ -203,6 +204,8 @@ def _another_run(state: SweepState, name: str, target: int, hosts: dict[int, set
     seen = set().union(*hosts.values()) if hosts else set()
     source = max(mine, key=lambda c: c.run)
     backend = backend_for(state.cluster)
+    # cluster.timeout_min=auto: a further run asks for what the runs of its configuration used.
+    limit = timelimit.after_runs(state, mine) if source.time_asked is not None else None
     added = []
     for run in range(source.run + 1, target + 1):
         index = len(state.cells)
@@ -211,7 +214,9 @@ def _another_run(state: SweepState, name: str, target: int, hosts: dict[int, set
             source, index=index, name=full, dirname=cell_dirname(index, full), run=run, job_id=None, run_id=None,
             status=CellStatus.planned, error=None, failure_class=None, interference=None, resubmits=0,
             submitted_at=None, restarts=0, history=[], cluster=dataclasses.replace(source.cluster),
-            resolved=None)
+            resolved=None, time_used_s=None)
+        if limit is not None:
+            cell.cluster.timeout_min, cell.time_asked = limit.minutes, limit.how
         backend.placing_apart(cell, used, seen)
         state.cells.append(cell)
         spec = state.load_spec(source)

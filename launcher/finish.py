@@ -30,7 +30,7 @@ from typing import Any
 from contract import records
 from launcher import decide
 from launcher.cluster import colocation
-from launcher.forecast import fabric, inputs
+from launcher.forecast import fabric, inputs, timelimit
 from launcher.plan.cell import Cell, CellStatus
 from launcher.report import health, noisefloor, plots, searched
 from launcher.report.collect import collect, looks_of
@@ -105,7 +105,9 @@ def wait(state: SweepState, poll_s: float = 2.0, timeout_s: float | None = None,
 def _reconcile(state: SweepState) -> None:
     """Each cell's state from its backend, then the interference of the cells that finished (before
     the rows: the findings leave flagged cells out); the caller saves."""
-    colocation.flag(state, reconcile.refresh(state, save=False).times)
+    times = reconcile.refresh(state, save=False).times
+    colocation.flag(state, times)
+    timelimit.note_used(state, times)
 
 
 def _kept(state: SweepState) -> str:
@@ -322,7 +324,8 @@ def write_sweep_report(state: SweepState) -> Report:
         fabric.keep(state.path.parent, one, state.name)
     checked = _forecasts_checked(state, rows, key)
     written = write(rows, state.path, f"Benchmark report: {state.name}", source, floor,
-                    [*searched.section(state), *health.section(state.path), *fabric.section(probed), *checked.section], looks_of(state))
+                    [*searched.section(state), *timelimit.section(state), *health.section(state.path),
+                     *fabric.section(probed), *checked.section], looks_of(state))
     written.figures, written.cell_figures = checked.figures, checked.cell_figures
     written.plots += health.sweep_plots(state.path)  # attached with the others to the parent run
     return written

@@ -134,6 +134,9 @@ def asked_from(settings: dict[str, str]) -> Asked:
     known_backend(settings.get("cluster", "local"))
     config = _composed(settings)
     cluster = config.cluster
+    if cluster.timeout_min == "auto":
+        raise Refused("cluster.timeout_min='auto': each sweep cell's own limit from forecasts; a probe's jobs take "
+                      "whole minutes. Fix: give cluster.timeout_min=15 (the default) or drop it.")
     margin_text = settings.get("health.margin", str(health.MARGIN))
     try:
         margin = float(margin_text)

@@ -21,11 +21,11 @@ from contract.codec import to_plain
 from contract.spec import ConfigError, ModelSpec
 from contract.tuning import missing_compiler, resolved_model
 from launcher.cluster.backends import backend_for
-from launcher.forecast import cellsearch
+from launcher.forecast import cellsearch, timelimit
 from launcher.plan import fit, fitcache, traffic
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
-from launcher.plan.schema import Config, declared_gpu_mem_gib
+from launcher.plan.schema import AUTO, Config, declared_gpu_mem_gib
 from launcher.track.tracking import check_reachable, default_uri
 
 
@@ -46,6 +46,7 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
         errors += resources.errors
     _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
+    _time_limits(cells, predicted)
     _looks(cells[0].config)
     cellsearch.check(cells)  # cells=auto: a grid it can search, a baseline of the same grid
     _baseline(cells)
@@ -53,6 +54,18 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
     _tracking(cells[0].config)
     _compiler(cells)
     return predicted
+
+
+def _time_limits(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> None:
+    """cluster.timeout_min=auto: each such cell's own limit, and what it rests on."""
+    auto = [c for c in cells if c.cluster.timeout_min == AUTO]
+    if not auto:
+        return
+    first = auto[0].cluster
+    key = backend_for(first.name).noise_floor_key(first)
+    asked = timelimit.asked(auto, predicted, Path(auto[0].config.output_root), key)
+    for cell in auto:
+        cell.cluster.timeout_min, cell.time_asked = asked[cell.index].minutes, asked[cell.index].how
 
 
 def _compiler(cells: list[Cell], environ: Mapping[str, str] | None = None) -> None:

@@ -37,6 +37,10 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
         gpu_mem = f"{c.gpu_mem_gib:g} GiB" if c.gpu_mem_gib and lay.gpus_per_node else "-"
         lines.append(f"| {cell.index} | {cell.name} | {lay.nodes} x {lay.tasks_per_node} | {lay.gpus_per_node} | "
                      f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + f" | {gpu_mem} |")
+    asked = [cell for cell in cells if cell.time_asked]
+    if asked:  # cluster.timeout_min=auto
+        lines += ["", "time limits (cluster.timeout_min=auto): "
+                  + "; ".join(f"{cell.index}: {cell.cluster.timeout_min} min, {cell.time_asked}" for cell in asked)]
     unchecked = [cell.name for cell in cells if cell.layout.gpus_per_node and not cell.cluster.gpu_mem_gib]
     if unchecked:
         lines += ["", f"fit not checked for {len(unchecked)} GPU cell(s): their GPU memory is unknown. Set "

@@ -164,6 +164,10 @@ CORPUS = [
     ("launcher", ["nodes=100000", "--plan"], 2, "limits.nodes=100000"),
     ("launcher", ["nodes=20", "--plan"], 2, "limits.local_ranks_per_core"),
     ("launcher", ["cluster.timeout_min=100000"], 2, "cluster.timeout_min=100000"),
+    ("launcher", ["cluster.timeout_min=1.5"], 2, "cluster.timeout_min=1.5: is neither a whole number of minutes nor auto"),
+    ("launcher", ["cluster.timeout_min=automatic"], 2, "cluster.timeout_min='automatic'"),
+    ("launcher", ["cluster.timeout_min=0"], 2, "cluster.timeout_min=0"),
+    ("launcher", ["cluster.timeout_min=true"], 2, "cluster.timeout_min=True"),
     # cells=auto and its limits
     ("launcher", [*SEARCH, "cells_max=0"], 2, "cells_max=0"),
     ("launcher", [*SEARCH, "cells_max=-3"], 2, "cells_max=-3"),
@@ -346,6 +350,7 @@ HEALTH_CORPUS = [
     ("health", ["cluster=slurm", "cluster.python=python3\nreboot"], 2, "cluster.python"),
     ("health", ["cluster.nodelist=n1"], 2, "cluster.nodelist"),  # cluster=local reads no node list
     ("health", ["cluster.timeout_min=0"], 2, "cluster.timeout_min=0"),
+    ("health", ["cluster.timeout_min=auto"], 2, "cluster.timeout_min='auto'"),
     ("health", ["tracking.enabled=maybe"], 2, "tracking.enabled"),
     ("health", ["cluster=pbs"], 2, "cluster='pbs'"),
     ("health", [_many_local_nodes()], 2, "limits.local_ranks_per_core"),

@@ -202,6 +202,28 @@ def test_each_cell_gets_its_own_time_limit(tmp_path):
         status.cancel(state)
 
 
+def test_timeout_auto_asks_each_cell_for_what_its_configuration_used_or_is_forecast_to(tmp_path, capsys):
+    """cluster.timeout_min=auto: after a sweep of ddp, a sweep of ddp and fsdp asks for ddp's measured
+    time and fsdp's forecast one (launcher/forecast/timelimit.py), sbatch gets them, none is stopped."""
+    from launcher.forecast import timelimit
+
+    fixed = [o for o in FAST if not o.startswith("cluster.timeout_min")]
+    small = [*fixed, "steps=6", "warmup_steps=2", "tracking=off", "wait=true", f"output_root={tmp_path}"]
+    assert main(["-m", *small, "strategy=ddp", f"sweep_dir={tmp_path / 'first'}"]) == 0
+    first = SweepState.load(tmp_path / "first")
+    assert main(["-m", *small, "strategy=ddp,fsdp", "cluster.timeout_min=auto", f"sweep_dir={tmp_path / 'auto'}"]) == 0
+    state = SweepState.load(tmp_path / "auto")
+    ddp, fsdp = state.cells
+    assert ddp.time_asked.startswith("measured") and fsdp.time_asked.startswith("forecast"), state.cells
+    assert ddp.cluster.timeout_min == timelimit.minutes_for(first.cells[0].time_used_s, ddp.cluster.signal_delay_s)
+    rows = {r[0]: r[1:] for r in sacct([c.job_id for c in state.cells], "JobID,TimelimitRaw,ElapsedRaw,State")}
+    print({c.name: (c.time_asked, rows[c.job_id]) for c in state.cells})  # sacct's figures, for the record
+    assert [rows[c.job_id][0] for c in state.cells] == [str(c.cluster.timeout_min) for c in state.cells]
+    assert all(c.status is CellStatus.done and c.restarts == 0 and rows[c.job_id][2] == "COMPLETED" for c in state.cells)
+    report = (state.path / "report.md").read_text()
+    assert "## Time limits (cluster.timeout_min=auto)" in report and "No cell was stopped at its limit." in report
+
+
 def test_arrays_are_split_at_the_clusters_max_array_size(tmp_path, capsys):
     size = max_array_size()
     assert size is not None and size < 8, "scripts/test starts the cluster with SLURM_LOCAL_MAX_ARRAY_SIZE=5"

@@ -12,8 +12,9 @@ between. A cell's time, in order of what it rests on:
 3. **default**: nothing to forecast from (the first sweep of a cluster, a model never run): the
    stated ``DEFAULT_MIN``, and the plan says so.
 
-The time asked is ``MARGIN`` (1.5) times the expected wall time, rounded up to whole minutes, at least
-``FLOOR_MIN``. A run that outlives its limit is not lost silently: on Slurm the warning signal before
+The time asked is ``MARGIN`` (1.5) times the expected wall time plus ``cluster.signal_delay_s`` (the
+warning that checkpoints and requeues a run comes that long before the limit: a run must end before
+it), rounded up to whole minutes, at least ``FLOOR_MIN``. A run that outlives its limit is not lost silently: on Slurm the warning signal before
 the limit checkpoints and requeues it (docs/backends.md), and the report sets the time asked against
 the time used for every cell.
 """
@@ -26,10 +27,13 @@ from pathlib import Path
 
 from contract.cell_run import end_s, first_start_s
 from contract.records import read_records
+from launcher.cluster.backends import backend_for
+from launcher.cluster.base import JobTimes
 from launcher.forecast import inputs
 from launcher.forecast.cells import forecast_cells, latest_sweep, row_of
 from launcher.plan import fit
 from launcher.plan.cell import Cell, CellStatus
+from launcher.report.rows import md_cell
 from launcher.state import SweepState
 
 AUTO = "auto"
@@ -47,12 +51,22 @@ class TimeAsked:
     how: str
 
 
-def minutes_for(expected_s: float) -> int:
-    return max(FLOOR_MIN, math.ceil(MARGIN * expected_s / 60.0))
+def minutes_for(expected_s: float, signal_delay_s: float = 0.0) -> int:
+    """The limit for a run expected to take ``expected_s``: the warning signal comes ``signal_delay_s``
+    before the limit and checkpoints and requeues the run, so the run must end before it."""
+    return max(FLOOR_MIN, math.ceil((MARGIN * expected_s + signal_delay_s) / 60.0))
 
 
 def used_s(state: SweepState, cell: Cell) -> float | None:
-    """The wall time a finished cell's job used, from its records (start to its last end)."""
+    """The wall time a finished cell's job used: as recorded when it was finished (:func:`note_used`),
+    else from its records (start to its last end)."""
+    if cell.time_used_s:
+        return cell.time_used_s
+    return records_span_s(state, cell)
+
+
+def records_span_s(state: SweepState, cell: Cell) -> float | None:
+    """A finished cell's wall time from its records (the worker's start to its last end)."""
     if cell.status is not CellStatus.done:
         return None
     records = state.cell_dir(cell) / "metrics.jsonl"
@@ -78,11 +92,11 @@ def asked(cells: list[Cell], predicted: dict[int, fit.StateBytes], root: Path, k
         settings = inputs.point_settings(row_of(f.cell))
         steps = f.cell.config.steps if f.cell.resolved is not None else None
         if (seen := measured.get(_frozen(settings))) is not None:
-            out[f.cell.index] = TimeAsked(minutes_for(seen), seen, f"measured: its configuration used {seen:.0f} s "
+            out[f.cell.index] = TimeAsked(minutes_for(seen, f.cell.cluster.signal_delay_s), seen, f"measured: its configuration used {seen:.0f} s "
                                                                  f"in {state.name}")
         elif f.prediction is not None and steps and startup is not None:
             expected = startup + steps * f.prediction.step_ms / 1000.0
-            out[f.cell.index] = TimeAsked(minutes_for(expected), expected,
+            out[f.cell.index] = TimeAsked(minutes_for(expected, f.cell.cluster.signal_delay_s), expected,
                                           f"forecast: {steps} steps x {f.prediction.step_ms:.1f} ms + {startup:.0f} s "
                                           f"start-up ({state.name})")
         else:
@@ -95,7 +109,38 @@ def after_runs(state: SweepState, cells: list[Cell]) -> TimeAsked | None:
     seen = [s for c in cells if (s := used_s(state, c)) is not None]
     if not seen:
         return None
-    return TimeAsked(minutes_for(max(seen)), max(seen), f"measured: {len(seen)} earlier run(s), longest {max(seen):.0f} s")
+    return TimeAsked(minutes_for(max(seen), cells[0].cluster.signal_delay_s), max(seen),
+                     f"measured: {len(seen)} earlier run(s), longest {max(seen):.0f} s")
+
+
+def note_used(state: SweepState, times: JobTimes | None) -> None:
+    """Each finished cell's wall time: the longer of its records' span (the worker's start to its end)
+    and its job's span as the backend saw it (sacct's Start to End on Slurm)."""
+    done = [c for c in state.cells if c.status is CellStatus.done and c.time_used_s is None]
+    spans = {a.cell: a.end_s - a.start_s for a in backend_for(state.cluster).allocations(state, done, times)}
+    for cell in done:
+        seen = [s for s in (records_span_s(state, cell), spans.get(cell.index)) if s is not None and s > 0]
+        cell.time_used_s = max(seen) if seen else None
+
+
+def section(state: SweepState) -> list[str]:
+    """The report's time limits: each cell's time asked against the time it used, and what the ask
+    rested on (cells whose limit was set by hand are left out)."""
+    asked = [c for c in state.cells if c.time_asked is not None]
+    if not asked:
+        return []
+    lines = ["## Time limits (cluster.timeout_min=auto)", "",
+             f"Each cell asked for {MARGIN:g}x the wall time its configuration used or was forecast to use, plus "
+             f"cluster.signal_delay_s (the warning before the limit requeues a run), in whole minutes (at least "
+             f"{FLOOR_MIN}); where nothing could be forecast, {DEFAULT_MIN} min.", "",
+             "| cell | asked min | used s | used / asked | rests on |", "|---|---:|---:|---:|---|"]
+    for c in asked:
+        used = f"{c.time_used_s:.0f}" if c.time_used_s else "-"
+        share = f"{c.time_used_s / (60 * c.cluster.timeout_min):.0%}" if c.time_used_s else "-"
+        lines.append(f"| {md_cell(c.name)} | {c.cluster.timeout_min} | {used} | {share} | {md_cell(c.time_asked or '')} |")
+    stopped = [c.name for c in asked if "cluster.timeout_min" in (c.error or "")]  # every backend's words for it
+    lines += ["", f"Stopped at their limit: {', '.join(stopped)}." if stopped else "No cell was stopped at its limit.", ""]
+    return lines
 
 
 def _default(why: str) -> TimeAsked:

@@ -71,6 +71,9 @@ class Cell:
     placed: str | None = None
     predicted_state_bytes: int | None = None  # per rank, before launch (launcher/plan/fit.py)
     predicted_activation_bytes: int | None = None  # per rank, an estimate (launcher/plan/fit.py, analyse)
+    # cluster.timeout_min=auto: what this cell's limit rests on (launcher/forecast/timelimit.py); None:
+    # the limit the user set.
+    time_asked: str | None = None
     # Bytes per optimizer step by collective kind, the strategy's theory (launcher/plan/traffic.py).
     predicted_comm_bytes: dict[str, int] = field(default_factory=dict)
     # What became of it (submission and the commands that follow it).
@@ -80,6 +83,7 @@ class Cell:
     error: str | None = None
     failure_class: str | None = None
     interference: str | None = None  # what else its measurement saw (launcher/cluster/colocation.py)
+    time_used_s: float | None = None  # its job's wall time as its backend saw it (sacct's on Slurm)
     resubmits: int = 0
     submitted_at: float | None = None  # epoch seconds of the latest submission
     # Slurm's requeues of the current job (node failure, preemption), from its accounting records,

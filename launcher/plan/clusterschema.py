@@ -34,7 +34,9 @@ class ClusterConfig:
     tasks_per_node: int = 1  # one rank per task
     gpus_per_node: int = 0  # 0 = CPU ranks on gloo
     cpus_per_task: int | None = None  # None: this machine's cores / ranks per node (local)
-    timeout_min: int = 60
+    # The job's time limit in minutes, or auto: each cell's own, from what its configuration used or
+    # is forecast to use on this cluster (launcher/forecast/timelimit.py). Typed Any: an int or "auto".
+    timeout_min: Any = 60
     # Host memory per node: sbatch --mem on Slurm, a memory cgroup of mem_gb x nodes locally.
     mem_gb: float | None = None
     signal_delay_s: int = 90  # USR2 this long before the time limit (preemption warning)

@@ -147,7 +147,14 @@ class Config(TrainSpec):
         c = self.cluster
         _positive("cluster.tasks_per_node", c.tasks_per_node, "use one task per rank, e.g. cluster.tasks_per_node=1.")
         _non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
-        _positive("cluster.timeout_min", c.timeout_min, "give the job's time limit in minutes.")
+        if isinstance(c.timeout_min, str) and c.timeout_min.strip().isdigit():  # a quoted number ("15")
+            c.timeout_min = int(c.timeout_min)
+        if c.timeout_min != AUTO and (isinstance(c.timeout_min, bool) or not isinstance(c.timeout_min, int)
+                                      or c.timeout_min < 1):
+            raise ConfigError("cluster.timeout_min", c.timeout_min, "is neither a whole number of minutes nor auto.",
+                              "give the job's time limit in whole minutes (e.g. cluster.timeout_min=60), or auto "
+                              "(each cell's own, from what its configuration used or is forecast to use: "
+                              "docs/deciding.md).")
         _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
         self._validate_runs()
         self._validate_cells()
@@ -257,7 +264,7 @@ class Config(TrainSpec):
                               f"x cluster.tasks_per_node={c.tasks_per_node} ")
         for setting, minutes in (("runs_budget_min", self.runs_budget_min), ("cells_budget_min", self.cells_budget_min),
                                  ("cluster.timeout_min", c.timeout_min)):
-            if minutes is not None and minutes > lim.budget_min:
+            if minutes is not None and minutes != AUTO and minutes > lim.budget_min:
                 raise ConfigError(setting, minutes, f"is beyond limits.budget_min={lim.budget_min:g} minutes.",
                                   f"use a shorter time, or raise limits.budget_min={minutes:g} if you mean it.")
 
