@@ -12,48 +12,28 @@ no MLflow run (a run by hand never writes over the sweep's figures or its runs).
 
 The spec is validated when it is read as it was when it was written (RunSpec.validate: the schema's
 own checks), so a spec edited by hand (``batch_size: 0``, ``lr: NaN``, an unknown key) is refused
-naming the setting before any rank starts. Exit codes: 0 done, 2 refused (docs/troubleshooting.md).
+naming the setting before any rank starts. The command line is read as the launcher's commands read
+theirs (contract/commandline.py: no abbreviation, a mistyped flag refused naming the closest). Exit
+codes: 0 done, 2 refused (docs/troubleshooting.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
 import json
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
 
 from contract import programs, rank_env, records
 from contract.codec import from_plain
+from contract.commandline import USER_ERROR_EXIT, Parser, Refused
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import ConfigError, RunSpec
 
-USAGE_EXIT = 2  # a refused input: the project's exit code (0 done, 1 failure, 2 refused, 3 undecided)
 SPEC_FIX = "give a cell's spec.json from its sweep directory (<sweep>/cells/<cell>/spec.json)."
-
-
-class Refused(Exception):
-    """An input ``python -m jobs`` does not run: the message names it and says the fix."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse without prefix guessing, whose refusal of a flag names the closest one and exits 2."""
-
-    def __init__(self, given: list[str], **kwargs) -> None:
-        super().__init__(allow_abbrev=False, **kwargs)
-        self.given = given
-
-    def error(self, message: str) -> NoReturn:
-        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
-        unknown = [w.split("=", 1)[0] for w in self.given if w.startswith("-") and w.split("=", 1)[0] not in flags]
-        close = difflib.get_close_matches(unknown[0], flags, n=1, cutoff=0.5) if unknown else []
-        hint = f"; did you mean {close[0]}?" if close else f". Its flags: {', '.join(flags)}."
-        self.exit(USAGE_EXIT, f"error: {self.prog}: {message}{hint} Nothing was run.\n")
 
 
 def load(path: str, out_dir: str | None = None) -> RunSpec:
@@ -123,12 +103,12 @@ def run_probe(spec: ProbeSpec | NodeProbeSpec) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    given = list(sys.argv[1:] if argv is None else argv)
-    parser = _Parser(given, prog="python -m jobs", description="One rank of one cell or probe, from its spec file.")
+    parser = Parser(prog="python -m jobs", description="One rank of one cell or probe, from its spec file.",
+                    nothing="nothing was run")
     parser.add_argument("spec", help=f"the cell's spec.json, or a probe's {programs.SPEC_FILE}")
     parser.add_argument("--out", help="write the results here, not to the spec's out_dir, and log no MLflow run")
-    args = parser.parse_args(given)
     try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         probe = load_probe(args.spec, args.out)
         if probe is not None:
             run_probe(probe)
@@ -136,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load(args.spec, args.out)
     except Refused as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return USAGE_EXIT
+        return USER_ERROR_EXIT
     from jobs.worker import main as run_rank  # torch: after the arguments are read
 
     run_rank(spec)

@@ -1,6 +1,6 @@
 """The node health probe on the ranks: one task per node, each node's own figures and the ring's pairs.
 
-A job of its own (launcher/health.py submits it through the backend, like the fabric probe), one
+A job of its own (launcher/healthprobe.py submits it through the backend, like the fabric probe), one
 rank per node. Each node measures, ``repeats`` times, its compute ceiling (dense matmuls), its
 memory bandwidth (a large copy) and a short step of the worker's own model alone on the node; then
 every pair of the ring (contract/health.py) times 2-rank all-reduces between its nodes. Where

@@ -57,8 +57,8 @@ def test_nan_loss_cell_fails_as_diverged_and_is_left_out(tmp_path, fast_override
     about it; the healthy cell is done."""
     from mlflow.tracking import MlflowClient
 
-    from launcher import status
     from launcher.__main__ import main
+    from launcher.commands import status
     from launcher.state import SweepState
 
     existing_store(tmp_path)

@@ -139,8 +139,8 @@ def test_real_runtime_error_through_the_launcher(tmp_path, fast_overrides, capsy
     failure table and status output."""
     from mlflow.tracking import MlflowClient
 
-    from launcher import status
     from launcher.__main__ import main
+    from launcher.commands import status
     from launcher.state import SweepState
 
     existing_store(tmp_path)

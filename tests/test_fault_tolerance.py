@@ -9,7 +9,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from launcher import status
+from launcher.commands import status
 from launcher.state import SweepState
 from tests.test_slurm import FAST, slurm_cluster, submit  # noqa: F401  (module fixture: skip without Slurm)
 

@@ -10,7 +10,7 @@ import pytest
 
 from contract import mlflow_client
 from launcher import __main__ as launcher_main
-from launcher.forecast import __main__ as forecast
+from launcher.commands import forecast
 from launcher.forecast import forecastrecord
 from launcher.state import SweepState
 from tests.conftest import FAST

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from contract.health import cost, pair_rounds, ring_pairs
-from launcher import health as command
+from launcher.commands import health as command
 from launcher.report import health
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import health as command
+from launcher.commands import health as command
 from launcher.report import health
 from launcher.state import SweepState
 from tests.test_slurm import slurm_cluster, submit  # noqa: F401  (module fixture: skip without Slurm)

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from jobs.sinks import JsonlSink
-from launcher import history as command
 from launcher import sweep
+from launcher.commands import history as command
 from launcher.plan.cell import CellStatus
 from launcher.plan.grid import compose, expand
 from launcher.plan.planner import plan

@@ -53,23 +53,25 @@ def test_no_import_circles_in_launcher_or_jobs_even_through_function_level_impor
         assert _cycle(import_graph(package)) is None, _cycle(import_graph(package))
 
 
-def command_modules() -> tuple[str, ...]:
-    """The launcher's commands, read from the code: each module whose ``if __name__ == "__main__":``
-    block runs the ``main()`` it defines (finish's block is the background settler a command starts;
-    launcher/cluster/slurm/ranks.py's hands a rank to jobs' own ``main``)."""
-    found = []
-    for path in sorted((ROOT / "launcher").rglob("*.py")):
-        body = ast.parse(path.read_text()).body
-        defines_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in body)
-        for node in body:
-            if (defines_main and isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
-                    and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "main"
-                            for n in ast.walk(node))):
-                found.append(_module_name(path))
-    return tuple(found)
+def _commands() -> list[tuple[str, str, str]]:
+    """(name, module, entry) of each command in the one list, launcher/commands/__init__.py."""
+    from launcher.commands import COMMANDS
+
+    return [(c.name, c.module, c.shim) for c in COMMANDS]
 
 
-COMMAND_LINES = command_modules()
+COMMAND_LINES = tuple(module for _, module, _ in _commands())
+
+
+def _shim_path(entry: str) -> Path:
+    """The file ``python -m entry`` runs: a package's __main__.py, else the module itself."""
+    package = ROOT.joinpath(*entry.split("."))
+    return package / "__main__.py" if package.is_dir() else package.with_suffix(".py")
+
+
+# The entry shims: what ``python -m launcher[.X]`` runs, each one line that calls its command's main.
+ENTRY_SHIMS = tuple(_module_name(_shim_path(entry)) for _, _, entry in _commands())
+
 
 def _backend_folders() -> list[str]:
     """The backends: each folder of launcher/cluster/ with a backend module."""
@@ -82,7 +84,7 @@ FLOW = [
     # the command -> cells; with it, what composing a grid reads of the backends: their registry and
     # each backend's settings (launcher/cluster/NAME/settings.py)
     ("launcher.plan", "launcher.cluster.registry", *(f"launcher.cluster.{name}.settings" for name in _backend_folders())),
-    ("launcher.state", "launcher.masking", "launcher.cli"),  # the sweep document; what every command shares
+    ("launcher.state", "launcher.masking"),  # the sweep document; the one secret mask
     ("launcher.cluster",),  # cells -> jobs: backends, submission, failures, co-location
     ("launcher.track",),  # jobs -> MLflow runs, each cell's state
     ("launcher.report",),  # runs -> rows, findings, the report
@@ -91,13 +93,13 @@ FLOW = [
     ("launcher.finish",),  # a sweep's finish, which every command reaches
     ("launcher.preflight", "launcher.preview", "launcher.probe", "launcher.healthprobe",
      "launcher.sweep"),  # what two commands share: the checks, --plan, the probes, a sweep's life
-    COMMAND_LINES,  # the commands, side by side
+    ("launcher.commands", *ENTRY_SHIMS),  # the commands side by side on their base, and their entry shims
 ]
 
 
 def _layer(module: str) -> int:
-    """The layer of the longest name in FLOW that holds ``module``: the report's command line is a
-    command, the rest of launcher.report is not."""
+    """The layer of the longest name in FLOW that holds ``module``: the report's entry shim
+    (launcher/report/__main__.py) is on the commands' floor, the rest of launcher.report is not."""
     places = [(len(n), i) for i, names in enumerate(FLOW) for n in names
               if module == n or module.startswith(n + ".")]
     return max(places)[1]
@@ -112,26 +114,100 @@ def test_the_launcher_imports_flow_one_way_plan_cluster_track_report():
 
 
 # The commands reach the report through the finish (launcher/finish.py), never through the report's
-# module or its command line.
-THROUGH_THE_FINISH = ("launcher.status", "launcher.sweep", "launcher.sync")
+# module or its command.
+THROUGH_THE_FINISH = ("launcher.commands.status", "launcher.sweep", "launcher.commands.sync")
 
 
-def test_the_commands_are_read_from_the_code():
-    assert {"launcher.__main__", "launcher.status", "launcher.sync", "launcher.forecast.__main__",
-            "launcher.report.__main__", "launcher.health", "launcher.history"} == set(COMMAND_LINES), COMMAND_LINES
+def _top_level(path: Path) -> list[ast.stmt]:
+    return ast.parse(path.read_text()).body
+
+
+def test_the_commands_are_one_list_each_on_the_one_base():
+    """Every module of launcher/commands/ (but the list and the base, command.py) is a command of the one list,
+    each a subclass of base.Command named as the list names it, whose ``main`` is its class's."""
+    modules = {_module_name(p) for p in (ROOT / "launcher" / "commands").glob("*.py")}
+    assert modules - {"launcher.commands", "launcher.commands.command"} == set(COMMAND_LINES)
+    for name, module, _ in _commands():
+        body = _top_level(ROOT.joinpath(*module.split(".")).with_suffix(".py"))
+        classes = {n.name: n for n in body if isinstance(n, ast.ClassDef)
+                   and any(ast.unparse(b) == "Command" for b in n.bases)}
+        named = [c for c, node in classes.items() if any(
+            isinstance(s, ast.Assign) and ast.unparse(s) == f"name = {name!r}" for s in node.body)]
+        assert len(named) == 1, f"{module}: one Command subclass with name = {name!r}, found {sorted(classes)}"
+        assert any(isinstance(n, ast.Assign) and ast.unparse(n) == f"main = {named[0]}.main" for n in body), module
+
+
+def test_each_entry_shim_only_calls_its_commands_main():
+    """``python -m launcher`` and ``python -m launcher.X`` keep working through a shim of one line;
+    no other module of the launcher is a command (a ``main`` run under ``if __name__ == "__main__":``;
+    finish's block is the background settler a command starts, launcher/cluster/slurm/ranks.py's hands
+    a rank to jobs' own ``main``)."""
+    for name, _, entry in _commands():
+        body = [n for n in _top_level(_shim_path(entry)) if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        said = [ast.unparse(n) for n in body]
+        assert said == ["from launcher.commands import main_of", f"main = main_of({name!r})",
+                        "if __name__ == '__main__':\n    raise SystemExit(main())"], (entry, said)
+    blocks = sorted(_module_name(p) for p in (ROOT / "launcher").rglob("*.py") for n in _top_level(p)
+                    if isinstance(n, ast.If) and ast.unparse(n.test) == "__name__ == '__main__'")
+    assert set(blocks) == {*ENTRY_SHIMS, "launcher.finish", "launcher.cluster.slurm.ranks"}, blocks
+    defining = sorted(_module_name(p) for p in (ROOT / "launcher").rglob("*.py") for n in _top_level(p)
+                      if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert not defining, f"{defining} define a main(): a command is a class in launcher/commands/, in its one list"
+
+
+def test_no_module_but_the_entry_shims_imports_a_command():
+    """The library never imports a command (what two commands share moves a floor down: finish,
+    forecast/cells.py, track/runs.py); the commands import none of each other, only their base."""
+    found = {}
+    for package in ("launcher", "jobs", "contract", "bench"):
+        for path in (ROOT / package).rglob("*.py"):
+            module = _module_name(path)
+            if module.startswith("launcher.commands") or module in ENTRY_SHIMS:
+                continue
+            names = [a.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import) for a in n.names]
+            names += [n.module or "" for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)]
+            names += [f"{n.module}.{a.name}" for n in ast.walk(ast.parse(path.read_text()))
+                      if isinstance(n, ast.ImportFrom) and n.module == "launcher" for a in n.names]
+            used = sorted(n for n in names if n == "launcher.commands" or n.startswith("launcher.commands."))
+            if used:
+                found[module] = used
+    assert not found, f"{found}: move what they need out of the command, a floor down"
+    graph = import_graph("launcher")
+    between = {m: sorted(graph[m] & set(COMMAND_LINES)) for m in COMMAND_LINES if graph[m] & set(COMMAND_LINES)}
+    assert not between, f"{between}: move what they share a floor down (launcher/finish.py, launcher/forecast/cells.py)"
+
+
+def _refusal_cases() -> dict[str, int]:
+    """Command name -> the refusal cases tests/test_refusals.py holds of it: the rows of its corpora
+    (module-level lists named ``...CORPUS``) that name the command, as the one list names it, in one
+    of their first two fields."""
+    names = {name for name, _, _ in _commands()}
+    counts = dict.fromkeys(names, 0)
+    for node in _top_level(ROOT / "tests" / "test_refusals.py"):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.List)
+                and any(isinstance(t, ast.Name) and t.id.endswith("CORPUS") for t in node.targets)):
+            continue
+        for row in node.value.elts:
+            heads = row.elts[:2] if isinstance(row, ast.Tuple) else []
+            for head in heads:
+                if isinstance(head, ast.Constant) and head.value in names:
+                    counts[head.value] += 1
+                    break
+    return counts
+
+
+def test_every_command_has_refusal_cases():
+    """A command in the one list with no case in tests/test_refusals.py fails here: each command ships
+    its hostile input (exit code, the setting named, no traceback, nothing created or lost)."""
+    counts = _refusal_cases()
+    assert not [n for n, k in counts.items() if not k], f"commands without a refusal case: {counts}"
 
 
 def test_status_sweep_and_sync_do_not_import_the_report_module():
     graph = import_graph("launcher")
-    found = {m: sorted(graph[m] & {"launcher.report.markdown", "launcher.report.__main__"}) for m in THROUGH_THE_FINISH}
+    found = {m: sorted(graph[m] & {"launcher.report.markdown", "launcher.commands.report"}) for m in THROUGH_THE_FINISH}
     assert not any(found.values()), found
     assert all("launcher.finish" in graph[m] for m in THROUGH_THE_FINISH)
-
-
-def test_commands_do_not_import_commands():
-    graph = import_graph("launcher")
-    found = {m: sorted(imported & set(COMMAND_LINES)) for m, imported in graph.items() if imported & set(COMMAND_LINES)}
-    assert not found, f"{found}: move what they share a floor down (launcher/finish.py, launcher/forecast/cells.py)"
 
 
 def test_the_launchers_longest_import_chain_is_at_most_10_modules():
@@ -485,8 +561,9 @@ def test_a_metrics_name_is_written_in_at_most_two_modules():
 # Names two modules may share: the same concern at two layers, where the layer says which.
 LAYERED_NAMES = {
     "fabric": "the fabric probe: its spec (contract/), its run on the ranks (jobs/), its reading (launcher/forecast/)",
-    "health": "the node health probe: its spec (contract/), its command (launcher/), its verdicts (launcher/report/)",
-    "history": "series over time: the command (launcher/) and the analysis (launcher/report/)",
+    "health": "the node health probe: its spec (contract/), its command (launcher/commands/), its verdicts "
+              "(launcher/report/)",
+    "history": "series over time: the command (launcher/commands/) and the analysis (launcher/report/)",
     "parallel": "the parallel layout: the value (contract/) and its application to a model (jobs/)",
     "stats": "statistics: of one run (contract/) and between runs (launcher/report/)",
 }
@@ -495,12 +572,13 @@ LAYERED_NAMES = {
 def test_no_two_modules_share_a_name_unless_the_layer_says_which():
     """A module's name says which concern it holds: two modules of launcher/, jobs/ and contract/ with
     one name hold the same concern at two layers (LAYERED_NAMES), or are a package's __init__ and
-    __main__, or the same part of two backends (launcher/cluster/<backend>/)."""
+    __main__, or the same part of two backends (launcher/cluster/<backend>/), or a command and its entry
+    shim (launcher/commands/status.py and launcher/status.py)."""
     backends = ROOT / "launcher" / "cluster"
     where: dict[str, list[str]] = {}
     for d in ("launcher", "jobs", "contract"):
         for p in (ROOT / d).rglob("*.py"):
-            if p.stem in ("__init__", "__main__") or p.parent.parent == backends:
+            if p.stem in ("__init__", "__main__") or p.parent.parent == backends or _module_name(p) in ENTRY_SHIMS:
                 continue
             where.setdefault(p.stem, []).append(str(p.relative_to(ROOT)))
     shared = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}

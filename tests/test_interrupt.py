@@ -153,7 +153,7 @@ def test_a_signal_to_the_launcher_alone_stops_its_ranks_too(tmp_path, capsys, si
     assert {status for status, _ in runs.values()} == {"KILLED"}, runs
     assert "Traceback" not in out
     # status afterwards: every cell cancelled, and nothing claimed of what was never measured.
-    from launcher import status
+    from launcher.commands import status
 
     status.main([str(sweep)])
     said = capsys.readouterr().out

@@ -165,7 +165,7 @@ def test_rerunning_a_sweep_resumes_it_without_rerunning_finished_cells(tmp_path,
 
 
 def test_a_flagged_cell_is_rerun_alone_into_a_new_run_and_keeps_its_first_attempt(tmp_path, fast_overrides):
-    from launcher import status
+    from launcher.commands import status
     from launcher.plan.cell import CellStatus
 
     code, state = run_sweep(tmp_path, *fast_overrides)

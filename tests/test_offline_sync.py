@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from launcher import status, sync
+from launcher.commands import status, sync
 from launcher.report.__main__ import main as report_main
 from launcher.state import SweepState
 
@@ -63,8 +63,8 @@ def test_an_offline_sweep_is_synced_from_its_extracted_tarball(tmp_path, capsys)
     uri = f"sqlite:///{login / 'store' / 'mlflow.db'}"
     (login / "store").mkdir()
     capsys.readouterr()
-    assert sync.main([str(extracted)]) == 0  # no store named: nothing made, and how to name one
-    assert "--tracking-uri URI" in capsys.readouterr().out and not list((login / "store").iterdir())
+    assert sync.main([str(extracted)]) == 2  # no store named: refused, nothing made, and how to name one
+    assert "--tracking-uri URI" in capsys.readouterr().err and not list((login / "store").iterdir())
 
     assert sync.main([str(extracted), "--tracking-uri", uri]) == 0
     state = SweepState.load(extracted)

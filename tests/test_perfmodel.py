@@ -113,7 +113,7 @@ def test_each_thread_count_measured_at_two_workloads_gets_its_own_overhead_and_r
 def test_a_recommendation_is_apart_only_beyond_the_error_of_forecast_ratios():
     from types import SimpleNamespace
 
-    from launcher.forecast.__main__ import recommend
+    from launcher.commands.forecast import recommend
     from launcher.forecast.forecastrecord import ratio_errors
 
     # Errors that share a bias within each sweep: every forecast ~10% high in one, ~10% low in the

@@ -58,7 +58,7 @@ def test_sync_replays_system_samples_with_their_time(tmp_path):
     # through launcher.sync, at their sample index and with the time they were taken.
     from mlflow.tracking import MlflowClient
 
-    from launcher.sync import sync_run
+    from launcher.track.runs import sync_run
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = client.create_run(client.create_experiment("e")).info.run_id

@@ -243,7 +243,7 @@ def test_a_pending_array_task_cancelled_by_hand_is_cancelled_at_once(tmp_path, m
     assert "left the queue before it started" in state.cells[3].error
     # A later --cancel keeps the reason of a cell that was already cancelled.
     monkeypatch.setattr("launcher.cluster.slurm.accounting.cancel", lambda ids: None)
-    from launcher import status
+    from launcher.commands import status
 
     cancelled = status.cancel(state)
     assert [c.index for c in cancelled] == [0, 1, 2, 4]

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from launcher import finish
 from launcher.state import SweepState
-from launcher.sync import missing_runs
+from launcher.track.runs import missing_runs
 
 pytestmark = pytest.mark.slow
 

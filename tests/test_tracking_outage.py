@@ -9,7 +9,7 @@ from launcher import sweep
 from launcher.cluster.backends import backend_for
 from launcher.plan.grid import compose, expand
 from launcher.plan.planner import plan
-from launcher.sync import ensure_runs, sync_sweep
+from launcher.track.runs import ensure_runs, sync_sweep
 from tests.mlflow_server import MlflowServer, free_port
 
 pytestmark = pytest.mark.slow

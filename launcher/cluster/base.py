@@ -88,7 +88,7 @@ class ResourceCheck:
 
 @dataclass(frozen=True)
 class Wording:
-    """How the sweep's messages (launcher/sweep.py, launcher/status.py) name a backend's things."""
+    """How the sweep's messages (launcher/sweep.py, launcher/commands/status.py) name a backend's things."""
 
     where: str  # where submitted jobs wait and run: "still running in Slurm"
     scheduler: str  # who queues, requeues and ends jobs: "requeued by Slurm"

@@ -1,5 +1,5 @@
 """Forecasts of cells from a sweep's measured configurations: each cell's forecast and what its
-interval rests on, shared by the forecast command (launcher/forecast/__main__.py) and --plan
+interval rests on, shared by the forecast command (launcher/commands/forecast.py) and --plan
 (launcher/preview.py); read from files, no torch import."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ is neither a regression nor a pass of the gate.
 model at the same world size, their settings are equal apart from at most one (the setting under
 test; a pair matched by name says which), and every run of both has ended. Any other pair is listed
 under "not compared" with the reason: it is never a claim, never a regression and never a pass of
-the gate. A sweep compared with itself is refused (launcher/report/__main__.py); a sweep still
+the gate. A sweep compared with itself is refused (launcher/commands/report.py); a sweep still
 running is compared only on its configurations whose runs have all ended, and the output says so.
 
 **Family-wise error control.** Every judged row (each claimed metric of each compared

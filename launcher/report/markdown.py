@@ -1,7 +1,7 @@
 """The report's markdown: report.md from rows (launcher/report/collect.py), with the ranking tables
 (launcher/report/columns.py), findings, plots, how it was measured and where. This module writes
 only: a sweep's report, with the records that span sweeps, is written by its finish
-(launcher/finish.py); the command line (``python -m launcher.report``) is launcher/report/__main__.py."""
+(launcher/finish.py); the command line (``python -m launcher.report``) is launcher/commands/report.py."""
 
 from __future__ import annotations
 
