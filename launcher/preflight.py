@@ -21,7 +21,7 @@ from contract.codec import to_plain
 from contract.spec import ConfigError, ModelSpec
 from contract.tuning import missing_compiler, resolved_model
 from launcher.cluster.backends import backend_for
-from launcher.forecast import cellsearch, timelimit
+from launcher.forecast import cellsearch, timeforecast
 from launcher.plan import fit, fitcache, traffic
 from launcher.plan.cell import Cell
 from launcher.plan.grid import SweepError
@@ -63,7 +63,7 @@ def _time_limits(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> Non
         return
     first = auto[0].cluster
     key = backend_for(first.name).noise_floor_key(first)
-    asked = timelimit.asked(auto, predicted, Path(auto[0].config.output_root), key)
+    asked = timeforecast.asked(auto, predicted, Path(auto[0].config.output_root), key)
     for cell in auto:
         cell.cluster.timeout_min, cell.time_asked = asked[cell.index].minutes, asked[cell.index].how
 
