@@ -8,17 +8,22 @@ import enum
 
 
 class Strategy(enum.Enum):
-    ddp = "ddp"
-    fsdp = "fsdp"
+    """The wrapper that applies a cell's data-parallel degrees (StrategySpec's dp_replicate, dp_shard)."""
+
+    ddp = "ddp"  # torch's DistributedDataParallel: replicates only
+    fsdp = "fsdp"  # FSDP2's fully_shard on a device mesh: shards, and replicates across shard groups
 
 
 class Sharding(enum.Enum):
-    """FSDP sharding modes, named after what they shard (ZeRO stage in the comment)."""
+    """What an FSDP unit keeps after forward, named after the ZeRO stage. Which ranks share a
+    parameter is not a sharding mode but the degrees (StrategySpec.dp_replicate, dp_shard)."""
 
     full = "full"  # ZeRO-3: parameters, gradients and optimizer state sharded
     grad_op = "grad_op"  # ZeRO-2: parameters kept after forward (reshard_after_forward=False)
-    hybrid = "hybrid"  # HSDP: replicate across nodes, shard within a node (2-D mesh)
-    none = "none"  # DDP-equivalent, for comparison: every rank holds everything
+    # The two layouts that were sharding modes before the degrees, refused naming the degrees that
+    # say them (StrategySpec.validate): HSDP, and FSDP2 replicating only.
+    hybrid = "hybrid"
+    none = "none"
 
 
 class WrapPolicy(enum.Enum):

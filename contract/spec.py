@@ -38,18 +38,45 @@ from contract.choices import (
 )
 from contract.errors import ConfigError, non_finite, non_negative, positive
 from contract.modelspec import ModelSpec
+from contract.parallel import Layout
 
 __all__ = [
     "HF_INSTALL", "HF_PACKAGE", "HF_POSITION_KEYS", "BatchNormUnits", "CheckpointSpec", "ConfigError", "DataKind",
     "DataSpec", "InputKind", "LMHead", "Layout", "LossImpl", "LrScaling", "ModelSpec", "Optimizer", "OptimizerImpl",
     "Precision", "PrecisionMode", "PrecisionPlan", "PrecisionSpec", "RunSpec", "Sharding", "StepTiming", "Strategy",
-    "StrategySpec", "TrainSpec", "WrapPolicy", "non_finite", "precision_plan",
+    "StrategySpec", "TrainSpec", "WrapPolicy", "non_finite", "precision_plan", "DEGREES", "REST",
 ]
+
+
+# The degrees a strategy sets, in the order a rank's coordinates are laid out (outermost first); -1
+# is "the ranks the others leave" (contract/parallel.py resolves it against the cell's ranks).
+DEGREES = ("dp_replicate", "dp_shard", "tp")
+REST = -1
+
+# What each retired sharding mode is as degrees (the preset that sets them, and the degrees).
+_LAYOUT_MODES = {
+    Sharding.hybrid: "strategy=hsdp (strategy.dp_replicate=-1 strategy.dp_shard=<ranks per node>)",
+    Sharding.none: "strategy=fsdp_noshard (strategy.dp_replicate=-1 strategy.dp_shard=1)",
+}
 
 
 @dataclass
 class StrategySpec:
-    name: Strategy = Strategy.ddp
+    """How a cell's ranks split the model and the data: the parallel degrees (torchtitan's
+    ParallelismConfig), and the wrapper that applies the data-parallel ones with its options.
+
+    The names ddp, fsdp, zero2, hsdp, fsdp_noshard and fsdp_offload are presets
+    (launcher/conf/strategy/NAME.yaml), each setting these fields; nothing else reads a name."""
+
+    name: Strategy = Strategy.ddp  # the wrapper: ddp (replicate only) or fsdp (FSDP2, on a device mesh)
+    # The degrees: replicas that all-reduce their gradients, ranks one parameter is split over
+    # (FSDP's shard group), and the tensor-parallel group (ranks that read the same batch; each model
+    # family declares its plan beside its shard units, and it is not yet run). -1: the ranks the
+    # others leave; at most one degree is -1. Unset (None, in code only: every preset sets them), a
+    # data-parallel degree is the wrapper's whole-world one (:meth:`degrees`).
+    dp_replicate: int | None = None
+    dp_shard: int | None = None
+    tp: int = 1
     # DDP knobs (torch.nn.parallel.DistributedDataParallel arguments, same names).
     bucket_cap_mb: float = 25.0
     # Gradients as views into the all-reduce buckets: no copy into and out of them, no second copy of
@@ -73,25 +100,64 @@ class StrategySpec:
     def validate(self) -> None:
         positive("strategy.bucket_cap_mb", self.bucket_cap_mb, "use a bucket size in MiB such as 25.")
         non_negative("strategy.prefetch", self.prefetch, "use 0 (FSDP's default), 1 or 2.")
+        self._validate_degrees()
         if self.name is Strategy.ddp and self.sharding is not Sharding.full:
             raise ConfigError(
                 "strategy.sharding", self.sharding.value,
                 "sharding applies to FSDP only; DDP replicates everything.",
                 "pick an FSDP strategy (strategy=fsdp, zero2, hsdp, fsdp_noshard) or drop the override.",
             )
+        if self.sharding in _LAYOUT_MODES:
+            raise ConfigError("strategy.sharding", self.sharding.value, "which ranks share a parameter is said by "
+                              "the degrees strategy.dp_replicate and strategy.dp_shard, not by a sharding mode.",
+                              f"use {_LAYOUT_MODES[self.sharding]}.")
         if self.name is Strategy.ddp and self.cpu_offload:
             raise ConfigError(
                 "strategy.cpu_offload", True, "DDP cannot offload parameters to the CPU.",
                 "use strategy=fsdp_offload (FSDP full shard with CPU offload).",
             )
 
+    def degrees(self) -> dict[str, int]:
+        """Each degree as set (-1: the ranks the others leave); an unset data-parallel degree as the
+        wrapper's whole-world layout: every rank a replica under DDP, one shard group of every rank
+        under FSDP (torchtitan's defaults)."""
+        whole = {"dp_replicate": REST, "dp_shard": 1} if self.name is Strategy.ddp else {"dp_replicate": 1, "dp_shard": REST}
+        return {d: whole[d] if getattr(self, d) is None else getattr(self, d) for d in DEGREES}
+
+    def _validate_degrees(self) -> None:
+        """The checks the degrees need no layout for; those against the cell's ranks are
+        contract/parallel.py's."""
+        degrees = self.degrees()
+        for degree in DEGREES:
+            value = degrees[degree]
+            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != REST):
+                raise ConfigError(f"strategy.{degree}", value, "a degree is a number of ranks, or -1 for the ranks "
+                                  "the other degrees leave.", f"use strategy.{degree}=1 or more, or -1.")
+        rest = [d for d in DEGREES if degrees[d] == REST]
+        if len(rest) > 1:
+            raise ConfigError(f"strategy.{rest[1]}", REST, f"strategy.{rest[0]}=-1 already takes the ranks the "
+                              "other degrees leave; only one degree can.",
+                              f"set strategy.{rest[1]} to a number of ranks (1: none).")
+        if self.name is Strategy.ddp and degrees["dp_shard"] != 1:
+            raise ConfigError("strategy.dp_shard", degrees["dp_shard"], "DDP replicates whole parameters; splitting them "
+                              "over a shard group is FSDP's.", "use strategy=fsdp (or hsdp), or strategy.dp_shard=1.")
+        if self.tp != 1:
+            raise ConfigError("strategy.tp", self.tp, "tensor parallelism is declared (each model family's plan, "
+                              "jobs/models/units.py tp_plan) but not yet run.", "use strategy.tp=1.")
+
     @property
     def label(self) -> str:
+        """The strategy as the report names it, read from the wrapper and the degrees."""
+        degrees = self.degrees()
         if self.name is Strategy.ddp:
-            return "ddp"
-        base = {Sharding.full: "fsdp", Sharding.grad_op: "zero2", Sharding.hybrid: "hsdp",
-                Sharding.none: "fsdp_noshard"}[self.sharding]
-        return base + ("+offload" if self.cpu_offload else "")
+            base = "ddp"
+        elif degrees["dp_shard"] == 1:
+            base = "fsdp_noshard"  # FSDP2 replicating only
+        elif degrees["dp_replicate"] != 1:
+            base = "hsdp"
+        else:
+            base = "zero2" if self.sharding is Sharding.grad_op else "fsdp"
+        return base + ("+offload" if self.cpu_offload else "") + (f"+tp{self.tp}" if self.tp != 1 else "")
 
 
 @dataclass
@@ -278,28 +344,6 @@ class CheckpointSpec:
 
     def validate(self) -> None:
         non_negative("checkpoint.every_steps", self.every_steps, "use 0 (only on stop requests) or e.g. 50.")
-
-
-@dataclass
-class Layout:
-    """The resources one grid point runs on, as the launcher planned them."""
-
-    nodes: int = 1
-    tasks_per_node: int = 1
-    # 0: CPU ranks on gloo. N > 0: CUDA ranks on NCCL, one GPU each (jobs.dist.choose_device);
-    # the worker follows this, never torch.cuda.is_available() alone.
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
-
-    def validate(self) -> None:
-        positive("layout.nodes", self.nodes, "use nodes=1 or more.")
-        positive("layout.tasks_per_node", self.tasks_per_node, "use one task per rank, e.g. 1.")
-        non_negative("layout.gpus_per_node", self.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
-        positive("layout.cpus_per_task", self.cpus_per_task, "use 1 or more.")
 
 
 @dataclass

@@ -26,14 +26,16 @@ from jobs.loss import loss_fn
 from jobs.memory import local_bytes
 
 
-def scaled_lr(lr: float, scaling: LrScaling, world_size: int) -> float:
-    """The learning rate for ``world_size`` data-parallel ranks, from one tuned for a single rank.
+def scaled_lr(lr: float, scaling: LrScaling, data_parallel: int) -> float:
+    """The learning rate for ``data_parallel`` ranks reading different batches (the data-parallel
+    degree, contract.parallel.ParallelDims.data_parallel: tensor-parallel peers read the same
+    batch and do not count), from one tuned for a single rank.
 
-    The global batch grows with the ranks: ``linear`` multiplies by the rank count (Goyal et al.,
+    The global batch grows with the data-parallel degree: ``linear`` multiplies by it (Goyal et al.,
     for SGD), ``sqrt`` by its square root (the usual rule for Adam-type optimizers), ``none``
     keeps ``lr``.
     """
-    factor = {LrScaling.none: 1.0, LrScaling.linear: float(world_size), LrScaling.sqrt: math.sqrt(world_size)}
+    factor = {LrScaling.none: 1.0, LrScaling.linear: float(data_parallel), LrScaling.sqrt: math.sqrt(data_parallel)}
     return lr * factor[scaling]
 
 

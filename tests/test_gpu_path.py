@@ -151,8 +151,7 @@ def test_choose_device_fails_fast_with_the_count_and_the_fix(gpus, local_rank, l
     (dict(), (0, 1)),
 ])
 def test_machine_slot_on_emulated_and_real_nodes(env, slot):
-    from jobs.dist import DistEnv
-    from jobs.worker import machine_slot
+    from jobs.dist import DistEnv, machine_slot
 
     assert machine_slot(DistEnv(**env)) == slot
     # cluster=local nodes=2 cluster.tasks_per_node=2 cluster.gpus_per_node=2: 4 GPUs visible, rank 3 on cuda:3.
@@ -166,8 +165,7 @@ def test_placements_carry_the_uuid_as_nvml_writes_it(monkeypatch, tmp_path):
     # stateful fake (tests/fake_cuda.py); the gather runs on a real one-rank gloo group.
     import torch.distributed as tdist
 
-    from jobs.dist import DistEnv
-    from jobs.worker import check_gpu_placement
+    from jobs.dist import DistEnv, check_gpu_placement
     from tests import fake_cuda
 
     fake_cuda.install(monkeypatch, visible=[2])

@@ -130,6 +130,21 @@ class HFLogits(nn.Module):
                 prefixes.append(name + ".")
         return found
 
+    def tp_plan(self) -> dict[str, str] | None:
+        """transformers' own tensor-parallel plan of the architecture (its config's
+        ``base_model_tp_plan``, e.g. llama's q/k/v colwise and o_proj rowwise), its paths made
+        relative to this module; None where the architecture declares none (gpt2, bert). A
+        declaration: not yet run."""
+        for name, module in self.named_modules():
+            if is_hf_model(module):
+                plan = getattr(module.config, "base_model_tp_plan", None)
+                if not plan:
+                    return None
+                base = getattr(module, "base_model_prefix", "")
+                prefix = ".".join(p for p in (name, base if hasattr(module, base) else "") if p)
+                return {f"{prefix}.{path}": style for path, style in plan.items()}
+        return None
+
     def shard_units(self) -> list[nn.Module]:
         """The modules named in ``_no_split_modules`` (the blocks accelerate wraps as FSDP units).
 
