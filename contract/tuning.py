@@ -21,13 +21,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from contract.catalog import GPT_SIZES
+from contract.catalog import GPT_SIZES, padded_vocab
 from contract.choices import InputKind, LossImpl, Optimizer, OptimizerImpl, Sharding, StepTiming, Strategy
 from contract.errors import ConfigError
 from contract.parallel import Layout, ParallelDims
 
 if TYPE_CHECKING:
     from contract.spec import ModelSpec, StrategySpec, TrainSpec
+
+__all__ = ["padded_vocab"]  # contract/catalog.py's, named here beside the vocabulary multiple
 
 GPU_VOCAB_MULTIPLE = 64  # 50257 -> 50304: tensor-core friendly rows (nanoGPT, llm.c)
 
@@ -76,11 +78,6 @@ def shard_degree(strategy: StrategySpec, world_size: int, tasks_per_node: int) -
         return 0
     layout = Layout(nodes=max(1, world_size // tasks_per_node), tasks_per_node=tasks_per_node)
     return ParallelDims.of(strategy, layout).dp_shard
-
-
-def padded_vocab(vocab_size: int, multiple: int) -> int:
-    """``vocab_size`` rounded up to a multiple of ``multiple`` (50257, 64 -> 50304)."""
-    return -(-vocab_size // multiple) * multiple
 
 
 def pads_vocabulary(model: ModelSpec) -> bool:

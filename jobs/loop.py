@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from contract.spec import LrScaling
+from contract.choices import LrScaling
 from jobs.compiling import CompilePlan, forward_loss
 from jobs.data import Batch
 from jobs.loss import loss_fn
-from jobs.memory import local_bytes
+from jobs.memory import local_bytes, release_unsynced_grads, room_for_unsynced_grads
 
 
 def scaled_lr(lr: float, scaling: LrScaling, data_parallel: int) -> float:
@@ -202,10 +202,8 @@ def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, s
     Run after the measured window; ``sync()`` after each pass is a CUDA sync point. Under FSDP a
     pass holds the whole model's gradients unsharded: where the GPU has no room for them the probe
     is skipped ([]: stragglers are then judged from step times), and they are dropped after each
-    pass (jobs.parallel.release_unsynced_grads).
+    pass (jobs.memory.release_unsynced_grads).
     """
-    from jobs.parallel import release_unsynced_grads, room_for_unsynced_grads
-
     if not room_for_unsynced_grads(trainer.model, trainer.device):
         return []
     times = []

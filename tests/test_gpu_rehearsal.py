@@ -50,7 +50,7 @@ from contract.spec import (
     Strategy,
     StrategySpec,
 )
-from jobs import dist, models, parallel
+from jobs import dist, memory, models, parallel
 from tests import fake_cuda, ranks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -496,6 +496,6 @@ def test_the_straggler_probe_needs_room_for_the_unsharded_gradients(cuda, strate
                                    dims=ParallelDims.of(strat, Layout(tasks_per_node=GPUS_PER_NODE)))
         full_bytes = sum(p.numel() * p.element_size() for p in par.model.parameters())
         cuda.free_bytes = 2 * full_bytes
-        assert parallel.room_for_unsynced_grads(par.model, CUDA0)
+        assert memory.room_for_unsynced_grads(par.model, CUDA0)
         cuda.free_bytes = full_bytes // 2
-        assert parallel.room_for_unsynced_grads(par.model, CUDA0) is (strategy == "ddp")
+        assert memory.room_for_unsynced_grads(par.model, CUDA0) is (strategy == "ddp")

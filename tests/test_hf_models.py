@@ -1,5 +1,5 @@
 """Models users bring: ``_target_`` (recursive instantiation), ``model=hf`` (transformers from a
-config) and the launcher's pre-submission check, ``jobs.models.check_buildable``.
+config) and the launcher's pre-submission check, ``jobs.models.checks.check_buildable``.
 
 The multi-rank tests train a tiny GPT-2 and a tiny Llama on real gloo ranks (tests/ranks.py) under
 DDP and FSDP, fp32 and bf16, and compare DDP's and FSDP's fp32 losses step by step (the argument

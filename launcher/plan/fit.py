@@ -158,7 +158,7 @@ def _saved_bytes(module, model: ModelSpec, batch_size: int, low_dtype: str | Non
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from jobs.loop import loss_fn
+    from jobs.loss import loss_fn
     from jobs.models import shard_units
 
     # Fake tensors: meta storage (no memory, no compute) that still say "cpu", so kernels are chosen
