@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from contract.choices import Strategy
 from contract.errors import ConfigError, non_negative, positive
-
-if TYPE_CHECKING:
-    from contract.spec import StrategySpec
 
 REPLICATE, SHARD = "replicate", "shard"
 
@@ -48,6 +45,14 @@ class Layout:
         positive("layout.tasks_per_node", self.tasks_per_node, "use one task per rank, e.g. 1.")
         non_negative("layout.gpus_per_node", self.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
         positive("layout.cpus_per_task", self.cpus_per_task, "use 1 or more.")
+
+
+class Degrees(Protocol):
+    """What the rule reads of a strategy (contract.spec.StrategySpec): its wrapper and its degrees."""
+
+    name: Strategy
+
+    def degrees(self) -> dict[str, int]: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class ParallelDims:
                               f"use {REPLICATE!r} and {SHARD!r}, each once.")
 
     @classmethod
-    def of(cls, strategy: StrategySpec, layout: Layout) -> ParallelDims:
+    def of(cls, strategy: Degrees, layout: Layout) -> ParallelDims:
         """The rule: the strategy's degrees on ``layout.nodes`` x ``layout.tasks_per_node`` ranks,
         the one -1 resolved to the ranks the others leave (torchtitan's ``ParallelDims``), each
         refused naming the setting and the fix. FSDP's mesh: replicate x shard where the replicate

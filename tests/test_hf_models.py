@@ -21,13 +21,13 @@ from contract.spec import ConfigError, InputKind, LMHead, ModelSpec  # noqa: E40
 from jobs.data import POOL_STEPS  # noqa: E402
 from jobs.models import (  # noqa: E402
     build_model,
-    check_buildable,
     flops_per_sample,
     init_weights,
     param_count,
     replace_units,
     shard_units,
 )
+from jobs.models.checks import check_buildable  # noqa: E402
 from jobs.models.hf import HFLogits  # noqa: E402
 from jobs.models.instantiate import InstantiationError, instantiate  # noqa: E402
 
