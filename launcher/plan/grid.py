@@ -1,8 +1,13 @@
-"""Grid expansion, composition, validation and resources per grid point.
+"""Grid expansion, composition and validation: the command line's overrides -> typed, validated
+points (:func:`expand`, :func:`compose`).
 
 Everything here runs before anything is submitted: a sweep is either valid as a whole or
-nothing is sent. Hydra's override grammar expands the grid (``a=1,2 b=x,y`` -> 4 points) and
-Hydra's compose API builds each point against the typed schema; no torch or MLflow import.
+nothing is sent. Hydra's override grammar expands the grid (``a=1,2 b=x,y`` -> 4 points, or a
+named experiment's own grid), and Hydra's compose API builds each point against the typed schema
+once per distinct set of group choices, each point's values then set on a copy (directly, or by
+Hydra's own step where a value needs it); every invalid point is reported in one error, each
+problem once. No torch or MLflow import. A point's resources and its cell are
+launcher/plan/planner.py's.
 """
 
 from __future__ import annotations
