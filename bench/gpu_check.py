@@ -803,7 +803,7 @@ def cell_throughputs(check: Check, model: str, precision: str) -> dict[str, floa
 
 def mfu_denominators(check: Check) -> list[str]:
     """MFU's denominator for each precision, with this device's datasheet figures where known."""
-    from jobs.peaks import device_peaks
+    from contract.gpus import device_peaks
 
     table = device_peaks(check.device) if check.device and check.device != "cpu" else None
 

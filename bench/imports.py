@@ -100,15 +100,17 @@ def _type_only(tree: ast.AST) -> set[int]:
         "TYPE_CHECKING") for stmt in node.body for n in ast.walk(stmt)}
 
 
-def import_graph(package: str, root: Path = REPO, run_only: bool = True) -> dict[str, set[str]]:
-    """Every module of ``package`` (a package's __init__ counts as one) -> the modules of ``package`` it
-    imports, at the top or inside functions (``from a.b import c`` is ``a.b.c`` where that is a module);
-    with ``run_only``, not those under ``if TYPE_CHECKING:``."""
+def import_graph(package: str | tuple[str, ...], root: Path = REPO, run_only: bool = True) -> dict[str, set[str]]:
+    """Every module of ``package`` (a package's __init__ counts as one; several packages: all of
+    theirs) -> the modules of those packages it imports, at the top or inside functions (``from a.b
+    import c`` is ``a.b.c`` where that is a module); with ``run_only``, not those under
+    ``if TYPE_CHECKING:``."""
     def name(path: Path) -> str:
         parts = path.relative_to(root).with_suffix("").parts
         return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
-    paths = {name(p): p for p in (root / package).rglob("*.py") if name(p) != package}
+    packages = (package,) if isinstance(package, str) else package
+    paths = {name(p): p for top in packages for p in (root / top).rglob("*.py") if name(p) != top}
     graph = {}
     for module, path in paths.items():
         found = set()
@@ -126,9 +128,9 @@ def import_graph(package: str, root: Path = REPO, run_only: bool = True) -> dict
     return graph
 
 
-def longest_chain(package: str, root: Path = REPO, run_only: bool = True) -> list[str]:
-    """The longest path of imports inside ``package``: a -> b -> c means a imports b, which imports c
-    (``run_only``: the imports that run; else the type checker's too)."""
+def longest_chain(package: str | tuple[str, ...], root: Path = REPO, run_only: bool = True) -> list[str]:
+    """The longest path of imports inside ``package`` (or across several): a -> b -> c means a
+    imports b, which imports c (``run_only``: the imports that run; else the type checker's too)."""
     graph = import_graph(package, root, run_only)
 
     @functools.cache
@@ -144,6 +146,11 @@ if __name__ == "__main__":
     from bench.common import render_table
 
     if sys.argv[1:] == ["chain"]:
+        across = ("launcher", "jobs", "contract")
+        chain = longest_chain(across)
+        # (Across the packages, the type checker's imports close circles (a value and the spec that
+        # types it), so only the imports that run are followed.)
+        print(f"{', '.join(across)}: {len(chain)} modules: {' -> '.join(chain)}")
         for package in ("launcher", "jobs"):
             chain = longest_chain(package)
             checker = longest_chain(package, run_only=False)

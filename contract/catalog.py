@@ -23,3 +23,9 @@ RESNET_DEPTHS = (18, 34, 50, 101, 152)
 SMALL_MODELS = ("mlp", "cnn")
 
 KNOWN_MODELS = tuple(sorted([*SMALL_MODELS, *GPT_SIZES, *BERT_SIZES, *(f"resnet{d}" for d in RESNET_DEPTHS)]))
+
+
+def padded_vocab(vocab_size: int, multiple: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``multiple`` (50257, 64 -> 50304): the rows a
+    GPT's embedding is built with (contract/tuning.py picks the multiple)."""
+    return -(-vocab_size // multiple) * multiple

@@ -11,133 +11,72 @@ Every check that can be decided from the config alone lives in a ``validate()`` 
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.catalog import KNOWN_MODELS
-from contract.imports import import_problem
+# The choices and the errors are their own modules (contract/choices.py, contract/errors.py) and the
+# model's spec too (contract/modelspec.py); they are named here as well, so that a caller imports
+# the whole schema from one place.
+from contract.choices import (
+    HF_INSTALL,
+    HF_PACKAGE,
+    HF_POSITION_KEYS,
+    BatchNormUnits,
+    DataKind,
+    InputKind,
+    LMHead,
+    LossImpl,
+    LrScaling,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    PrecisionMode,
+    Sharding,
+    StepTiming,
+    Strategy,
+    WrapPolicy,
+)
+from contract.errors import ConfigError, non_finite, non_negative, positive
+from contract.modelspec import ModelSpec
+from contract.parallel import Layout
+
+__all__ = [
+    "HF_INSTALL", "HF_PACKAGE", "HF_POSITION_KEYS", "BatchNormUnits", "CheckpointSpec", "ConfigError", "DataKind",
+    "DataSpec", "InputKind", "LMHead", "Layout", "LossImpl", "LrScaling", "ModelSpec", "Optimizer", "OptimizerImpl",
+    "Precision", "PrecisionMode", "PrecisionPlan", "PrecisionSpec", "RunSpec", "Sharding", "StepTiming", "Strategy",
+    "StrategySpec", "TrainSpec", "WrapPolicy", "non_finite", "precision_plan", "DEGREES", "REST",
+]
 
 
-class ConfigError(ValueError):
-    """A bad setting, reported as one paragraph: setting, value, why, and the fix."""
+# The degrees a strategy sets, in the order a rank's coordinates are laid out (outermost first); -1
+# is "the ranks the others leave" (contract/parallel.py resolves it against the cell's ranks).
+DEGREES = ("dp_replicate", "dp_shard", "tp")
+REST = -1
 
-    def __init__(self, setting: str, value: Any, problem: str, fix: str) -> None:
-        self.setting, self.value, self.problem, self.fix = setting, value, problem, fix
-        super().__init__(f"{setting}={value!r}: {problem} Fix: {fix}")
-
-
-class Strategy(enum.Enum):
-    ddp = "ddp"
-    fsdp = "fsdp"
-
-
-class Sharding(enum.Enum):
-    """FSDP sharding modes, named after what they shard (ZeRO stage in the comment)."""
-
-    full = "full"  # ZeRO-3: parameters, gradients and optimizer state sharded
-    grad_op = "grad_op"  # ZeRO-2: parameters kept after forward (reshard_after_forward=False)
-    hybrid = "hybrid"  # HSDP: replicate across nodes, shard within a node (2-D mesh)
-    none = "none"  # DDP-equivalent, for comparison: every rank holds everything
-
-
-class WrapPolicy(enum.Enum):
-    block = "block"  # one FSDP unit per block (transformer layer / ResNet stage block)
-    model = "model"  # one FSDP unit for the whole model
-
-
-class Precision(enum.Enum):
-    fp32 = "fp32"
-    fp16 = "fp16"
-    bf16 = "bf16"
-
-
-class PrecisionMode(enum.Enum):
-    """How a low precision is applied; the same for DDP and FSDP by default (see PrecisionSpec)."""
-
-    autocast = "autocast"  # fp32 parameters, torch.autocast per op (norms, softmax, loss in fp32)
-    params = "params"  # FSDP only: parameters cast to the low dtype for compute (MixedPrecisionPolicy)
-
-
-class BatchNormUnits(enum.Enum):
-    """BatchNorm under FSDP with low-precision parameters (mode=params): it must stay fp32."""
-
-    unit = "unit"  # each BatchNorm its own fp32 FSDP unit; input cast up, output cast back
-    grouped = "grouped"  # all BatchNorms in one fp32 unit, inputs left in the low dtype (no casts)
-
-
-
-class InputKind(enum.Enum):
-    tokens = "tokens"  # int64 [batch, seq_len] in, next-token targets out
-    image = "image"  # float [batch, 3, size, size] in, class index out
-
-
-class DataKind(enum.Enum):
-    synthetic = "synthetic"
-    image_folder = "image_folder"
-    token_file = "token_file"
-
-
-class Optimizer(enum.Enum):
-    sgd = "sgd"
-    adamw = "adamw"
-
-
-class OptimizerImpl(enum.Enum):
-    """How the optimizer steps over the parameters (torch.optim's ``fused`` / ``foreach`` flags)."""
-
-    auto = "auto"  # the device's default (contract/tuning.py)
-    fused = "fused"  # one kernel over all parameters (fused=True)
-    foreach = "foreach"  # a few multi-tensor kernels (foreach=True)
-    for_loop = "for_loop"  # one kernel sequence per parameter (foreach=False, fused=False)
-
-
-class LossImpl(enum.Enum):
-    auto = "auto"  # the device's default (contract/tuning.py)
-    full = "full"  # cross-entropy over an fp32 copy of the whole logits
-    chunked = "chunked"  # fp32 per chunk of rows; the gradient written in the logits' dtype (jobs/loss.py)
-
-
-class StepTiming(enum.Enum):
-    auto = "auto"  # events on CUDA, sync on CPU
-    sync = "sync"  # wall clock, the device synchronised after every step (a no-op on CPU)
-    events = "events"  # CUDA events around each step, read after the window (CUDA only)
-
-
-class LrScaling(enum.Enum):
-    none = "none"
-    linear = "linear"
-    sqrt = "sqrt"
-
-
-def _positive(setting: str, value: Any, fix: str) -> None:
-    # NaN compares false with everything: checked apart, or lr=NaN would pass "not <= 0".
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(setting, value, "must be a positive (finite) number.", fix)
-
-
-def _non_negative(setting: str, value: Any, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(setting, value, "must be zero or a positive (finite) number.", fix)
-
-
-def non_finite(obj: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose value is a float NaN or infinity (a YAML .nan, lr=nan on the command line, a
-    NaN in a spec.json): no setting of this schema means anything by one."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [k for f in dataclasses.fields(obj) for k in non_finite(getattr(obj, f.name), f"{prefix}{f.name}.")]
-    if isinstance(obj, dict):
-        return [k for name, v in obj.items() for k in non_finite(v, f"{prefix}{name}.")]
-    if isinstance(obj, (list, tuple)):
-        return [k for i, v in enumerate(obj) for k in non_finite(v, f"{prefix}{i}.")]
-    return [prefix[:-1]] if isinstance(obj, float) and not math.isfinite(obj) else []
+# What each retired sharding mode is as degrees (the preset that sets them, and the degrees).
+_LAYOUT_MODES = {
+    Sharding.hybrid: "strategy=hsdp (strategy.dp_replicate=-1 strategy.dp_shard=<ranks per node>)",
+    Sharding.none: "strategy=fsdp_noshard (strategy.dp_replicate=-1 strategy.dp_shard=1)",
+}
 
 
 @dataclass
 class StrategySpec:
-    name: Strategy = Strategy.ddp
+    """How a cell's ranks split the model and the data: the parallel degrees (torchtitan's
+    ParallelismConfig), and the wrapper that applies the data-parallel ones with its options.
+
+    The names ddp, fsdp, zero2, hsdp, fsdp_noshard and fsdp_offload are presets
+    (launcher/conf/strategy/NAME.yaml), each setting these fields; nothing else reads a name."""
+
+    name: Strategy = Strategy.ddp  # the wrapper: ddp (replicate only) or fsdp (FSDP2, on a device mesh)
+    # The degrees: replicas that all-reduce their gradients, ranks one parameter is split over
+    # (FSDP's shard group), and the tensor-parallel group (ranks that read the same batch; each model
+    # family declares its plan beside its shard units, and it is not yet run). -1: the ranks the
+    # others leave; at most one degree is -1. Unset (None, in code only: every preset sets them), a
+    # data-parallel degree is the wrapper's whole-world one (:meth:`degrees`).
+    dp_replicate: int | None = None
+    dp_shard: int | None = None
+    tp: int = 1
     # DDP knobs (torch.nn.parallel.DistributedDataParallel arguments, same names).
     bucket_cap_mb: float = 25.0
     # Gradients as views into the all-reduce buckets: no copy into and out of them, no second copy of
@@ -159,27 +98,66 @@ class StrategySpec:
     reshard_after_forward: bool | None = None
 
     def validate(self) -> None:
-        _positive("strategy.bucket_cap_mb", self.bucket_cap_mb, "use a bucket size in MiB such as 25.")
-        _non_negative("strategy.prefetch", self.prefetch, "use 0 (FSDP's default), 1 or 2.")
+        positive("strategy.bucket_cap_mb", self.bucket_cap_mb, "use a bucket size in MiB such as 25.")
+        non_negative("strategy.prefetch", self.prefetch, "use 0 (FSDP's default), 1 or 2.")
+        self._validate_degrees()
         if self.name is Strategy.ddp and self.sharding is not Sharding.full:
             raise ConfigError(
                 "strategy.sharding", self.sharding.value,
                 "sharding applies to FSDP only; DDP replicates everything.",
                 "pick an FSDP strategy (strategy=fsdp, zero2, hsdp, fsdp_noshard) or drop the override.",
             )
+        if self.sharding in _LAYOUT_MODES:
+            raise ConfigError("strategy.sharding", self.sharding.value, "which ranks share a parameter is said by "
+                              "the degrees strategy.dp_replicate and strategy.dp_shard, not by a sharding mode.",
+                              f"use {_LAYOUT_MODES[self.sharding]}.")
         if self.name is Strategy.ddp and self.cpu_offload:
             raise ConfigError(
                 "strategy.cpu_offload", True, "DDP cannot offload parameters to the CPU.",
                 "use strategy=fsdp_offload (FSDP full shard with CPU offload).",
             )
 
+    def degrees(self) -> dict[str, int]:
+        """Each degree as set (-1: the ranks the others leave); an unset data-parallel degree as the
+        wrapper's whole-world layout: every rank a replica under DDP, one shard group of every rank
+        under FSDP (torchtitan's defaults)."""
+        whole = {"dp_replicate": REST, "dp_shard": 1} if self.name is Strategy.ddp else {"dp_replicate": 1, "dp_shard": REST}
+        return {d: whole[d] if getattr(self, d) is None else getattr(self, d) for d in DEGREES}
+
+    def _validate_degrees(self) -> None:
+        """The checks the degrees need no layout for; those against the cell's ranks are
+        contract/parallel.py's."""
+        degrees = self.degrees()
+        for degree in DEGREES:
+            value = degrees[degree]
+            if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != REST):
+                raise ConfigError(f"strategy.{degree}", value, "a degree is a number of ranks, or -1 for the ranks "
+                                  "the other degrees leave.", f"use strategy.{degree}=1 or more, or -1.")
+        rest = [d for d in DEGREES if degrees[d] == REST]
+        if len(rest) > 1:
+            raise ConfigError(f"strategy.{rest[1]}", REST, f"strategy.{rest[0]}=-1 already takes the ranks the "
+                              "other degrees leave; only one degree can.",
+                              f"set strategy.{rest[1]} to a number of ranks (1: none).")
+        if self.name is Strategy.ddp and degrees["dp_shard"] != 1:
+            raise ConfigError("strategy.dp_shard", degrees["dp_shard"], "DDP replicates whole parameters; splitting them "
+                              "over a shard group is FSDP's.", "use strategy=fsdp (or hsdp), or strategy.dp_shard=1.")
+        if self.tp != 1:
+            raise ConfigError("strategy.tp", self.tp, "tensor parallelism is declared (each model family's plan, "
+                              "jobs/models/units.py tp_plan) but not yet run.", "use strategy.tp=1.")
+
     @property
     def label(self) -> str:
+        """The strategy as the report names it, read from the wrapper and the degrees."""
+        degrees = self.degrees()
         if self.name is Strategy.ddp:
-            return "ddp"
-        base = {Sharding.full: "fsdp", Sharding.grad_op: "zero2", Sharding.hybrid: "hsdp",
-                Sharding.none: "fsdp_noshard"}[self.sharding]
-        return base + ("+offload" if self.cpu_offload else "")
+            base = "ddp"
+        elif degrees["dp_shard"] == 1:
+            base = "fsdp_noshard"  # FSDP2 replicating only
+        elif degrees["dp_replicate"] != 1:
+            base = "hsdp"
+        else:
+            base = "zero2" if self.sharding is Sharding.grad_op else "fsdp"
+        return base + ("+offload" if self.cpu_offload else "") + (f"+tp{self.tp}" if self.tp != 1 else "")
 
 
 @dataclass
@@ -260,170 +238,6 @@ def precision_plan(strategy: Strategy, precision: PrecisionSpec) -> PrecisionPla
     param = precision.param_dtype.value if precision.param_dtype is not None else low
     return PrecisionPlan(mode.value, None, param, reduce, name is Precision.fp16)
 
-
-class LMHead(enum.Enum):
-    """Which Hugging Face language-model head ``model=hf`` builds (``model.head``)."""
-
-    auto = "auto"  # masked_lm for encoder-only architectures (bert, roberta, ...), else causal_lm
-    causal_lm = "causal_lm"  # AutoModelForCausalLM: decoders (gpt2, llama, qwen2, mistral, ...)
-    masked_lm = "masked_lm"  # AutoModelForMaskedLM: encoders (bert, roberta, ...)
-
-
-# The importable package model=hf needs, and the command that installs it (the `hf` extra).
-HF_PACKAGE = "transformers"
-HF_INSTALL = "pip install 'ddp-fsdp-bench[hf]'"
-# Keys of model.config that must agree with model.vocab_size and model.seq_len.
-HF_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
-
-
-@dataclass
-class ModelSpec:
-    # A name from jobs.models.REGISTRY; `hf` (a Hugging Face transformers model built from a
-    # config, see below); or any importable model through `_target_`.
-    name: str = "gpt_tiny"
-    # Hydra's convention: the dotted path of an nn.Module class, or of a function returning one,
-    # called with `params` as keyword arguments; dicts with their own `_target_` inside `params`
-    # are instantiated first, recursively (hydra.utils.instantiate's semantics, without Hydra).
-    # Its input is described by the fields below.
-    _target_: str | None = None
-    target: str | None = None  # alias of `_target_`
-    input: InputKind = InputKind.tokens
-    seq_len: int = 128
-    vocab_size: int = 50257
-    image_size: int = 224
-    num_classes: int = 1000
-    params: dict[str, Any] = field(default_factory=dict)
-    # model=hf: the architecture, as transformers.AutoConfig.for_model(arch, **config) takes it
-    # (gpt2, llama, bert, qwen2, mistral, ...), or a directory holding a config.json instead.
-    arch: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    config_path: str | None = None
-    # model=hf: a local directory written by save_pretrained; its weights are loaded (no hub access).
-    pretrained_path: str | None = None
-    head: LMHead = LMHead.auto
-    # The project's GPT models: the embedding and output rows padded up to a multiple of this
-    # (50257 -> 50304 for 64); padded ids never occur in the data nor count in the loss. None:
-    # the device's default (contract/tuning.py: 64 on CUDA).
-    vocab_multiple: int | None = None
-
-    @property
-    def target_path(self) -> str | None:
-        """The dotted path to build, from `_target_` or its alias `target` (None: a named model)."""
-        return self._target_ or self.target
-
-    @property
-    def is_hf(self) -> bool:
-        return self.name == "hf" and not self.target_path
-
-    def validate(self) -> None:
-        for name in ("seq_len", "vocab_size", "image_size", "num_classes"):
-            _positive(f"model.{name}", getattr(self, name), f"set model.{name} to a positive integer.")
-        if self._target_ and self.target and self._target_ != self.target:
-            raise ConfigError("model.target", self.target, f"contradicts model._target_={self._target_!r} "
-                              "(model.target is an alias of model._target_).", "set only one of the two.")
-        target = self.target_path
-        setting = "model._target_" if self._target_ else "model.target"
-        if self.name == "custom" and target in (None, "???"):
-            raise ConfigError("model.target", target, "model=custom builds the class named by model._target_ "
-                              "(alias model.target), and none is given; it must be importable on the nodes.",
-                              "set model._target_=package.module.Class (e.g. torchvision.models.resnet50 where torchvision "
-                              "is installed).")
-        if target is not None:
-            module = target.rpartition(".")[0]
-            if target == "???" or not module:
-                raise ConfigError(setting, target, "is not a dotted class path.",
-                                  f"set {setting}=package.module.Class for an installed package "
-                                  "(e.g. mypackage.models.MyNet).")
-            problem = import_problem(module)
-            if problem:
-                raise ConfigError(setting, target, f"does not import: {problem}.",
-                                  "install that package where the launcher and the ranks run, or name a class of a "
-                                  "package installed there.")
-        elif self.name == "hf":
-            self._validate_hf()
-        elif self.name not in KNOWN_MODELS:
-            raise ConfigError("model.name", self.name, "is not a model this project builds.",
-                              f"use one of {', '.join(KNOWN_MODELS)}, model=hf with model.arch, "
-                              "or model=custom with model._target_.")
-        else:
-            self._validate_named()
-
-    def _validate_named(self) -> None:
-        """A built-in model: model.config is model=hf's and would be dropped; its params are layer
-        counts and sizes (at least 1; d_ff 0 means 4 x d_model) and a dropout in [0, 1)."""
-        if self.config:
-            key = next(iter(self.config))
-            raise ConfigError(f"model.config.{key}", self.config[key], f"model.config is read by model=hf only, and "
-                              f"model={self.name} is a built-in model: it would be dropped without a word.",
-                              "set its sizes through model.params (e.g. model.params.n_layer=4), or use model=hf "
-                              "with model.arch.")
-        for key, value in self.params.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if key == "dropout":
-                if not 0 <= value < 1:
-                    raise ConfigError(f"model.params.{key}", value, "is not a dropout probability.",
-                                      "use a value in [0, 1), e.g. model.params.dropout=0.1.")
-            elif not isinstance(value, int) or value < (0 if key == "d_ff" else 1):
-                raise ConfigError(f"model.params.{key}", value, f"is a count or a size of model={self.name}: a whole "
-                                  f"number of at least {0 if key == 'd_ff' else 1}.",
-                                  f"set model.params.{key} to a positive integer, or drop it for the model's default.")
-
-    def _validate_hf(self) -> None:
-        """Cheap model=hf checks (no import, no torch: the launcher runs them at composition);
-        jobs.models.hf_checks does those that import transformers, before submission."""
-        import importlib.util
-        import os
-
-        if importlib.util.find_spec(HF_PACKAGE) is None:
-            raise ConfigError("model", "hf", f"builds Hugging Face models and needs the {HF_PACKAGE} package, "
-                              "which is not installed here (nor, likely, on the nodes).",
-                              f"{HF_INSTALL} (where the launcher and the ranks run).")
-        if self.input is not InputKind.tokens:
-            raise ConfigError("model.input", self.input.value, "model=hf builds language models, which take tokens.",
-                              "set model.input=tokens.")
-        sources = [s for s in ("arch", "config_path", "pretrained_path") if getattr(self, s)]
-        if not sources:
-            raise ConfigError("model.arch", self.arch, "model=hf needs an architecture: model.arch (a name), "
-                              "model.config_path or model.pretrained_path (a directory with a config.json).",
-                              "set model.arch=gpt2 (or llama, bert, qwen2, mistral, ...).")
-        if len(sources) > 1:
-            given = " and ".join(f"model.{s}" for s in sources)
-            unset = " ".join(f"model.{s}=null" for s in sources if s != sources[-1])
-            raise ConfigError(f"model.{sources[-1]}", getattr(self, sources[-1]), f"{given} both name the "
-                              "architecture; model=hf takes one of model.arch, model.config_path and "
-                              "model.pretrained_path.",
-                              f"add {unset}" + (" 'model.config={}'" if self.config else "")
-                              + " (the shipped model=hf sets model.arch and a tiny model.config).")
-        if "model_type" in self.config:
-            raise ConfigError("model.config.model_type", self.config["model_type"], "the architecture is "
-                              "model.arch: model.config holds the settings of its config class.",
-                              f"set model.arch={self.config['model_type']} and drop model.config.model_type.")
-        if self.config and not self.arch:
-            raise ConfigError("model.config", dict(self.config), f"model.config overrides apply to model.arch; with "
-                              f"model.{sources[0]} the directory's config.json is used as is.",
-                              "add 'model.config={}', and edit the config.json instead.")
-        for path_setting in ("config_path", "pretrained_path"):
-            path = getattr(self, path_setting)
-            if path and not os.path.isfile(os.path.join(path, "config.json")):
-                raise ConfigError(f"model.{path_setting}", path, "holds no config.json (a local directory "
-                                  "written by save_pretrained is expected; nothing is downloaded).",
-                                  "give the absolute path of such a directory that every node can read.")
-        vocab = self.config.get("vocab_size")
-        if vocab is not None and vocab != self.vocab_size:
-            raise ConfigError("model.config.vocab_size", vocab, f"differs from model.vocab_size={self.vocab_size}, "
-                              "the vocabulary the data is drawn from.",
-                              f"set model.vocab_size={vocab} and drop model.config.vocab_size (it follows "
-                              "model.vocab_size).")
-        for key in HF_POSITION_KEYS:
-            positions = self.config.get(key)
-            if positions is not None and positions < self.seq_len:
-                raise ConfigError(f"model.config.{key}", positions, f"is below model.seq_len={self.seq_len}: "
-                                  "the model has no position for the later tokens.",
-                                  f"raise model.config.{key} to at least {self.seq_len}, or drop it (it follows "
-                                  "model.seq_len), or lower model.seq_len.")
-
-
 # The layout of a token file (nanoGPT's train.bin): flat uint16 token ids.
 @dataclass
 class DataSpec:
@@ -437,8 +251,8 @@ class DataSpec:
     def validate(self) -> None:
         import os
 
-        _non_negative("data.num_workers", self.num_workers, "use 0 (load in the training process) or more.")
-        _positive("data.prefetch_factor", self.prefetch_factor, "use 2 (PyTorch's default).")
+        non_negative("data.num_workers", self.num_workers, "use 0 (load in the training process) or more.")
+        positive("data.prefetch_factor", self.prefetch_factor, "use 2 (PyTorch's default).")
         if self.kind is DataKind.synthetic:
             return
         if not self.path:
@@ -500,11 +314,11 @@ class TrainSpec:
             ("grad_accum_steps", "use grad_accum_steps=1 (no accumulation) or more."),
             ("lr", "use a positive learning rate such as lr=1e-4."),
         ):
-            _positive(name, getattr(self, name), fix)
-        _non_negative("warmup_steps", self.warmup_steps, "use warmup_steps=0 or more.")
-        _non_negative("comm_probe_steps", self.comm_probe_steps, "use 0 (no probe) or a few steps, e.g. 3.")
-        _non_negative("local_probe_steps", self.local_probe_steps, "use 0 (no probe) or a few steps, e.g. 3.")
-        _non_negative("warmup_extend_max", self.warmup_extend_max,
+            positive(name, getattr(self, name), fix)
+        non_negative("warmup_steps", self.warmup_steps, "use warmup_steps=0 or more.")
+        non_negative("comm_probe_steps", self.comm_probe_steps, "use 0 (no probe) or a few steps, e.g. 3.")
+        non_negative("local_probe_steps", self.local_probe_steps, "use 0 (no probe) or a few steps, e.g. 3.")
+        non_negative("warmup_extend_max", self.warmup_extend_max,
                       "use 0 (fixed warm-up) or a cap on extra warm-up steps, e.g. 5.")
         if self.warmup_steps >= self.steps:
             raise ConfigError(
@@ -529,29 +343,7 @@ class CheckpointSpec:
     every_steps: int = 0
 
     def validate(self) -> None:
-        _non_negative("checkpoint.every_steps", self.every_steps, "use 0 (only on stop requests) or e.g. 50.")
-
-
-@dataclass
-class Layout:
-    """The resources one grid point runs on, as the launcher planned them."""
-
-    nodes: int = 1
-    tasks_per_node: int = 1
-    # 0: CPU ranks on gloo. N > 0: CUDA ranks on NCCL, one GPU each (jobs.dist.choose_device);
-    # the worker follows this, never torch.cuda.is_available() alone.
-    gpus_per_node: int = 0
-    cpus_per_task: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
-
-    def validate(self) -> None:
-        _positive("layout.nodes", self.nodes, "use nodes=1 or more.")
-        _positive("layout.tasks_per_node", self.tasks_per_node, "use one task per rank, e.g. 1.")
-        _non_negative("layout.gpus_per_node", self.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
-        _positive("layout.cpus_per_task", self.cpus_per_task, "use 1 or more.")
+        non_negative("checkpoint.every_steps", self.every_steps, "use 0 (only on stop requests) or e.g. 50.")
 
 
 @dataclass
@@ -604,7 +396,7 @@ class RunSpec:
         self.data.validate()
         self.checkpoint.validate()
         self.layout.validate()
-        _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
+        positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
         for name in ("cost_per_device_hour", "cost_per_node_hour"):
             if getattr(self, name) is not None:
-                _non_negative(name, getattr(self, name), "give the price per hour, or drop it.")
+                non_negative(name, getattr(self, name), "give the price per hour, or drop it.")

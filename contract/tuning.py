@@ -19,22 +19,17 @@ import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from contract.catalog import GPT_SIZES
-from contract.spec import (
-    ConfigError,
-    InputKind,
-    Layout,
-    LossImpl,
-    ModelSpec,
-    Optimizer,
-    OptimizerImpl,
-    Sharding,
-    StepTiming,
-    Strategy,
-    StrategySpec,
-    TrainSpec,
-)
+from contract.catalog import GPT_SIZES, padded_vocab
+from contract.choices import InputKind, LossImpl, Optimizer, OptimizerImpl, Sharding, StepTiming, Strategy
+from contract.errors import ConfigError
+from contract.parallel import Layout, ParallelDims
+
+if TYPE_CHECKING:
+    from contract.spec import ModelSpec, StrategySpec, TrainSpec
+
+__all__ = ["padded_vocab"]  # contract/catalog.py's, named here beside the vocabulary multiple
 
 GPU_VOCAB_MULTIPLE = 64  # 50257 -> 50304: tensor-core friendly rows (nanoGPT, llm.c)
 
@@ -81,15 +76,8 @@ def shard_degree(strategy: StrategySpec, world_size: int, tasks_per_node: int) -
     parallel layout's shard degree (contract/parallel.py)."""
     if strategy.name is Strategy.ddp:
         return 0
-    from contract.parallel import ParallelDims
-
     layout = Layout(nodes=max(1, world_size // tasks_per_node), tasks_per_node=tasks_per_node)
     return ParallelDims.of(strategy, layout).dp_shard
-
-
-def padded_vocab(vocab_size: int, multiple: int) -> int:
-    """``vocab_size`` rounded up to a multiple of ``multiple`` (50257, 64 -> 50304)."""
-    return -(-vocab_size // multiple) * multiple
 
 
 def pads_vocabulary(model: ModelSpec) -> bool:
@@ -186,7 +174,7 @@ def reshards_after_forward(strategy: StrategySpec, degree: int) -> bool | None:
         return False
     if value is False and degree > 1:
         raise ConfigError("strategy.reshard_after_forward", False, f"with strategy.sharding="
-                          f"{strategy.sharding.value} over {degree} ranks is ZeRO-2, which has its own name.",
+                          f"{Sharding(strategy.sharding).value} over {degree} ranks is ZeRO-2, which has its own name.",
                           "use strategy=zero2 (strategy.sharding=grad_op), or drop the override.")
     if value is not None:
         return value

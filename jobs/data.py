@@ -23,16 +23,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from contract.choices import DataKind, InputKind
 from contract.datasets import TOKEN_DTYPE, image_folder_classes, token_file_samples
-from contract.spec import (
-    DataKind,
-    DataSpec,
-    InputKind,
-    ModelSpec,
-)
+
+if TYPE_CHECKING:
+    from contract.spec import DataSpec, ModelSpec
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -151,6 +151,41 @@ def choose_device(gpus_per_node: int, local_rank: int, local_world_size: int, vi
         f"CUDA_VISIBLE_DEVICES={','.join(map(str, range(local_world_size)))}).")
 
 
+def resolve_device(gpus_per_node: int, env: DistEnv):
+    """This rank's device and collective backend, from the configuration (:func:`choose_device`);
+    on CUDA the device is made current before the process group exists."""
+    import torch
+
+    visible = torch.cuda.device_count() if gpus_per_node > 0 else 0
+    name, backend = choose_device(gpus_per_node, *machine_slot(env), visible)
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device, backend
+
+
+def machine_slot(env: DistEnv) -> tuple[int, int]:
+    """(this rank's index among the ranks on its machine, how many there are). A backend that
+    emulates nodes as groups of processes on ONE machine (cluster=local) says so in the rank's
+    variables (contract/rank_env.py's MACHINE_RANK): there every rank shares the machine's GPUs."""
+    if env.machine_rank is not None and env.machine_ranks is not None:
+        return env.machine_rank, env.machine_ranks
+    return env.local_rank, env.local_world_size
+
+
+def check_gpu_placement(env: DistEnv, device, group=None) -> list:
+    """Collective on CUDA: every rank's (host, GPU UUID), gathered over ``group`` (the gloo control
+    group: no NCCL traffic before the check); fails when two ranks share a GPU."""
+    if device.type != "cuda":
+        return []
+    import torch.distributed as dist
+
+    placements: list = [None] * env.world_size
+    dist.all_gather_object(placements, (env.hostname, gpu_uuid(device)), group=group)
+    check_unique_gpus(placements)
+    return placements
+
+
 def backend_for(device_type: str) -> str:
     """The default group's backend: CUDA ranks get NCCL for CUDA tensors AND gloo for CPU tensors
     (fp16 found-inf flags and optimizer state under CPU offload are all-reduced on the CPU; an

@@ -136,8 +136,7 @@ def main(spec: ProbeSpec) -> dict[str, Any]:
 
     import torch
 
-    from jobs.dist import DistEnv, backend_for, process_group
-    from jobs.worker import resolve_device
+    from jobs.dist import DistEnv, backend_for, process_group, resolve_device
 
     env = DistEnv.detect(os.environ)
     torch.set_num_threads(max(1, spec.layout.cpus_per_task))

@@ -19,21 +19,23 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from contract.spec import LrScaling
+from contract.choices import LrScaling
 from jobs.compiling import CompilePlan, forward_loss
 from jobs.data import Batch
 from jobs.loss import loss_fn
-from jobs.memory import local_bytes
+from jobs.memory import local_bytes, release_unsynced_grads, room_for_unsynced_grads
 
 
-def scaled_lr(lr: float, scaling: LrScaling, world_size: int) -> float:
-    """The learning rate for ``world_size`` data-parallel ranks, from one tuned for a single rank.
+def scaled_lr(lr: float, scaling: LrScaling, data_parallel: int) -> float:
+    """The learning rate for ``data_parallel`` ranks reading different batches (the data-parallel
+    degree, contract.parallel.ParallelDims.data_parallel: tensor-parallel peers read the same
+    batch and do not count), from one tuned for a single rank.
 
-    The global batch grows with the ranks: ``linear`` multiplies by the rank count (Goyal et al.,
+    The global batch grows with the data-parallel degree: ``linear`` multiplies by it (Goyal et al.,
     for SGD), ``sqrt`` by its square root (the usual rule for Adam-type optimizers), ``none``
     keeps ``lr``.
     """
-    factor = {LrScaling.none: 1.0, LrScaling.linear: float(world_size), LrScaling.sqrt: math.sqrt(world_size)}
+    factor = {LrScaling.none: 1.0, LrScaling.linear: float(data_parallel), LrScaling.sqrt: math.sqrt(data_parallel)}
     return lr * factor[scaling]
 
 
@@ -200,10 +202,8 @@ def local_step_times(trainer: Trainer, batches: Iterator[Batch], n_steps: int, s
     Run after the measured window; ``sync()`` after each pass is a CUDA sync point. Under FSDP a
     pass holds the whole model's gradients unsharded: where the GPU has no room for them the probe
     is skipped ([]: stragglers are then judged from step times), and they are dropped after each
-    pass (jobs.parallel.release_unsynced_grads).
+    pass (jobs.memory.release_unsynced_grads).
     """
-    from jobs.parallel import release_unsynced_grads, room_for_unsynced_grads
-
     if not room_for_unsynced_grads(trainer.model, trainer.device):
         return []
     times = []

@@ -1,9 +1,17 @@
 """Memory of a rank: the host's resident set (read from /proc/self/status), the device
-allocator's peaks, and the exact bytes of parameters, gradients and optimizer state."""
+allocator's peaks, the exact bytes of parameters, gradients and optimizer state, and the unsharded
+gradients FSDP holds under ``no_sync`` (room for them, and their release)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
 from contract.metrics import MODEL_STATE_BYTES
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 GIB = 1024**3
 
@@ -92,3 +100,50 @@ def model_state_bytes(model, optimizer, grad_bytes: int | None = None) -> dict[s
     grad_b = grad_bytes if grad_bytes is not None else sum(local_bytes(p.grad) for p in params if p.grad is not None)
     return {"param_bytes": param_b, "grad_bytes": grad_b, "optim_state_bytes": optim,
             MODEL_STATE_BYTES: param_b + grad_b + optim}
+
+
+# ---- FSDP's unsharded gradients, held by a backward under no_sync (the straggler probe's) --------
+
+def _fsdp_params(model: nn.Module) -> Iterator[Any]:
+    """The FSDPParam records of every FSDP unit in ``model`` (torch's private state: read through
+    getattr, so a torch that moves it yields nothing rather than failing)."""
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if state else None
+        yield from getattr(group, "fsdp_params", None) or []
+
+
+def release_unsynced_grads(model: nn.Module) -> None:
+    """Drop the unsharded gradients a backward under ``no_sync`` leaves behind.
+
+    With gradient sync off, FSDP2 skips the reduce-scatter and keeps every gradient unsharded
+    (on the unsharded parameter, or as its accumulated gradient) for a later synced backward;
+    ``optimizer.zero_grad`` sees only the sharded parameters and frees none of it. A backward that
+    is never followed by a synced one (the straggler probe) must drop them itself, or each rank
+    keeps world-size times its sharded gradients (GPU review 3, G2). No-op for DDP."""
+    for param in _fsdp_params(model):
+        unsharded = getattr(param, "_unsharded_param", None)
+        if unsharded is not None:
+            unsharded.grad = None
+        if getattr(param, "unsharded_accumulated_grad", None) is not None:
+            param.unsharded_accumulated_grad = None
+
+
+def room_for_unsynced_grads(model: nn.Module, device: torch.device) -> bool:
+    """Whether every rank's ``device`` has free memory for the whole model's unsharded gradients,
+    which a backward under FSDP2's ``no_sync`` holds until its end (always True off CUDA, and for
+    DDP, whose gradients are whole anyway).
+
+    Sync point (FSDP on CUDA only): one all-reduce of one integer, so that every rank takes the
+    same decision: a pass under FSDP all-gathers parameters, and a rank that skipped it while its
+    peers ran it would leave them waiting in that collective."""
+    if device.type != "cuda" or next(_fsdp_params(model), None) is None:
+        return True
+    import torch
+
+    needed = sum(p.numel() * p.element_size() for p in model.parameters())  # global numel under DTensor
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    room = torch.tensor([int(needed * 1.1 < free_bytes)])  # a CPU tensor: the gloo side of the group
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(room, op=torch.distributed.ReduceOp.MIN)
+    return bool(room.item())

@@ -48,10 +48,9 @@ def main(spec: NodeProbeSpec) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from jobs.dist import DistEnv, backend_for, process_group
+    from jobs.dist import DistEnv, backend_for, process_group, resolve_device
     from jobs.fabric import rank_cores
     from jobs.interference import kernel_id
-    from jobs.worker import resolve_device
 
     env = DistEnv.detect(os.environ)
     # 0: every CPU the task may use (the probe has its nodes to itself: sbatch --exclusive).

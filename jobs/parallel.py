@@ -215,10 +215,10 @@ def materialize(model: nn.Module, device: torch.device, *, offload: bool = False
     offload, where offload keeps them; buffers on ``device`` in both cases, where the forward
     reads them (FSDP moves states to the device only inside fully_shard, and skips meta ones: R1
     of the GPU review); every random draw on ``device`` (R6)."""
-    from jobs import models
+    from jobs.models import build
 
     with exact_sharded_init(draw_device=device):
-        models.materialize(model, device, param_device=torch.device("cpu") if offload else device)
+        build.materialize(model, device, param_device=torch.device("cpu") if offload else device)
 
 
 # ---- one dispatch --------------------------------------------------------------------------------
@@ -248,49 +248,6 @@ def _fsdp_no_sync(model) -> Iterator[None]:
         model.set_requires_gradient_sync(True)
 
 
-def _fsdp_params(model: nn.Module) -> Iterator[Any]:
-    """The FSDPParam records of every FSDP unit in ``model`` (torch's private state: read through
-    getattr, so a torch that moves it yields nothing rather than failing)."""
-    for module in model.modules():
-        state = getattr(module, "_get_fsdp_state", None)
-        group = getattr(state(), "_fsdp_param_group", None) if state else None
-        yield from getattr(group, "fsdp_params", None) or []
-
-
-def release_unsynced_grads(model: nn.Module) -> None:
-    """Drop the unsharded gradients a backward under ``no_sync`` leaves behind.
-
-    With gradient sync off, FSDP2 skips the reduce-scatter and keeps every gradient unsharded
-    (on the unsharded parameter, or as its accumulated gradient) for a later synced backward;
-    ``optimizer.zero_grad`` sees only the sharded parameters and frees none of it. A backward that
-    is never followed by a synced one (the straggler probe) must drop them itself, or each rank
-    keeps world-size times its sharded gradients (GPU review 3, G2). No-op for DDP."""
-    for param in _fsdp_params(model):
-        unsharded = getattr(param, "_unsharded_param", None)
-        if unsharded is not None:
-            unsharded.grad = None
-        if getattr(param, "unsharded_accumulated_grad", None) is not None:
-            param.unsharded_accumulated_grad = None
-
-
-def room_for_unsynced_grads(model: nn.Module, device: torch.device) -> bool:
-    """Whether every rank's ``device`` has free memory for the whole model's unsharded gradients,
-    which a backward under FSDP2's ``no_sync`` holds until its end (always True off CUDA, and for
-    DDP, whose gradients are whole anyway).
-
-    Sync point (FSDP on CUDA only): one all-reduce of one integer, so that every rank takes the
-    same decision: a pass under FSDP all-gathers parameters, and a rank that skipped it while its
-    peers ran it would leave them waiting in that collective."""
-    if device.type != "cuda" or next(_fsdp_params(model), None) is None:
-        return True
-    needed = sum(p.numel() * p.element_size() for p in model.parameters())  # global numel under DTensor
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    room = torch.tensor([int(needed * 1.1 < free_bytes)])  # a CPU tensor: the gloo side of the group
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(room, op=torch.distributed.ReduceOp.MIN)
-    return bool(room.item())
-
-
 def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSpec, *, device: torch.device,
                 dims: ParallelDims | None = None, compile: bool = False, compile_backend: Any = "inductor",
                 reshard_after_forward: bool | None = None, channels_last: bool = False) -> Parallelized:
@@ -306,7 +263,7 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
     torch 2.13), so under FSDP only the input is channels-last: a convolution runs channels-last
     when its input or its weight is (torch's suggest_memory_format), and reads the gathered
     contiguous weight in that format."""
-    from jobs import models
+    from jobs.models.units import replace_units, shard_units
 
     plan = precision_plan(strategy.name, precision)
     if channels_last and strategy.name is Strategy.ddp:
@@ -328,12 +285,12 @@ def parallelize(model: nn.Module, strategy: StrategySpec, precision: PrecisionSp
         compile_plan = CompilePlan("off")
         if compile:
             # Before sharding, so that FSDP's hooks go on the compiled modules, outside their graphs.
-            compile_plan = CompilePlan("regions", units=compiling.compile_units(model, models.replace_units,
+            compile_plan = CompilePlan("regions", units=compiling.compile_units(model, replace_units,
                                                                                 backend=compile_backend),
                                        regions=compiling.compile_regions(model, backend=compile_backend))
         mesh = fsdp_mesh(device.type, dims or ParallelDims.of(strategy, Layout()))  # None: one rank
         model = apply_fsdp(
-            model, mesh, units=models.shard_units(model) if strategy.wrap.value == "block" else [],
+            model, mesh, units=shard_units(model) if strategy.wrap.value == "block" else [],
             reshard_after_forward=reshard_after_forward,
             param_dtype=torch_dtype(plan.param_dtype), reduce_dtype=torch_dtype(plan.reduce_dtype),
             cpu_offload=strategy.cpu_offload, prefetch=strategy.prefetch, batchnorm=precision.batchnorm,

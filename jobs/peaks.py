@@ -1,5 +1,6 @@
-"""The device's peak FLOP/s and model FLOPs utilisation: the datasheet table, the math mode fp32
-ops run in, and the matmul peak measured on the device (jobs/matmul_peak.py times it)."""
+"""The device's peak FLOP/s and model FLOPs utilisation: the datasheet's peak (contract/gpus.py, the
+one GPU table), the math mode fp32 ops run in, and the matmul peak measured on the device
+(jobs/matmul_peak.py times it)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from contract.gpus import device_peaks
 from contract.metrics import MEASURED_MATMUL_TFLOPS
 
 
@@ -30,58 +32,6 @@ def mfu_checked(flops_per_sample: float | None, samples_per_s_per_device: float,
         return None, (f"computed MFU {value:.2f} exceeds 1: the device peak ({peak_flops_per_s / 1e12:.1f} TFLOP/s) "
                       f"or the model's FLOP count is wrong for this run")
     return value, None
-
-
-# Dense peak FLOP/s per device and math mode (vendor datasheets, without sparsity), matched on
-# the name torch.cuda.get_device_name() reports. Matching follows torchtitan's get_peak_flops:
-# family first ("H100"), then the variant ("NVL", "PCIe"), else the SXM part, because the SXM
-# H100 reports itself as "NVIDIA H100 80GB HBM3" with no "SXM". A device not listed gets no MFU:
-# never another GPU's figures. "tf32": None marks a GPU without TF32 units (fp32 math always).
-_T = 1e12
-_H100_SXM: dict[str, float | None] = {"fp32": 67 * _T, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
-_H100_PCIE: dict[str, float | None] = {"fp32": 51 * _T, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T}
-_H100_NVL: dict[str, float | None] = {"fp32": 60 * _T, "tf32": 417.5 * _T, "bf16": 835 * _T, "fp16": 835 * _T}
-_A100: dict[str, float | None] = {"fp32": 19.5 * _T, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
-# (name tokens that must all appear, case-insensitive; first match wins, most specific first)
-PEAK_FLOPS_PER_S: list[tuple[tuple[str, ...], dict[str, float | None]]] = [
-    (("GH200",), _H100_SXM),  # Grace Hopper: the H100 SXM's tensor cores (before "H200")
-    (("H200", "NVL"), _H100_NVL),
-    (("H200",), _H100_SXM),  # same compute as the H100 SXM, more memory
-    (("H100", "NVL"), _H100_NVL),
-    (("H100", "PCIe"), _H100_PCIE),
-    (("H100",), _H100_SXM),  # "NVIDIA H100 80GB HBM3" = SXM5
-    (("H800", "PCIe"), _H100_PCIE),
-    (("H800",), _H100_SXM),  # export H100: same compute, less NVLink
-    (("H20",), {"fp32": 44 * _T, "tf32": 74 * _T, "bf16": 148 * _T, "fp16": 148 * _T}),
-    (("B200",), {"bf16": 2250 * _T, "fp16": 2250 * _T}),  # torchtitan's figure; fp32/tf32 not listed
-    (("A100",), _A100),
-    (("A800",), _A100),
-    (("A10G",), {"fp32": 31.2 * _T, "tf32": 62.5 * _T, "bf16": 125 * _T, "fp16": 125 * _T}),  # AWS: A10 figures
-    (("A10",), {"fp32": 31.2 * _T, "tf32": 62.5 * _T, "bf16": 125 * _T, "fp16": 125 * _T}),
-    (("A30",), {"fp32": 10.3 * _T, "tf32": 82 * _T, "bf16": 165 * _T, "fp16": 165 * _T}),
-    (("L40S",), {"fp32": 91.6 * _T, "tf32": 183 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T}),
-    (("L40",), {"fp32": 90.5 * _T, "tf32": 90.5 * _T, "bf16": 181 * _T, "fp16": 181 * _T}),
-    (("L4",), {"fp32": 30.3 * _T, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T}),
-    (("V100S",), {"fp32": 16.4 * _T, "tf32": None, "fp16": 130 * _T}),
-    (("V100", "PCIE"), {"fp32": 14 * _T, "tf32": None, "fp16": 112 * _T}),
-    (("V100",), {"fp32": 15.7 * _T, "tf32": None, "fp16": 125 * _T}),  # SXM2
-    (("T4",), {"fp32": 8.1 * _T, "tf32": None, "fp16": 65 * _T}),
-    (("MI300X",), {"fp32": 163.4 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T}),
-    (("MI325X",), {"fp32": 163.4 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T}),
-]
-
-
-def _matches(device_name: str, tokens: tuple[str, ...]) -> bool:
-    # Whole words only, "-" splitting them ("A100-SXM4-80GB"): "L40" is not "L40S", "H20" not "H200".
-    words = set(device_name.upper().replace("-", " ").replace("_", " ").split())
-    return all(t.upper() in words for t in tokens)
-
-
-def device_peaks(device_name: str) -> dict[str, float | None] | None:
-    for tokens, table in PEAK_FLOPS_PER_S:
-        if _matches(device_name, tokens):
-            return table
-    return None
 
 
 def fp32_math(matmul_allow_tf32: bool, cudnn_allow_tf32: bool, float32_matmul_precision: str,

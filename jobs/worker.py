@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from contract import records
 from contract.cell_run import METRICS_FILE
 from contract.spec import InputKind, OptimizerImpl, Precision, RunSpec, Strategy
-from jobs.dist import DistEnv, backend_for, check_unique_gpus, choose_device, gpu_uuid, process_group
+from jobs.dist import DistEnv, backend_for, check_gpu_placement, process_group, resolve_device
 from jobs.heartbeat import Heartbeat
 from jobs.hooks import Observer
 from jobs.preempt import Preempted, listen
@@ -89,41 +89,6 @@ def open_sinks(spec: RunSpec, env: DistEnv, observer: Observer, started_s: float
     if spec.tracking_uri:  # the run id comes with the spec, or is found (or made) in the cell's directory
         sinks.append(MlflowSink(spec.tracking_uri, spec.run_id, out, observer=observer))
     return FanOut(*sinks, logged_steps=jsonl.logged_steps())
-
-
-def resolve_device(gpus_per_node: int, env: DistEnv):
-    """This rank's device and collective backend, from the configuration (jobs.dist.choose_device);
-    on CUDA the device is made current before the process group exists."""
-    import torch
-
-    visible = torch.cuda.device_count() if gpus_per_node > 0 else 0
-    name, backend = choose_device(gpus_per_node, *machine_slot(env), visible)
-    device = torch.device(name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device, backend
-
-
-def machine_slot(env: DistEnv) -> tuple[int, int]:
-    """(this rank's index among the ranks on its machine, how many there are). A backend that
-    emulates nodes as groups of processes on ONE machine (cluster=local) says so in the rank's
-    variables (contract/rank_env.py's MACHINE_RANK): there every rank shares the machine's GPUs."""
-    if env.machine_rank is not None and env.machine_ranks is not None:
-        return env.machine_rank, env.machine_ranks
-    return env.local_rank, env.local_world_size
-
-
-def check_gpu_placement(env: DistEnv, device, group=None) -> list:
-    """Collective on CUDA: every rank's (host, GPU UUID), gathered over ``group`` (the gloo control
-    group: no NCCL traffic before the check); fails when two ranks share a GPU."""
-    if device.type != "cuda":
-        return []
-    import torch.distributed as dist
-
-    placements: list = [None] * env.world_size
-    dist.all_gather_object(placements, (env.hostname, gpu_uuid(device)), group=group)
-    check_unique_gpus(placements)
-    return placements
 
 
 def refuse_unsupported(spec: RunSpec, device) -> None:
@@ -221,7 +186,7 @@ def set_up(rank: Rank, compile_backend: Any = "inductor") -> Setup:
     # resets the peak counters.
     matmul = matmul_peak.measure(device, spec.precision.name.value,
                                  matmul_peak.math_mode(torch, par.model, spec.precision.name.value))
-    lr = scaled_lr(train.lr, train.lr_scaling, env.world_size)
+    lr = scaled_lr(train.lr, train.lr_scaling, rank.dims.data_parallel)  # the ranks that read different batches
     optimizer, impl = parallel.optimizer_for(par.model, train.optimizer, lr, tuning.optimizer_impl,
                                              auto=OptimizerImpl(train.optimizer_impl) is OptimizerImpl.auto)
     tuning = dataclasses.replace(tuning, optimizer_impl=impl)

@@ -203,7 +203,7 @@ def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
     hit = fitcache.read(cache_key, fitcache.ANALYSIS)
     if hit is not None:
         return [(tuple(dims), size) for dims, size in hit["shapes"]], hit["activations"], hit["in_unit"]
-    from jobs.models import check_buildable
+    from jobs.models.checks import check_buildable
 
     try:
         check_buildable(model)

@@ -114,10 +114,9 @@ def _devices_for(spec_list: Sequence[Any]) -> list[str] | None:
 def splits_the_world_group(spec: Any) -> bool:
     """Whether ``spec``'s ranks build a 2-D mesh on CUDA (HSDP, no-shard), which splits the world
     group once a device is bound to it."""
-    from contract.spec import Sharding
+    from contract.parallel import ParallelDims
 
-    sharding = getattr(spec.strategy, "sharding", None)
-    return spec.layout.gpus_per_node > 0 and sharding in (Sharding.hybrid, Sharding.none)
+    return spec.layout.gpus_per_node > 0 and len(ParallelDims.of(spec.strategy, spec.layout).mesh_dims) == 2
 
 
 def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1, timeout_s: float = 120.0,
@@ -172,14 +171,31 @@ def run_ranks(specs: Any | Sequence[Any], world_size: int, *, nodes: int = 1, ti
     return results[0] if single else results
 
 
-# The strategy config files (launcher/conf/strategy/*.yaml) as StrategySpec arguments.
-STRATEGIES = {
-    "ddp": dict(name="ddp"),
-    "fsdp": dict(name="fsdp", sharding="full"),
-    "zero2": dict(name="fsdp", sharding="grad_op"),
-    "hsdp": dict(name="fsdp", sharding="hybrid"),
-    "fsdp_noshard": dict(name="fsdp", sharding="none"),
-}
+PRESETS = Path(__file__).resolve().parent.parent / "launcher" / "conf" / "strategy"
+
+
+def preset(name: str, tasks_per_node: int) -> dict[str, Any]:
+    """The strategy config file launcher/conf/strategy/NAME.yaml as StrategySpec arguments (by
+    value), its one interpolation (hsdp's shard group of a node's ranks) resolved for
+    ``tasks_per_node``: the presets live in one place, which the tests read too."""
+    import yaml
+
+    fields = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+    return {k: tasks_per_node if v == "${cluster.tasks_per_node}" else v for k, v in fields.items()}
+
+
+def preset_args(name: str, tasks_per_node: int, **overrides: Any) -> dict[str, Any]:
+    """:func:`preset` with ``overrides``, its choices as the StrategySpec's enums."""
+    from contract import spec as s
+
+    fields = {**preset(name, tasks_per_node), **overrides}
+    for key, choice in (("name", s.Strategy), ("sharding", s.Sharding), ("wrap", s.WrapPolicy)):
+        if key in fields:
+            fields[key] = choice(fields[key])
+    return fields
+
+
+STRATEGIES = sorted(p.stem for p in PRESETS.glob("*.yaml"))
 
 # A gpt_tiny small enough that a 4-rank run of a few steps takes about a second on 2 cores.
 TINY_GPT = dict(name="gpt_tiny", input="tokens", seq_len=16, vocab_size=128,
@@ -202,10 +218,7 @@ def make_spec(out_dir: str | Path, *, strategy: str = "ddp", precision: str = "f
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     m = dict(TINY_GPT if model is None else model)
-    strat = {**STRATEGIES[strategy], **(strategy_args or {})}
-    strat["name"] = s.Strategy(strat["name"])
-    if "sharding" in strat:
-        strat["sharding"] = s.Sharding(strat["sharding"])
+    strat = preset_args(strategy, world_size // nodes, **(strategy_args or {}))
     d = dict(data or {})
     if "kind" in d:
         d["kind"] = s.DataKind(d["kind"])

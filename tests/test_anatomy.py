@@ -159,11 +159,11 @@ def test_theory_of_each_strategy_on_a_known_model():
         "all_gather": (padded + 64) * 2 * 2, "reduce_scatter": padded * 4}
     zero2 = StrategySpec(name=Strategy.fsdp, sharding=Sharding.grad_op)
     assert traffic.bytes_per_step(params, zero2, fp32, layout)["all_gather"] == padded * 4
-    hsdp = StrategySpec(name=Strategy.fsdp, sharding=Sharding.hybrid)
+    hsdp = StrategySpec(name=Strategy.fsdp, dp_replicate=-1, dp_shard=layout.tasks_per_node)
     per_node = 32 + 32 + 6 * 2  # 6 rows split over 2 shards: no padding
     assert traffic.bytes_per_step(params, hsdp, fp32, layout) == {
         "all_gather": (per_node + 64) * 4, "reduce_scatter": per_node * 4, "all_reduce": per_node // 2 * 4}
-    noshard = StrategySpec(name=Strategy.fsdp, sharding=Sharding.none)
+    noshard = StrategySpec(name=Strategy.fsdp, dp_replicate=-1, dp_shard=1)
     assert traffic.bytes_per_step(params, noshard, fp32, layout) == {"all_reduce": 76 * 4}
 
 

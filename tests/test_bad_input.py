@@ -73,7 +73,9 @@ CORPUS = [
     (["model=hf", "model.arch=llama", "model.config.num_attention_heads=3", "model.config.num_key_value_heads=3"],
      "model.config.num_attention_heads=3", "num_attention_heads to 2 or 4"),
     # impossible combinations
-    (["strategy=hsdp", "nodes=1"], "strategy='hsdp'", "nodes=2"),
+    (["strategy=hsdp", "nodes=1", "cluster.tasks_per_node=2"], "strategy.dp_replicate=-1", "nodes=2"),
+    (["strategy=fsdp", "strategy.dp_shard=3", "cluster.tasks_per_node=4"], "strategy.dp_shard=3", "divides 4"),
+    (["strategy=fsdp", "strategy.tp=2"], "strategy.tp=2", "strategy.tp=1"),
     (["strategy=fsdp_offload"], "strategy.cpu_offload=True", "strategy=fsdp"),
     (["precision=fp16"], "precision='fp16'", "bf16"),
     (["strategy.sharding=hybrid"], "strategy.sharding", "FSDP strategy"),

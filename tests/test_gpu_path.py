@@ -151,8 +151,7 @@ def test_choose_device_fails_fast_with_the_count_and_the_fix(gpus, local_rank, l
     (dict(), (0, 1)),
 ])
 def test_machine_slot_on_emulated_and_real_nodes(env, slot):
-    from jobs.dist import DistEnv
-    from jobs.worker import machine_slot
+    from jobs.dist import DistEnv, machine_slot
 
     assert machine_slot(DistEnv(**env)) == slot
     # cluster=local nodes=2 cluster.tasks_per_node=2 cluster.gpus_per_node=2: 4 GPUs visible, rank 3 on cuda:3.
@@ -166,8 +165,7 @@ def test_placements_carry_the_uuid_as_nvml_writes_it(monkeypatch, tmp_path):
     # stateful fake (tests/fake_cuda.py); the gather runs on a real one-rank gloo group.
     import torch.distributed as tdist
 
-    from jobs.dist import DistEnv
-    from jobs.worker import check_gpu_placement
+    from jobs.dist import DistEnv, check_gpu_placement
     from tests import fake_cuda
 
     fake_cuda.install(monkeypatch, visible=[2])
@@ -515,7 +513,7 @@ import os, socket, torch, torch.distributed as dist
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
 dist.init_process_group("gloo", rank=0, world_size=1)
-from jobs import models, parallel
+from jobs import memory, models, parallel
 from jobs.loop import Trainer, local_step_times
 from contract.spec import ModelSpec, Precision, PrecisionSpec, Strategy, StrategySpec
 with torch.device("meta"):
@@ -528,8 +526,8 @@ tr = Trainer(par.model, torch.optim.AdamW(par.model.parameters()), accum_steps=1
 x = torch.randint(0, 128, (4, 16))
 times = local_step_times(tr, iter([(x, x)] * 10), 2, lambda: None)
 held = sum((p._unsharded_param.grad is not None) + (p.unsharded_accumulated_grad is not None)
-           for p in parallel._fsdp_params(par.model))
-print(len(times), len(list(parallel._fsdp_params(par.model))), held)
+           for p in memory._fsdp_params(par.model))
+print(len(times), len(list(memory._fsdp_params(par.model))), held)
 dist.destroy_process_group()
 """
 

@@ -3,7 +3,7 @@
 No GPU runs here. CUDA is a stateful fake (tests/fake_cuda.py: torch.cuda's queries, fake tensors on
 device "cuda", the `fake` process-group backend for 8- and 16-rank jobs), and the real project code
 runs on it: the builders, ``jobs.parallel.parallelize`` (fully_shard, materialisation, sharded
-initialisation), the data pipeline's device copies, ``jobs.worker.resolve_device``, the placement
+initialisation), the data pipeline's device copies, ``jobs.dist.resolve_device``, the placement
 check and tests/test_gpu.py's own rank setup.
 
 The matrix: every shipped model (launcher/conf/model/*.yaml, the project's bert-tiny, a user
@@ -47,11 +47,10 @@ from contract.spec import (
     Precision,
     PrecisionMode,
     PrecisionSpec,
-    Sharding,
     Strategy,
     StrategySpec,
 )
-from jobs import dist, models, parallel
+from jobs import dist, memory, models, parallel
 from tests import fake_cuda, ranks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,14 +86,7 @@ MODELS = {
     "hf-llama": dict(TINY_HF, arch="llama", config={**TINY_HF["config"], "num_key_value_heads": 2}),
 }
 
-STRATEGIES = {  # launcher/conf/strategy/*.yaml
-    "ddp": dict(name=Strategy.ddp),
-    "fsdp": dict(name=Strategy.fsdp, sharding=Sharding.full),
-    "zero2": dict(name=Strategy.fsdp, sharding=Sharding.grad_op),
-    "fsdp_noshard": dict(name=Strategy.fsdp, sharding=Sharding.none),
-    "hsdp": dict(name=Strategy.fsdp, sharding=Sharding.hybrid),
-    "fsdp_offload": dict(name=Strategy.fsdp, sharding=Sharding.full, cpu_offload=True),
-}
+STRATEGIES = {name: ranks.preset_args(name, GPUS_PER_NODE) for name in ranks.STRATEGIES}  # conf/strategy/*.yaml
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -412,8 +404,7 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_device_backend_and_metric_names_per_layout(monkeypatch, name):
-    from jobs.dist import DistEnv
-    from jobs.worker import machine_slot, resolve_device
+    from jobs.dist import DistEnv, machine_slot, resolve_device
     from tests.test_gpu_figures import FakeNvml
 
     world, gpus_per_node, environ, visible = LAYOUTS[name]
@@ -440,8 +431,7 @@ def test_device_backend_and_metric_names_per_layout(monkeypatch, name):
 
 
 def test_a_count_that_fits_no_rule_is_refused_with_the_fix(monkeypatch):
-    from jobs.dist import DistEnv
-    from jobs.worker import resolve_device
+    from jobs.dist import DistEnv, resolve_device
 
     fake_cuda.install(monkeypatch, visible=4)
     with pytest.raises(RuntimeError, match="sees 4 CUDA devices.*Fix:"):
@@ -455,9 +445,8 @@ def test_gpu_test_module_sets_up_its_ranks_on_any_box(monkeypatch, tmp_path, n_g
     # R2: the children of tests/ranks.py saw every GPU of the box, and the worker (rightly) refuses
     # "sees 8 CUDA devices" for a 1-rank job: every GPU test failed on a box with more GPUs than
     # ranks. Here the module is imported on a fake box of n GPUs and each of its rank setups is
-    # driven through ranks.rank_environments and jobs.worker.resolve_device.
-    from jobs.dist import DistEnv
-    from jobs.worker import resolve_device
+    # driven through ranks.rank_environments and jobs.dist.resolve_device.
+    from jobs.dist import DistEnv, resolve_device
 
     fake_cuda.install(monkeypatch, visible=n_gpus)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -507,6 +496,6 @@ def test_the_straggler_probe_needs_room_for_the_unsharded_gradients(cuda, strate
                                    dims=ParallelDims.of(strat, Layout(tasks_per_node=GPUS_PER_NODE)))
         full_bytes = sum(p.numel() * p.element_size() for p in par.model.parameters())
         cuda.free_bytes = 2 * full_bytes
-        assert parallel.room_for_unsynced_grads(par.model, CUDA0)
+        assert memory.room_for_unsynced_grads(par.model, CUDA0)
         cuda.free_bytes = full_bytes // 2
-        assert parallel.room_for_unsynced_grads(par.model, CUDA0) is (strategy == "ddp")
+        assert memory.room_for_unsynced_grads(par.model, CUDA0) is (strategy == "ddp")

@@ -1,5 +1,5 @@
 """Models users bring: ``_target_`` (recursive instantiation), ``model=hf`` (transformers from a
-config) and the launcher's pre-submission check, ``jobs.models.check_buildable``.
+config) and the launcher's pre-submission check, ``jobs.models.checks.check_buildable``.
 
 The multi-rank tests train a tiny GPT-2 and a tiny Llama on real gloo ranks (tests/ranks.py) under
 DDP and FSDP, fp32 and bf16, and compare DDP's and FSDP's fp32 losses step by step (the argument
@@ -21,13 +21,13 @@ from contract.spec import ConfigError, InputKind, LMHead, ModelSpec  # noqa: E40
 from jobs.data import POOL_STEPS  # noqa: E402
 from jobs.models import (  # noqa: E402
     build_model,
-    check_buildable,
     flops_per_sample,
     init_weights,
     param_count,
     replace_units,
     shard_units,
 )
+from jobs.models.checks import check_buildable  # noqa: E402
 from jobs.models.hf import HFLogits  # noqa: E402
 from jobs.models.instantiate import InstantiationError, instantiate  # noqa: E402
 

@@ -216,10 +216,26 @@ def test_the_launchers_longest_import_chain_is_at_most_10_modules():
     assert len(chain) <= 10, f"{len(chain)} modules: {' -> '.join(chain)}"
 
 
-def test_no_launcher_module_is_over_450_lines():
-    """A module that grows past this holds more than one concern: split it by concern."""
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "launcher").rglob("*.py")}
-    assert not {path: n for path, n in sizes.items() if n > 450}
+def test_the_jobs_longest_import_chain_is_at_most_10_modules():
+    """The ranks' side is held as the launcher is: imports inside functions count."""
+    chain = bench_imports.longest_chain("jobs", ROOT)
+    assert len(chain) <= 10, f"{len(chain)} modules: {' -> '.join(chain)}"
+
+
+def test_the_longest_import_chain_across_launcher_jobs_and_contract_is_at_most_14_modules():
+    """A chain that leaves the launcher for the contract or the ranks' side (the fit's meta-device
+    model, the schema's parts) counts every module it passes."""
+    chain = bench_imports.longest_chain(("launcher", "jobs", "contract"), ROOT)
+    assert len(chain) <= 14, f"{len(chain)} modules: {' -> '.join(chain)}"
+
+
+def test_no_module_of_launcher_jobs_or_contract_is_over_450_lines_and_the_worker_at_most_350():
+    """A module that grows past this holds more than one concern: split it by concern. The worker is
+    orchestration only (jobs/worker.py: named steps), held tighter."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+             for d in ("launcher", "jobs", "contract") for p in (ROOT / d).rglob("*.py")}
+    assert not {path: n for path, n in sizes.items() if n > 450}, {path: n for path, n in sizes.items() if n > 450}
+    assert sizes["jobs/worker.py"] <= 350, sizes["jobs/worker.py"]
 
 
 def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
@@ -230,8 +246,8 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
 
 
 # What the launcher may import from jobs, and why. What both sides must read alike is the contract
-# (contract/); anything else of jobs belongs to the ranks. (jobs.models and jobs.loop are imported
-# inside preflight's functions only, for the meta-device fit before launch: never at start-up.)
+# (contract/); anything else of jobs belongs to the ranks. (jobs.models, jobs.models.checks and jobs.loss
+# are imported inside preflight's and the fit's functions only, before launch: never at start-up.)
 LAUNCHER_USES_OF_JOBS = {
     "jobs": "its files, hashed into the fit cache's key",
     "jobs.worker": "the entry point every rank runs",
@@ -239,7 +255,8 @@ LAUNCHER_USES_OF_JOBS = {
     "jobs.fabric": "the fabric probe's entry point, submitted like the worker's",
     "jobs.nodeprobe": "the node health probe's entry point, submitted like the fabric probe's",
     "jobs.models": "building a model on the meta device before launch (preflight's fit)",
-    "jobs.loop": "the loss a cell trains with, for the activation estimate before launch",
+    "jobs.models.checks": "refusing, before launch, a model the ranks could not build (preflight)",
+    "jobs.loss": "the loss a cell trains with, for the activation estimate before launch",
 }
 
 

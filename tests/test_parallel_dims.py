@@ -15,41 +15,104 @@ ONE_NODE_OF_4 = Layout(nodes=1, tasks_per_node=4)
 SHAPES = [((10, 3), 4), ((7,), 4)]  # a 10x3 and a 7-element fp32 parameter
 
 
-@pytest.mark.parametrize(("strategy", "nodes", "expect"), [
-    (StrategySpec(), 2, (4, 1, ())),
-    (FSDP, 2, (1, 4, (SHARD,))),
-    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.grad_op), 2, (1, 4, (SHARD,))),
-    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.hybrid), 2, (2, 2, (REPLICATE, SHARD))),
-    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.none), 2, (4, 1, (REPLICATE, SHARD))),
+def _preset(name: str, tasks_per_node: int = 2) -> StrategySpec:
+    from tests.ranks import preset_args
+
+    return StrategySpec(**preset_args(name, tasks_per_node))
+
+
+@pytest.mark.parametrize(("name", "expect"), [
+    ("ddp", (4, 1, ())),
+    ("fsdp", (1, 4, (SHARD,))),
+    ("zero2", (1, 4, (SHARD,))),
+    ("hsdp", (2, 2, (REPLICATE, SHARD))),
+    ("fsdp_noshard", (4, 1, (REPLICATE, SHARD))),
+    ("fsdp_offload", (1, 4, (SHARD,))),
 ])
-def test_the_rule_per_strategy(strategy, nodes, expect):
-    dims = ParallelDims.of(strategy, Layout(nodes=nodes, tasks_per_node=2))
+def test_each_preset_is_degrees(name, expect):
+    """The names are presets (launcher/conf/strategy/NAME.yaml) that set the degrees; the rule reads
+    the degrees, and the label is read back from them."""
+    strategy = _preset(name)
+    strategy.validate()
+    dims = ParallelDims.of(strategy, Layout(nodes=2, tasks_per_node=2))
     assert (dims.dp_replicate, dims.dp_shard, dims.mesh_dims) == expect
-    assert dims.data_parallel == dims.world_size == 4
+    assert dims.data_parallel == dims.world_size == 4 and dims.tp == 1
     assert dims.holds().params == dims.holds().optimizer == 1 / expect[1]
     assert dims.mesh_shape() == tuple({REPLICATE: expect[0], SHARD: expect[1]}[d] for d in expect[2])
+    assert strategy.label == name.replace("fsdp_offload", "fsdp+offload")
 
 
-def test_refused_at_construction_naming_the_setting():
-    with pytest.raises(ConfigError) as bad_nodes:
-        ParallelDims.of(FSDP, Layout(nodes=0, tasks_per_node=2))
-    assert bad_nodes.value.setting == "nodes"
-    with pytest.raises(ConfigError) as bad_tasks:
-        ParallelDims.of(FSDP, Layout(nodes=1, tasks_per_node=0))
-    assert bad_tasks.value.setting == "cluster.tasks_per_node"
-    with pytest.raises(ConfigError) as uncovered:
-        ParallelDims(dp_replicate=2, dp_shard=3, nodes=1, tasks_per_node=4)
-    assert uncovered.value.setting == "strategy.sharding" and "4 rank" in str(uncovered.value)
-    with pytest.raises(ConfigError) as one_node:
-        ParallelDims.of(StrategySpec(name=Strategy.fsdp, sharding=Sharding.hybrid), Layout(nodes=1, tasks_per_node=4))
-    assert (one_node.value.setting, one_node.value.value) == ("strategy", "hsdp")
+@pytest.mark.parametrize(("degrees", "expect"), [
+    (dict(dp_replicate=-1, dp_shard=2), (4, 2)),
+    (dict(dp_replicate=2, dp_shard=-1), (2, 4)),
+    (dict(dp_replicate=4, dp_shard=2), (4, 2)),
+    (dict(dp_replicate=1, dp_shard=-1), (1, 8)),
+])
+def test_minus_one_is_the_ranks_the_others_leave(degrees, expect):
+    dims = ParallelDims.of(StrategySpec(name=Strategy.fsdp, **degrees), Layout(nodes=2, tasks_per_node=4))
+    assert (dims.dp_replicate, dims.dp_shard) == expect
+
+
+def test_python_defaults_are_the_wrappers_whole_world():
+    """Unset in code (every preset sets them), the data-parallel degrees are the wrapper's whole world."""
+    assert StrategySpec().degrees() == {"dp_replicate": -1, "dp_shard": 1, "tp": 1}
+    assert FSDP.degrees() == {"dp_replicate": 1, "dp_shard": -1, "tp": 1}
+
+
+@pytest.mark.parametrize(("strategy", "layout", "setting", "words"), [
+    (StrategySpec(name=Strategy.fsdp, dp_replicate=1, dp_shard=3), ONE_NODE_OF_4, "strategy.dp_shard",
+     "does not divide the 4 ranks"),
+    (StrategySpec(name=Strategy.fsdp, dp_replicate=2, dp_shard=3), Layout(nodes=2, tasks_per_node=4), "strategy",
+     "does not divide the 8 ranks"),
+    (StrategySpec(name=Strategy.fsdp, dp_replicate=2, dp_shard=1), ONE_NODE_OF_4, "strategy",
+     "must cover the cell's 4 rank"),
+    (StrategySpec(name=Strategy.fsdp, dp_replicate=-1, dp_shard=4), ONE_NODE_OF_4, "strategy.dp_replicate",
+     "replicate group of one"),
+    (FSDP, Layout(nodes=0, tasks_per_node=2), "nodes", "at least one node"),
+    (FSDP, Layout(nodes=1, tasks_per_node=0), "cluster.tasks_per_node", "at least one rank"),
+])
+def test_degrees_refused_against_the_ranks_naming_the_setting(strategy, layout, setting, words):
+    with pytest.raises(ConfigError) as refused:
+        ParallelDims.of(strategy, layout)
+    assert refused.value.setting == setting and words in str(refused.value) and "Fix:" in str(refused.value)
+
+
+@pytest.mark.parametrize(("strategy", "setting", "words"), [
+    (StrategySpec(name=Strategy.fsdp, dp_replicate=-1, dp_shard=-1), "strategy.dp_shard", "only one degree"),
+    (StrategySpec(dp_replicate=0), "strategy.dp_replicate", "a number of ranks"),
+    (StrategySpec(dp_shard=2), "strategy.dp_shard", "DDP replicates whole parameters"),
+    (StrategySpec(name=Strategy.fsdp, tp=2), "strategy.tp", "not yet run"),
+    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.hybrid), "strategy.sharding", "strategy=hsdp"),
+    (StrategySpec(name=Strategy.fsdp, sharding=Sharding.none), "strategy.sharding", "strategy=fsdp_noshard"),
+])
+def test_degrees_refused_from_the_config_alone(strategy, setting, words):
+    with pytest.raises(ConfigError) as refused:
+        strategy.validate()
+    assert refused.value.setting == setting and words in str(refused.value)
+
+
+def test_each_model_family_declares_its_tensor_parallel_plan_beside_its_shard_units():
+    """A declaration only (tensor parallelism is refused before launch): every path of a family's
+    plan names modules of every block, and a family without a plan says so."""
+    import fnmatch
+
+    from contract.spec import InputKind, ModelSpec
+    from jobs import models
+
+    for name in ("gpt_tiny", "bert-tiny"):
+        model = models.build_model(ModelSpec(name=name, seq_len=16, vocab_size=128))
+        plan, names = models.tp_plan(model), [n for n, _ in model.named_modules()]
+        assert plan and set(plan.values()) <= {"colwise", "rowwise", "colwise_stacked"}
+        units = len(models.shard_units(model))
+        assert all(len(fnmatch.filter(names, path)) == units for path in plan), plan
+    assert models.tp_plan(models.build_model(ModelSpec(name="mlp", input=InputKind.image, image_size=8))) is None
 
 
 def _pairs_rule(cls, strategy, layout):
-    """A changed rule: every second rank a model-parallel peer of the one before it (it reads the
+    """A changed rule: every second rank a tensor-parallel peer of the one before it (it reads the
     same batch), the data-parallel ranks sharded."""
     return cls(dp_replicate=1, dp_shard=layout.world_size // 2, nodes=layout.nodes,
-               tasks_per_node=layout.tasks_per_node, model_parallel=2, mesh_dims=(SHARD,))
+               tasks_per_node=layout.tasks_per_node, tp=2, mesh_dims=(SHARD,))
 
 
 def _hsdp_rule(cls, strategy, layout):

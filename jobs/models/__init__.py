@@ -16,23 +16,22 @@ Hydra). ``model=hf`` builds a Hugging Face transformers model from a config
 The package by concern, each re-exported here so that callers import from ``jobs.models``:
 :mod:`~jobs.models.build` (the registry, building, deferred initialisation),
 :mod:`~jobs.models.init` (weight initialisation), :mod:`~jobs.models.units` (FSDP and
-checkpointing units), :mod:`~jobs.models.flops` (parameters and FLOPs) and
-:mod:`~jobs.models.checks` (:func:`check_buildable`, the launcher's pre-submission check).
+checkpointing units, and the tensor-parallel plan), :mod:`~jobs.models.flops` (parameters and FLOPs). The launcher's pre-submission check,
+:func:`jobs.models.checks.check_buildable`, is imported from its module: what a rank imports never
+reaches it.
 """
 
 from __future__ import annotations
 
 from jobs.models.build import REGISTRY, build_for, build_model, materialize, place_buffers, replays_init
-from jobs.models.checks import check_buildable
 from jobs.models.flops import flops_per_sample, param_count
 from jobs.models.init import init_weights
-from jobs.models.units import replace_units, shard_units
+from jobs.models.units import replace_units, shard_units, tp_plan
 
 __all__ = [
     "REGISTRY",
     "build_for",
     "build_model",
-    "check_buildable",
     "flops_per_sample",
     "init_weights",
     "materialize",
@@ -41,4 +40,5 @@ __all__ = [
     "replace_units",
     "replays_init",
     "shard_units",
+    "tp_plan",
 ]

@@ -123,6 +123,14 @@ class Bert(nn.Module):
     def shard_units(self) -> list[nn.Module]:
         return list(self.blocks)
 
+    def tp_plan(self) -> dict[str, str]:
+        """The tensor-parallel plan of each layer (Megatron's split; see GPT.tp_plan): query, key,
+        value and the first feed-forward layer split by output columns, the attention's output and
+        the second feed-forward layer by input rows. A declaration: not yet run."""
+        return {"blocks.*.attention.query": "colwise", "blocks.*.attention.key": "colwise",
+                "blocks.*.attention.value": "colwise", "blocks.*.attention.dense": "rowwise",
+                "blocks.*.intermediate": "colwise", "blocks.*.output": "rowwise"}
+
     def train_flops_per_sample(self, seq_len: int, n_params: int) -> float:
         # Same formula as the decoder: 6 * N * T + 12 * n_layer * d_model * T^2, with N excluding
         # the position and token-type tables (lookups) and keeping the word embeddings, which are

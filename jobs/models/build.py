@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from contract.catalog import BERT_SIZES, GPT_SIZES, RESNET_DEPTHS
-from contract.spec import ConfigError, InputKind, ModelSpec
-from contract.tuning import padded_vocab
+from contract.catalog import BERT_SIZES, GPT_SIZES, RESNET_DEPTHS, padded_vocab
+from contract.choices import InputKind
+from contract.errors import ConfigError
+from contract.modelspec import ModelSpec
 from jobs.models.bert import Bert, BertConfig
 from jobs.models.gpt import GPT, GPTConfig
 from jobs.models.init import init_weights

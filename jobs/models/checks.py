@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from contract.errors import ConfigError
 from contract.imports import import_problem
-from contract.spec import ConfigError, ModelSpec
+from contract.modelspec import ModelSpec
 from jobs.models.build import REGISTRY, on_meta
 from jobs.models.hf_checks import check_hf, check_hf_target
 from jobs.models.instantiate import InstantiationError, instantiate, locate

@@ -137,6 +137,17 @@ class GPT(nn.Module):
     def shard_units(self) -> list[nn.Module]:
         return list(self.blocks)
 
+    def tp_plan(self) -> dict[str, str]:
+        """The tensor-parallel plan of each block (Megatron's split, as torchtitan's llama3
+        parallelize.py and transformers' ``base_model_tp_plan`` write it): the attention's input
+        projection and the MLP's first layer split by output columns (each rank its heads, its
+        hidden units), the projections back split by input rows (their outputs summed by one
+        all-reduce per sublayer). ``c_attn`` stacks q, k and v: it splits per stacked chunk, so
+        that each rank holds its heads of all three; attention then runs on ``n_head / tp`` heads.
+        A declaration: tensor parallelism is not yet run (StrategySpec refuses strategy.tp > 1)."""
+        return {"blocks.*.attn.c_attn": "colwise_stacked", "blocks.*.attn.c_proj": "rowwise",
+                "blocks.*.mlp.c_fc": "colwise", "blocks.*.mlp.c_proj": "rowwise"}
+
     def train_flops_per_sample(self, seq_len: int, n_params: int) -> float:
         # PaLM appendix B / Chinchilla: 6 * N * T for the matmuls (forward 2 + backward 4 FLOPs per
         # parameter and token) plus 12 * n_layer * d_model * T^2 for attention scores and values

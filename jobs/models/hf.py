@@ -26,7 +26,7 @@ step's work is a masked LM's training step with logits at every position, which 
 the throughput is that of MLM training; no [MASK] token is inserted.
 
 Initialisation. ``build_model`` builds the skeleton on meta, ``to_empty`` and then
-:meth:`HFLogits.init_weights` (the same path a deferred-init worker takes): every
+:meth:`HFLogits.init_whole` (the same path a deferred-init worker takes): every
 ``_is_hf_initialized`` flag is cleared, the model's own ``initialize_weights()`` runs (its
 ``_init_weights`` per module: normal(0, initializer_range), GPT-2's scaled residual projections,
 BERT's position ids, rotary ``inv_freq`` buffers, ...), with tied weights tied before and after
@@ -45,11 +45,13 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import torch
 from torch import nn
 
-from contract.spec import HF_INSTALL, HF_POSITION_KEYS, LMHead, ModelSpec
+from contract.choices import HF_INSTALL, HF_POSITION_KEYS, LMHead
 from jobs.shards import local_slices
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from contract.modelspec import ModelSpec
 
 __all__ = ["HFLogits", "build_hf", "hf_config", "is_hf_model", "pick_head", "wrap_hf"]
 
@@ -130,6 +132,21 @@ class HFLogits(nn.Module):
                 prefixes.append(name + ".")
         return found
 
+    def tp_plan(self) -> dict[str, str] | None:
+        """transformers' own tensor-parallel plan of the architecture (its config's
+        ``base_model_tp_plan``, e.g. llama's q/k/v colwise and o_proj rowwise), its paths made
+        relative to this module; None where the architecture declares none (gpt2, bert). A
+        declaration: not yet run."""
+        for name, module in self.named_modules():
+            if is_hf_model(module):
+                plan = getattr(module.config, "base_model_tp_plan", None)
+                if not plan:
+                    return None
+                base = getattr(module, "base_model_prefix", "")
+                prefix = ".".join(p for p in (name, base if hasattr(module, base) else "") if p)
+                return {f"{prefix}.{path}": style for path, style in plan.items()}
+        return None
+
     def shard_units(self) -> list[nn.Module]:
         """The modules named in ``_no_split_modules`` (the blocks accelerate wraps as FSDP units).
 
@@ -158,7 +175,7 @@ class HFLogits(nn.Module):
                 taken.append(prefix)
         return units
 
-    def init_weights(self) -> None:
+    def init_whole(self) -> None:
         """Initialise as transformers does (module docstring), then load pretrained weights if any."""
         for hf in self._hf_models():
             for obj in [*hf.modules(), *hf.parameters(), *hf.buffers()]:
@@ -173,7 +190,7 @@ class HFLogits(nn.Module):
         if self.pretrained_path:
             load_local_weights(self.model, self.pretrained_path)
 
-    def train_flops_per_sample(self, seq_len: int) -> float:
+    def train_flops_per_sample(self, seq_len: int, n_params: int) -> float:
         """6 * N * T + 12 * n_layer * d_model * T^2, as for the project GPT (jobs.models.flops_per_sample).
 
         N counts the parameters that take part in a matmul: every embedding table is a lookup and
@@ -183,6 +200,7 @@ class HFLogits(nn.Module):
         overstated MFU). The attention term uses the config's num_hidden_layers and hidden_size;
         causal attention is not discounted; MoE experts are all counted.
         """
+        del n_params  # counted here, embedding tables apart (the matmul parameters only)
         n = sum(p.numel() for p in self.parameters())  # a tied weight is one parameter, counted once
         hf = self._hf_models()[0] if self._hf_models() else None
         token = hf.get_input_embeddings() if hf is not None else None

@@ -14,7 +14,9 @@ import inspect
 import os
 from typing import Any
 
-from contract.spec import HF_INSTALL, HF_POSITION_KEYS, ConfigError, InputKind, LMHead, ModelSpec
+from contract.choices import HF_INSTALL, HF_POSITION_KEYS, InputKind, LMHead
+from contract.errors import ConfigError
+from contract.modelspec import ModelSpec
 from jobs.models.build import on_meta, require_input
 
 # Keys the shipped model=hf config (launcher/conf/model/hf.yaml) sets for every architecture: they

@@ -24,16 +24,15 @@ def init_weights(model: nn.Module) -> None:
 
     Calls ``reset_parameters()`` on every module that has one (PyTorch's per-layer defaults; for
     BatchNorm this also resets the running statistics), in ``modules()`` order, and then the
-    project model's ``custom_init()`` (its family's published init), which overrides them. A
-    transformers model (HFLogits) is initialised by transformers instead, tied weights re-tied and
+    project model's ``custom_init()`` (its family's published init), which overrides them. A model
+    with ``init_whole()`` initialises every module itself: a transformers model (HFLogits) is initialised by transformers instead, tied weights re-tied and
     ``model.pretrained_path``'s weights loaded. Meant for after ``to_empty()``, whose memory is
     uninitialised.
     """
     model = unwrap(model)
-    from jobs.models.hf import HFLogits
-
-    if isinstance(model, HFLogits):  # transformers' own init covers every module (jobs.models.hf)
-        model.init_weights()
+    whole = getattr(model, "init_whole", None)
+    if callable(whole):  # its own init covers every module: transformers' (jobs.models.hf.HFLogits)
+        whole()
         return
     for module in model.modules():
         reset = getattr(module, "reset_parameters", None)

@@ -1,8 +1,10 @@
-"""Blocks: the per-block units for per-block FSDP wrapping and activation checkpointing.
+"""Blocks: the per-block units for per-block FSDP wrapping and activation checkpointing, and the
+tensor-parallel plan each model family declares beside them.
 
 :func:`shard_units` names the units (``fully_shard`` on each unit, then on the root). The worker
 applies ``checkpoint_wrapper`` by replacing each unit in its parent container, through
-:func:`replace_units`, before sharding.
+:func:`replace_units`, before sharding. :func:`tp_plan` reads a family's tensor-parallel plan
+(declared, not yet run: StrategySpec refuses strategy.tp > 1).
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     if callable(own):
         return list(own())
     return _repeated_units(model)
+
+
+def tp_plan(model: nn.Module) -> dict[str, str] | None:
+    """The model family's tensor-parallel plan, as transformers writes one: a module path (``*``
+    for each block's index) -> how its weight splits over the tensor-parallel group (``colwise``:
+    by output features; ``rowwise``: by input features, outputs summed; ``colwise_stacked``: by
+    output features within each of the stacked chunks, e.g. a fused q/k/v). Declared by the model
+    (``tp_plan()``, beside its ``shard_units()``); None for a family that declares none (ResNet,
+    the MLP and the CNN, a ``_target_`` model without one)."""
+    own = getattr(unwrap(model), "tp_plan", None)
+    return own() if callable(own) else None
 
 
 def replace_units(model: nn.Module, fn: Callable[[nn.Module], nn.Module]) -> list[nn.Module]:

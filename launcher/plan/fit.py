@@ -26,9 +26,9 @@ project model under ddp, fsdp, zero2, fsdp_noshard and hsdp, and agrees to the b
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
+from contract.gpus import gpu_mem_gib_of as gpu_mem_gib_of  # the one GPU table; the schema reads it here
 from contract.parallel import ParallelDims
 from contract.spec import InputKind, Layout, ModelSpec, Optimizer, StrategySpec
 
@@ -158,7 +158,7 @@ def _saved_bytes(module, model: ModelSpec, batch_size: int, low_dtype: str | Non
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from jobs.loop import loss_fn
+    from jobs.loss import loss_fn
     from jobs.models import shard_units
 
     # Fake tensors: meta storage (no memory, no compute) that still say "cpu", so kernels are chosen
@@ -250,32 +250,6 @@ def predict(shapes: list[tuple[tuple[int, ...], int]], strategy: StrategySpec, l
         optim = 4 * elements  # momentum buffer
     return StateBytes(params=params, grads=params, optimizer=optim,
                       param_count=sum(math.prod(shape) for shape, _ in shapes))
-
-
-# Memory per GPU (GiB) as nvidia-smi / rocm-smi report its total, by the names that Slurm gres types
-# and device names use; first match wins. Names that do not say the size (a100, v100) are not guessed.
-GPU_MEM_GIB: tuple[tuple[str, float], ...] = (
-    (r"h200", 140.4),
-    (r"h100.?nvl", 93.6),
-    (r"h100", 79.6),
-    (r"a100.*80", 80.0),
-    (r"a100.*40", 40.0),
-    (r"l40s?(?![0-9])", 45.0),
-    (r"a40(?![0-9])", 45.0),
-    (r"a10g?(?![0-9])", 22.5),
-    (r"(?<![a-z0-9])l4(?![0-9])", 22.5),
-    (r"(?<![a-z0-9])t4(?![0-9])", 15.0),
-    (r"v100.*32", 32.0),
-    (r"v100.*16", 16.0),
-    (r"mi300x", 192.0),
-)
-
-
-def gpu_mem_gib_of(name: str) -> float | None:
-    """The memory of a GPU model named ``name`` (a gres type such as ``h100`` or a device name such as
-    ``NVIDIA A100-SXM4-80GB``), or None when the name does not say it."""
-    lowered = name.lower()
-    return next((gib for pattern, gib in GPU_MEM_GIB if re.search(pattern, lowered)), None)
 
 
 def human(n_bytes: float) -> str:

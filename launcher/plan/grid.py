@@ -1,8 +1,13 @@
-"""Grid expansion, composition, validation and resources per grid point.
+"""Grid expansion, composition and validation: the command line's overrides -> typed, validated
+points (:func:`expand`, :func:`compose`).
 
 Everything here runs before anything is submitted: a sweep is either valid as a whole or
-nothing is sent. Hydra's override grammar expands the grid (``a=1,2 b=x,y`` -> 4 points) and
-Hydra's compose API builds each point against the typed schema; no torch or MLflow import.
+nothing is sent. Hydra's override grammar expands the grid (``a=1,2 b=x,y`` -> 4 points, or a
+named experiment's own grid), and Hydra's compose API builds each point against the typed schema
+once per distinct set of group choices, each point's values then set on a copy (directly, or by
+Hydra's own step where a value needs it); every invalid point is reported in one error, each
+problem once. No torch or MLflow import. A point's resources and its cell are
+launcher/plan/planner.py's.
 """
 
 from __future__ import annotations
@@ -204,7 +209,7 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
 
     register()
     parser = OverridesParser.create()
-    templates: dict[tuple[str, ...], tuple[Any, Config]] = {}
+    templates: dict[tuple[str, ...], tuple[Any, Config, bool]] = {}
     cache: dict[str, object] = {}  # override text -> parsed: a grid repeats the same few (ANTLR is slow)
     points, errors = [], []
     with initialized(config_dir, extra):
@@ -214,9 +219,11 @@ def compose(point_overrides: list[list[str]], swept: list[str], config_dir: Path
             try:
                 if groups not in templates:
                     templates[groups] = _template(hydra_compose(config_name="config", overrides=list(groups)))
-                template, base = templates[groups]
+                template, base, interpolates = templates[groups]
                 parsed = [_parse(parser, cache, o) for o in values]
-                fast = _fast_apply(base, parsed)
+                # An interpolation (hsdp's shard group of ${cluster.tasks_per_node}) follows the values
+                # set after it only through Hydra's own way: the objects hold it resolved already.
+                fast = None if interpolates else _fast_apply(base, parsed)
                 if fast is None:  # anything but plain scalar values: Hydra's own way, ~10x slower
                     cfg = copy.deepcopy(template)
                     # Hydra's private step (hydra-core 1.3) that its compose applies value overrides
@@ -246,15 +253,16 @@ def _parse(parser, cache: dict[str, object], override: str):
     return cache[override]
 
 
-def _template(cfg) -> tuple[object, Config]:
-    """A composed config made ready for value overrides (open dicts unlocked, every key known), and
-    its objects: the base that the fast path copies."""
+def _template(cfg) -> tuple[object, Config, bool]:
+    """A composed config made ready for value overrides (open dicts unlocked, every key known), its
+    objects (the base that the fast path copies), and whether it holds an interpolation."""
     from omegaconf import OmegaConf
 
     _typed_cluster(cfg)
     _open_dicts(cfg)
-    _check_keys(cast(dict, OmegaConf.to_container(cfg, resolve=False)))
-    return cfg, cast(Config, OmegaConf.to_object(cfg))
+    tree = cast(dict, OmegaConf.to_container(cfg, resolve=False))
+    _check_keys(tree)
+    return cfg, cast(Config, OmegaConf.to_object(cfg)), "${" in repr(tree)
 
 
 def _typed_cluster(cfg) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.datasets import image_folder_classes, token_file_samples
+from contract.errors import non_negative, positive
 from contract.spec import (
     BatchNormUnits,
     CheckpointSpec,
@@ -27,8 +28,6 @@ from contract.spec import (
     Strategy,
     StrategySpec,
     TrainSpec,
-    _non_negative,
-    _positive,
 )
 from launcher.cluster import registry
 from launcher.plan.clusterschema import ClusterConfig, known_backend, settings_class
@@ -145,8 +144,8 @@ class Config(TrainSpec):
         self.model.validate()
         self.data.validate()
         c = self.cluster
-        _positive("cluster.tasks_per_node", c.tasks_per_node, "use one task per rank, e.g. cluster.tasks_per_node=1.")
-        _non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
+        positive("cluster.tasks_per_node", c.tasks_per_node, "use one task per rank, e.g. cluster.tasks_per_node=1.")
+        non_negative("cluster.gpus_per_node", c.gpus_per_node, "use 0 for CPU ranks or the GPUs per node.")
         if isinstance(c.timeout_min, str) and c.timeout_min.strip().isdigit():  # a quoted number ("15")
             c.timeout_min = int(c.timeout_min)
         if c.timeout_min != AUTO and (isinstance(c.timeout_min, bool) or not isinstance(c.timeout_min, int)
@@ -155,13 +154,13 @@ class Config(TrainSpec):
                               "give the job's time limit in whole minutes (e.g. cluster.timeout_min=60), or auto "
                               "(each cell's own, from what its configuration used or is forecast to use: "
                               "docs/deciding.md).")
-        _positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
+        positive("collective_timeout_s", self.collective_timeout_s, "use e.g. collective_timeout_s=300.")
         self._validate_runs()
         self._validate_cells()
         self._validate_limits()
         self.checkpoint.validate()
         if c.cpus_per_task is not None:
-            _positive("cluster.cpus_per_task", c.cpus_per_task, "use 1 or more, or drop it to derive it.")
+            positive("cluster.cpus_per_task", c.cpus_per_task, "use 1 or more, or drop it to derive it.")
         if c.gpus_per_node and c.tasks_per_node != c.gpus_per_node:
             raise ConfigError(
                 "cluster.tasks_per_node", c.tasks_per_node,
@@ -190,7 +189,7 @@ class Config(TrainSpec):
                 raise ConfigError("runs", self.runs, "is neither a number of runs nor auto.",
                                   "use runs=auto (runs added where a comparison is still open), runs=3, or runs=1 "
                                   "for a quick look that claims nothing.")
-            _positive("runs", self.runs, "use runs=3 (claims need the spread between independent runs), runs=auto, "
+            positive("runs", self.runs, "use runs=3 (claims need the spread between independent runs), runs=auto, "
                       "or runs=1 for a quick look that claims nothing.")
             for key in AUTO_ONLY:
                 if getattr(self, key) != getattr(Config, key):
@@ -206,7 +205,7 @@ class Config(TrainSpec):
             raise ConfigError("runs_max", self.runs_max, f"is below runs_min={self.runs_min}.",
                               f"set runs_max to at least {self.runs_min} (default 12), or lower runs_min.")
         if self.runs_budget_min is not None:
-            _positive("runs_budget_min", self.runs_budget_min, "give the sweep's wall-time budget in minutes, or "
+            positive("runs_budget_min", self.runs_budget_min, "give the sweep's wall-time budget in minutes, or "
                       "drop it (runs_max alone limits the sweep).")
         if self.baseline is not None:
             import os
@@ -233,7 +232,7 @@ class Config(TrainSpec):
                               "(the pilot's included).", "give the most configurations the search may run, e.g. "
                               "cells_max=12, or drop it (the grid's size bounds it).")
         if self.cells_budget_min is not None:
-            _positive("cells_budget_min", self.cells_budget_min, "give the search's wall-time budget in minutes, e.g. "
+            positive("cells_budget_min", self.cells_budget_min, "give the search's wall-time budget in minutes, e.g. "
                       "cells_budget_min=60, or drop it.")
 
     def _validate_limits(self) -> None:
@@ -246,7 +245,7 @@ class Config(TrainSpec):
                 raise ConfigError(f"limits.{key}", value, "must be a whole number of at least 1.",
                                   f"raise limits.{key} to the bound you mean, or drop it for the default "
                                   f"({getattr(LimitsConfig, key)}).")
-        _positive("limits.budget_min", lim.budget_min, "give the longest wall time in minutes, e.g. 10080 (a week).")
+        positive("limits.budget_min", lim.budget_min, "give the longest wall time in minutes, e.g. 10080 (a week).")
         runs = self.runs_max if self.auto else self.runs
         setting = "runs_max" if self.auto else "runs"
         if runs > lim.runs:
@@ -301,12 +300,12 @@ class Config(TrainSpec):
         _check_settings_class(c)
         check_config(self)  # every value that reaches a script, a command line or a file name
         c.validate()  # the backend's own checks (launcher/cluster/NAME/settings.py)
-        _non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
+        non_negative("cluster.signal_delay_s", c.signal_delay_s, "use e.g. 90 (seconds of warning before the limit).")
         for key in ("cost_per_device_hour", "cost_per_node_hour", "gpu_mem_gib"):
             if getattr(c, key) is not None:
-                _non_negative(f"cluster.{key}", getattr(c, key), "give a price per hour (or GiB) of 0 or more.")
+                non_negative(f"cluster.{key}", getattr(c, key), "give a price per hour (or GiB) of 0 or more.")
         if c.mem_gb is not None:
-            _positive("cluster.mem_gb", c.mem_gb, "give the memory per node in GiB, or null for the default.")
+            positive("cluster.mem_gb", c.mem_gb, "give the memory per node in GiB, or null for the default.")
         if not self.tracking.experiment.strip():
             raise ConfigError("tracking.experiment", self.tracking.experiment, "is empty.",
                               "name the MLflow experiment, e.g. tracking.experiment=ddp-vs-fsdp.")

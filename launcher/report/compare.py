@@ -1,8 +1,10 @@
 """Sweep against sweep: per-cell deltas of throughput, step time and memory, each with a verdict
 that respects the measured noise (``python -m launcher.report --compare A B``).
 
-Pure functions over report rows; reading the rows (sweep directory or MLflow parent run) is the
-report module's job.
+Pure functions over report rows: :func:`compare` matches two sweeps' rows and judges each pair,
+and :class:`Comparison` holds the verdicts the command reads. Reading the rows (a sweep directory
+or an MLflow parent run) is launcher/report/collect.py's; the table is comparetable.py's; the
+command line, its refusals and its exit code are launcher/report/__main__.py's.
 
 Matching: cells that differ only in ``seed`` are first grouped into one configuration (mean over
 runs, as in the report). Two configurations match when their settings are equal: the cell's
@@ -54,8 +56,10 @@ the median step, throughput counts every step. Where they disagree, step time ne
 than throughput: a step-time claim without a throughput claim is shown as inconclusive with the
 reason, and a throughput claim that step time does not share says so in its note.
 
-A regression makes the command exit with 1; an inconclusive row does not, except with ``--gate``,
-which passes only where every throughput row is shown to be "no change" or an improvement.
+The command reads its exit code from here: 1 where :meth:`Comparison.regressions` finds one; 3
+(undecided) where nothing was judged (:meth:`Comparison.judged` is empty), or with ``--gate`` where
+a throughput row is not shown to be "no change" or an improvement; an inconclusive row alone is
+never 1.
 When B ran with ``runs=auto`` against A as its baseline, its rounds were looks at these
 comparisons: each verdict is then its first decided look at that look's alpha
 (launcher/report/sequential.py), and A's runs count at every look.
