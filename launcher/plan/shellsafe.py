@@ -70,6 +70,7 @@ NOT_SHELL_BOUND: dict[str, str] = {
     "model.config_path": "read by the ranks from spec.json",
     "model.pretrained_path": "read by the ranks from spec.json",
     "data.path": "read by the ranks from spec.json",
+    "cluster.timeout_min": "a whole number of minutes or auto (refused otherwise); a number reaches sbatch --time",
     "tracking.uri": "given to MLflow's client, checked as a store (never in a script)",
     "tracking.experiment": "an MLflow experiment name (launcher.report --experiment checks it as a name where it "
                            "names a directory)",
