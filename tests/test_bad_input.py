@@ -28,7 +28,7 @@ CORPUS = [
     (["model.seq_len=0"], "model.seq_len=0", "positive integer"),
     (["cluster.tasks_per_node=0"], "cluster.tasks_per_node=0", "one task per rank"),
     (["cluster.cpus_per_task=0"], "cluster.cpus_per_task=0", "1 or more"),
-    (["cluster.timeout_min=0"], "cluster.timeout_min=0", "time limit in minutes"),
+    (["cluster.timeout_min=0"], "cluster.timeout_min=0", "time limit in whole minutes"),
     (["cluster.signal_delay_s=-5"], "cluster.signal_delay_s=-5", "seconds of warning"),
     (["cluster.mem_gb=-1"], "cluster.mem_gb=-1.0", "memory per node"),
     # Slurm settings on the local cluster would be dropped: refused

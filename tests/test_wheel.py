@@ -118,5 +118,7 @@ def test_installed_wheel_runs_a_sweep_from_another_directory(venv, tmp_path):
     assert "1 done" in status
     report = _run([py, "-m", "launcher.report", rel], cwd=tmp_path, env=env).stdout
     assert "report.md" in report
-    _run([py, "-m", "launcher.sync", rel], cwd=tmp_path, env=env)
+    # It ran with tracking=off: sync is given a store (without one it refuses, having nothing to sync to).
+    _run([py, "-m", "launcher.sync", rel, "--tracking-uri", f"sqlite:///{work / 'synced.db'}"], cwd=tmp_path, env=env)
+    assert (work / "synced.db").exists()
     assert not (tmp_path / "outputs").exists()  # nothing new lands in the directory the commands ran in
