@@ -81,7 +81,8 @@ def test_a_slowed_node_is_named_excluded_by_health_auto_and_back_after_a_clean_p
         assert all(SLOW_NODE in (c.cluster.exclude or "") for c in state.cells)
         said = capsys.readouterr().out
         assert "as the probe of" in said and f"health: excluded {SLOW_NODE}" in said  # the recent probe, reused
-    from launcher import finish, status
+    from launcher import finish
+    from launcher.commands import status
 
     assert status.wait(state, timeout_s=300)
     finish.finalize(SweepState.load(state.path))

@@ -15,10 +15,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from launcher import finish, status, sync
+from launcher import finish, sync
 from launcher.__main__ import main
 from launcher.cluster.slurm.nodelist import expand_nodelist
 from launcher.cluster.slurm.resources import max_array_size
+from launcher.commands import status
 from launcher.plan.cell import CellStatus
 from launcher.report.collect import collect, looks_of
 from launcher.state import SweepState

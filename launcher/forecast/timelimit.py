@@ -35,6 +35,9 @@ AUTO = "auto"
 MARGIN = 1.5  # a run may take half as long again as expected: the runs of a configuration here differ by far less
 FLOOR_MIN = 1  # Slurm counts limits in whole minutes
 DEFAULT_MIN = 60  # where nothing can be forecast: the limit every cell asked for before
+# Slurm's sbatch --signal: "the signal may be sent up to 60 seconds earlier than specified" (its event
+# resolution): a run must end that long before the warning too.
+SIGNAL_RESOLUTION_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,8 @@ class TimeAsked:
 def minutes_for(expected_s: float, signal_delay_s: float = 0.0) -> int:
     """The limit for a run expected to take ``expected_s``: the warning signal comes ``signal_delay_s``
     before the limit and checkpoints and requeues the run, so the run must end before it."""
-    return max(FLOOR_MIN, math.ceil((MARGIN * expected_s + signal_delay_s) / 60.0))
+    warning_s = signal_delay_s + SIGNAL_RESOLUTION_S if signal_delay_s else 0.0
+    return max(FLOOR_MIN, math.ceil((MARGIN * expected_s + warning_s) / 60.0))
 
 
 def used_s(state: SweepState, cell: Cell) -> float | None:
@@ -100,7 +104,7 @@ def section(state: SweepState) -> list[str]:
         return []
     lines = ["## Time limits (cluster.timeout_min=auto)", "",
              f"Each cell asked for {MARGIN:g}x the wall time its configuration used or was forecast to use, plus "
-             f"cluster.signal_delay_s (the warning before the limit requeues a run), in whole minutes (at least "
+             f"cluster.signal_delay_s and 60 s (the warning before the limit requeues a run; Slurm may send it a minute early), in whole minutes (at least "
              f"{FLOOR_MIN}); where nothing could be forecast, {DEFAULT_MIN} min.", "",
              "| cell | asked min | used s | used / asked | rests on |", "|---|---:|---:|---:|---|"]
     for c in asked:
