@@ -20,13 +20,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Entry:
-    """One command: its name, the module that holds it, what it does in one line, and the module
-    ``python -m`` runs for it (its entry shim)."""
+    """One command: its name (its module is launcher/commands/<name>.py), what it does in one line,
+    and the module ``python -m`` runs for it (its entry shim)."""
 
     name: str
-    module: str
     summary: str
     shim: str
+
+    @property
+    def module(self) -> str:
+        return f"launcher.commands.{self.name}"
 
     @property
     def prog(self) -> str:
@@ -34,20 +37,13 @@ class Entry:
 
 
 COMMANDS = (
-    Entry("run", "launcher.commands.run", "a grid of settings -> cells -> jobs -> MLflow -> the comparison",
-          "launcher"),
-    Entry("status", "launcher.commands.status", "a sweep's progress from any shell: wait, cancel, resubmit",
-          "launcher.status"),
-    Entry("sync", "launcher.commands.sync", "log to MLflow what did not reach it, or a whole sweep to another store",
-          "launcher.sync"),
-    Entry("report", "launcher.commands.report", "a sweep's or an experiment's report; sweep against sweep (--compare)",
-          "launcher.report"),
-    Entry("forecast", "launcher.commands.forecast", "cells not run, forecast from a sweep that was",
-          "launcher.forecast"),
-    Entry("health", "launcher.commands.health", "every node probed, judged and kept in a ledger; --check one node",
-          "launcher.health"),
-    Entry("history", "launcher.commands.history", "an experiment's sweeps or a node ledger over time, change points",
-          "launcher.history"),
+    Entry("run", "a grid of settings -> cells -> jobs -> MLflow -> the comparison", "launcher"),
+    Entry("status", "a sweep's progress from any shell: wait, cancel, resubmit", "launcher.status"),
+    Entry("sync", "log to MLflow what did not reach it, or a whole sweep to another store", "launcher.sync"),
+    Entry("report", "a sweep's or an experiment's report; sweep against sweep (--compare)", "launcher.report"),
+    Entry("forecast", "cells not run, forecast from a sweep that was", "launcher.forecast"),
+    Entry("health", "every node probed, judged and kept in a ledger; --check one node", "launcher.health"),
+    Entry("history", "an experiment's sweeps or a node ledger over time, change points", "launcher.history"),
 )
 
 
