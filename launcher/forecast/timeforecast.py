@@ -21,19 +21,21 @@ def asked(cells: list[Cell], predicted: dict[int, fit.StateBytes], root: Path, k
     if found is None:
         return {c.index: _default("no earlier sweep of this cluster to forecast from") for c in cells}
     state, points = found
-    measured = _measured_by_settings(state, points)
-    startup = _startup_s(state, points)
+    runs = _runs(state, points)
+    startup = max((max(0.0, used - steps * p.observed.step_ms / 1000.0) for p, used, steps in runs), default=None)
     made, _, _ = forecast_cells(cells, predicted, points, inputs.probes_of(state))
     out = {}
     for f in made:
         settings = inputs.point_settings(row_of(f.cell))
+        seen = max((used for p, used, _ in runs if p.settings == settings), default=None)
         steps = f.cell.config.steps if f.cell.resolved is not None else None
-        if (seen := measured.get(_frozen(settings))) is not None:
-            out[f.cell.index] = TimeAsked(minutes_for(seen, f.cell.cluster.signal_delay_s), seen, f"measured: its configuration used {seen:.0f} s "
-                                                                 f"in {state.name}")
+        delay_s = f.cell.cluster.signal_delay_s
+        if seen is not None:
+            out[f.cell.index] = TimeAsked(minutes_for(seen, delay_s), seen,
+                                          f"measured: its configuration used {seen:.0f} s in {state.name}")
         elif f.prediction is not None and steps and startup is not None:
             expected = startup + steps * f.prediction.step_ms / 1000.0
-            out[f.cell.index] = TimeAsked(minutes_for(expected, f.cell.cluster.signal_delay_s), expected,
+            out[f.cell.index] = TimeAsked(minutes_for(expected, delay_s), expected,
                                           f"forecast: {steps} steps x {f.prediction.step_ms:.1f} ms + {startup:.0f} s "
                                           f"start-up ({state.name})")
         else:
@@ -45,33 +47,14 @@ def _default(why: str) -> TimeAsked:
     return TimeAsked(DEFAULT_MIN, None, f"default {DEFAULT_MIN} min: {why}")
 
 
-def _frozen(settings: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(settings.items()))
-
-
-def _by_name(state: SweepState) -> dict[str, Cell]:
-    return {c.name: c for c in state.cells}
-
-
-def _measured_by_settings(state: SweepState, points: list[inputs.Point]) -> dict[tuple, float]:
-    cells = _by_name(state)
-    out = {}
+def _runs(state: SweepState, points: list[inputs.Point]) -> list[tuple[inputs.Point, float, int]]:
+    """Each measured run of the sweep, read once: its configuration, the wall time it used, its steps."""
+    cells = {c.name: c for c in state.cells}
+    out = []
     for p in points:
-        seen = [s for m in p.members if (c := cells.get(str(m.get("cell")))) and (s := used_s(state, c)) is not None]
-        if seen:
-            out[_frozen(p.settings)] = max(seen)
-    return out
-
-
-def _startup_s(state: SweepState, points: list[inputs.Point]) -> float | None:
-    """The longest wall time a run spent outside its measured steps (start, build, compile, probes)."""
-    cells = _by_name(state)
-    seen = []
-    for p in points:
-        for m in p.members:
-            cell = cells.get(str(m.get("cell")))
+        for member in p.members:
+            cell = cells.get(str(member.get("cell")))
             used = used_s(state, cell) if cell else None
-            steps = state.load_spec(cell).train.steps if cell and used is not None else None
-            if used is not None and steps:
-                seen.append(used - steps * p.observed.step_ms / 1000.0)
-    return max(0.0, max(seen)) if seen else None
+            if cell and used is not None:
+                out.append((p, used, state.load_spec(cell).train.steps))
+    return out
