@@ -219,7 +219,9 @@ def test_three_probes_and_two_sweeps_started_in_the_same_second_keep_five_folder
     sweep = [*FAST, "tracking=off", "comm_probe_steps=0", "local_probe_steps=0", root]
     procs = [subprocess.Popen(_pinned("launcher.health", stamp, *probe), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(3)]
-    procs += [subprocess.Popen(_pinned("launcher", stamp, *sweep), stdout=subprocess.PIPE,
+    # The same command twice: without --allow-concurrent the second may (rightly) be refused as a
+    # duplicate of the first, depending on which reaches its record first.
+    procs += [subprocess.Popen(_pinned("launcher", stamp, "--allow-concurrent", *sweep), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * 5, "\n".join(outs)
