@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import metrics, records
-from contract.mlflow_client import PARAM_MAX_CHARS, PARAMS_PER_BATCH
+from contract.mlflow_client import PARAM_MAX_CHARS, PARAMS_PER_BATCH, TURN_WAIT_S
 
 METRICS_FILE = "metrics.jsonl"  # the job's records, written by rank 0 (jobs/sinks.py)
 RUN_ID_FILE = "mlflow_run_id"
@@ -134,7 +134,7 @@ def _template(cell_dir: Path) -> dict[str, Any]:
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    # One creator of the cell's run at a time (the launcher, status, sync, rank 0): a turn around an
-    # MLflow call, whose own deadline bounds it, not a record write, so it waits for its holder.
-    with records.holding(path, wait_s=None):
+    # One creator of the cell's run at a time (the launcher, status, sync, rank 0): a turn around a few
+    # MLflow calls, each bounded by its own deadline, so it waits for its holder that long, not forever.
+    with records.turn(path, TURN_WAIT_S, f"{path.parent}: the cell's MLflow run"):
         yield

@@ -83,6 +83,9 @@ def client(uri: str):
 # 100 s, a fresh SQLite store's migrations a few seconds), a search, a logged batch or artifact. A
 # server's calls are bounded sooner by the HTTP settings above (10 s, one retry).
 CALL_DEADLINE_S = 60.0
+# The longest a process waits for its turn at a run (one run creator at a time: contract/cell_run.py,
+# launcher/track/runs.py): the holder's few calls, each within CALL_DEADLINE_S, then an error naming it.
+TURN_WAIT_S = 5 * CALL_DEADLINE_S
 # Once a stop was asked (Ctrl-C, SIGTERM, SIGHUP), the longest a call may still wait on the store,
 # from the call's start or the signal, whichever is later: a store that answers has its runs marked
 # KILLED, one that does not holds the exit up this long, once.

@@ -89,17 +89,26 @@ def holding(path: Path, wait_s: float | None = LOCK_WAIT_S) -> Iterator[bool]:
 def locked(record: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """``record``'s lock held while the block runs, or a RecordError after ``wait_s``: ``.<name>.lock``
     beside it (never the record itself, which os.replace swaps for a file the old lock does not cover)."""
-    lock = Path(record).with_name(f".{Path(record).name}.lock")
+    with turn(Path(record).with_name(f".{Path(record).name}.lock"), wait_s, f"{record}: its lock"):
+        yield
+
+
+@contextlib.contextmanager
+def turn(lock: Path, wait_s: float, what: str | None = None) -> Iterator[None]:
+    """The lock file ``lock`` held while the block runs, or a RecordError after ``wait_s`` naming its
+    holder and ``what`` waited (default: the lock file itself)."""
+    lock = Path(lock)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with holding(lock, wait_s) as taken:
         holder = ""
         if not taken:
             with contextlib.suppress(OSError):
                 holder = lock.read_text().strip()
-            raise RecordError(f"{record}: its lock {lock} is held by {holder or 'a process'} for more than {wait_s:g} s; nothing was "
-                              f"written. Fix: wait for that process to end, or end it if it hangs (a lock is freed "
-                              f"when its process ends; on NFS a crashed client's lock is freed by the server's lock "
-                              f"recovery); {SHARED_FS}.")
+            raise RecordError(f"{what or lock} {'(' + str(lock) + ') ' if what else ''}is held by "
+                              f"{holder or 'a process'} for more than {wait_s:g} s; nothing was written. Fix: wait "
+                              f"for that process to end, or end it if it hangs (a lock is freed when its process "
+                              f"ends; on NFS a crashed client's lock is freed by the server's lock recovery); "
+                              f"{SHARED_FS}.")
         yield
 
 

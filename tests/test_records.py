@@ -235,3 +235,31 @@ def test_three_probes_and_two_sweeps_started_in_the_same_second_keep_five_folder
     states = [SweepState.load(s) for s in sweeps]
     assert len({(s.name, s.sweep_id, s.sweep_dir) for s in states}) == 2
     assert all(s.cells[0].status.value == "done" and s.read_result(s.cells[0]) for s in states)
+
+
+def test_a_lock_held_by_another_process_ends_the_wait_at_its_bound_naming_the_holder(tmp_path, monkeypatch):
+    """A record's lock, and a turn at a cell's MLflow run, held by a process that does not let go: the
+    wait ends at its bound with an error naming the holder (host:pid), and nothing is written."""
+    from contract import cell_run
+
+    record, run_dir = tmp_path / "sweep.json", tmp_path / "cell"
+    run_dir.mkdir()
+    hold = ("import contextlib, pathlib, sys, time; from contract import records; stack = contextlib.ExitStack(); "
+            "[stack.enter_context(records.holding(pathlib.Path(p), wait_s=0)) for p in sys.argv[1:]]; "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / ".sweep.json.lock"),
+                               str(run_dir / cell_run.LOCK_FILE)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with pytest.raises(records.RecordError, match=rf"held by \S+:{holder.pid} for more than 0.3 s"):
+            with records.locked(record, wait_s=0.3):
+                record.write_text("{}")
+        monkeypatch.setattr(cell_run, "TURN_WAIT_S", 0.3)
+        with pytest.raises(records.RecordError, match=rf"the cell's MLflow run .*held by \S+:{holder.pid}"):
+            cell_run.remember_run(run_dir, "r1")
+        assert time.monotonic() - started < 5
+        assert not record.exists() and not (run_dir / cell_run.RUN_ID_FILE).exists()
+    finally:
+        holder.kill()
+        holder.wait()

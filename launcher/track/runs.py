@@ -224,8 +224,13 @@ LOCK_FILE = "mlflow.lock"
 def runs_lock(state: SweepState, wait: bool = True) -> Iterator[bool]:
     """One run creator at a time per sweep (the launcher, a background sync, a status): yields whether
     this process holds the lock (False only with wait=False while another one works)."""
-    with records.holding(state.path / LOCK_FILE, wait_s=None if wait else 0) as taken:
-        yield taken
+    if not wait:
+        with records.holding(state.path / LOCK_FILE, wait_s=0) as taken:
+            yield taken
+        return
+    # The holder's calls are each bounded (CALL_DEADLINE_S); a holder that outlives them all is named.
+    with records.turn(state.path / LOCK_FILE, mlflow_client.TURN_WAIT_S, f"{state.path}: the sweep's MLflow runs"):
+        yield True
 
 
 def ensure_runs(state: SweepState, wait: bool = True) -> int:
