@@ -45,8 +45,9 @@ def torchrun_env(env: Mapping[str, str]) -> dict[str, str]:
 
 class OnSlurm:
     """``target`` (what submitit pickles: jobs/__main__.py's ``SpecFile``) run in a Slurm task after its
-    variables are translated. It has no ``checkpoint`` method, so submitit's own handler requeues
-    nothing: the ranks save and requeue at a step boundary (jobs/preempt.py)."""
+    variables are translated. Neither has a ``checkpoint`` method (nor had the classes they replaced):
+    a cell's ranks replace submitit's signal handlers with their own as they start, and save and
+    requeue at a step boundary (jobs/preempt.py)."""
 
     def __init__(self, target: Callable[..., Any]) -> None:
         self.target = target
