@@ -2,13 +2,16 @@
 [--out DIR]``. A probe's file names its program (contract/programs.py: the fabric probe,
 jobs/fabric.py, or the node-health probe, jobs/nodeprobe.py); any other file is a cell's spec.json.
 
-What any launcher can start: under ``torchrun --nproc-per-node N -m jobs spec.json`` (one machine:
-the torchrun backend, or a cell reproduced by hand from its reproduce.sh), or ``srun ... python -m
-jobs spec.json`` in an allocation. The rank's place comes from the environment its launcher gives
-it (jobs/dist.py, the one reader); the spec is the cell's ``spec.json`` (contract/codec.py: the
-RunSpec the launcher wrote), and the results land where the submitit path writes them: the spec's
-``out_dir`` (result.json, metrics.jsonl, ranks/). ``--out DIR``: write them there instead, and log
-no MLflow run (a run by hand never writes over the sweep's figures or its runs).
+Every rank program of every backend starts here (:func:`run_file`): under ``torchrun
+--nproc-per-node N -m jobs spec.json`` (one machine: the torchrun backend, a site's backend, or a
+cell reproduced by hand from its reproduce.sh), ``srun ... python -m jobs spec.json`` in an
+allocation, or as what submitit pickles (:class:`SpecFile`: the file's path, nothing else; the
+local and Slurm backends). The rank's place comes from the environment its launcher gives it
+(jobs/dist.py, the one reader), regrouped into the spec's emulated nodes where one machine's ranks
+were started as one node; the spec is the cell's ``spec.json`` (contract/codec.py: the RunSpec the
+launcher wrote), and the results land in the spec's ``out_dir`` (result.json, metrics.jsonl,
+ranks/). ``--out DIR``: write them there instead, and log no MLflow run (a run by hand never writes
+over the sweep's figures or its runs).
 
 The spec is validated when it is read as it was when it was written (RunSpec.validate: the schema's
 own checks), so a spec edited by hand (``batch_size: 0``, ``lr: NaN``, an unknown key) is refused
@@ -88,18 +91,40 @@ def emulated_nodes(environ: Mapping[str, str], tasks_per_node: int) -> dict[str,
             rank_env.MACHINE_RANKS: str(machine)}
 
 
-def run_probe(spec: ProbeSpec | NodeProbeSpec) -> None:
-    """Every rank of a probe: its place regrouped where it emulates nodes, then its program."""
+def run_file(path: str, out_dir: str | None = None) -> None:
+    """One rank of the cell or probe whose spec file is ``path`` (results to ``out_dir`` if given): its
+    place regrouped where the spec emulates nodes, then its program. Refused: the file or a setting
+    in it, before the rank starts."""
+    spec: RunSpec | ProbeSpec | NodeProbeSpec | None = load_probe(path, out_dir)
+    if spec is None:
+        spec = load(path, out_dir)
     if spec.emulate_nodes:
         os.environ.update(emulated_nodes(os.environ, spec.layout.tasks_per_node))
+    # torch: imported after the spec is read, so a refusal costs no import
     if isinstance(spec, ProbeSpec):
-        from jobs import fabric  # torch: after the arguments are read
+        from jobs import fabric
 
         fabric.main(spec)
-    else:
+    elif isinstance(spec, NodeProbeSpec):
         from jobs import nodeprobe
 
         nodeprobe.main(spec)
+    else:
+        from jobs import worker
+
+        worker.main(spec)
+
+
+class SpecFile:
+    """What a backend that pickles its rank program (submitit) submits: the spec file's path, nothing
+    else; each rank runs it as ``python -m jobs FILE`` does (:func:`run_file`), so the file the
+    backend wrote is what ran."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+
+    def __call__(self) -> None:
+        run_file(self.path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,19 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the results here, not to the spec's out_dir, and log no MLflow run")
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-        probe = load_probe(args.spec, args.out)
-        if probe is not None:
-            run_probe(probe)
-            return 0
-        spec = load(args.spec, args.out)
+        run_file(args.spec, args.out)
     except Refused as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
-    from jobs.worker import main as run_rank  # torch: after the arguments are read
-
-    run_rank(spec)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

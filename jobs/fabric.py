@@ -1,7 +1,8 @@
 """The fabric probe on the ranks: how fast the job's own ranks move bytes.
 
-A job of its own, submitted like a cell on the same shape (launcher/cluster/submit.py) and run
-before the cells, so it is inside no measured window. For each scope (``intra_node``: the ranks of
+A job of its own, started from its spec file as a cell of the same shape is (``python -m jobs
+probe-spec.json``, through the sweep's backend) and run before the cells, so it is inside no
+measured window. For each scope (``intra_node``: the ranks of
 one node; ``inter_node``: every rank, across nodes), each collective (all-reduce, all-gather,
 reduce-scatter) and each message size it times ``iters`` back-to-back operations after
 ``warmup_iters``; the figures and the fit are nccl-tests' (contract/fabric.py).
@@ -22,7 +23,7 @@ from contract import records
 from contract.fabric import COLLECTIVES, ELEMENT_BYTES, RESULT_FILE, SCOPES, ProbeSpec, fits, point, whole_count
 from contract.spec import Layout
 
-__all__ = ["COLLECTIVES", "RESULT_FILE", "SCOPES", "Probe", "ProbeSpec", "main"]
+__all__ = ["COLLECTIVES", "RESULT_FILE", "SCOPES", "ProbeSpec", "main"]
 
 
 # ---- the cores a rank really has ----------------------------------------------------------------
@@ -122,13 +123,6 @@ def distortions(machines: dict[str, dict[str, Any]], nodes: int) -> list[str]:
 
 
 # ---- the probe on the ranks ---------------------------------------------------------------------
-
-class Probe:
-    """What submitit pickles and calls on every rank of a probe job."""
-
-    def __call__(self, spec: ProbeSpec) -> dict[str, Any]:
-        return main(spec)
-
 
 def main(spec: ProbeSpec) -> dict[str, Any]:
     """Measure every scope this shape has; rank 0 writes the result (fabric.json) and returns it."""

@@ -30,16 +30,9 @@ from contract.health import RESULT_FILE, NodeProbeSpec, pair_rounds
 from contract.metrics import MEASURED_MATMUL_TFLOPS
 from contract.spec import ModelSpec
 
-__all__ = ["RESULT_FILE", "NodeProbe", "NodeProbeSpec", "main"]
+__all__ = ["RESULT_FILE", "NodeProbeSpec", "main"]
 
 DCGM_TIMEOUT_S = 300
-
-
-class NodeProbe:
-    """What submitit pickles and calls on every rank (one per node) of a health probe job."""
-
-    def __call__(self, spec: NodeProbeSpec) -> dict[str, Any]:
-        return main(spec)
 
 
 def main(spec: NodeProbeSpec) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""The entry point submitit runs on every rank: layout -> process group -> benchmark -> sinks.
+"""One rank of one cell (``python -m jobs spec.json`` calls :func:`main`, under every backend): layout ->
+process group -> benchmark -> sinks. Preemption is handled inside the step loop (jobs/schedule.py,
+jobs/preempt.py), where all ranks can agree and save together, not in a launcher's signal handler.
 
 Orchestration only, as named steps: ``main(spec)`` places the rank and opens its sinks;
 :func:`benchmark` builds the model (:func:`set_up`), runs the schedule (:func:`run_schedule`),
@@ -317,13 +319,3 @@ def log_report(rank: Rank, reported: Report) -> None:
         with observer.phase("sink_log_system"):
             sink.log_system(reported.system)
 
-
-class Worker:
-    """What submitit pickles and calls on every rank.
-
-    Preemption is handled inside the step loop (jobs/schedule.py, jobs/preempt.py), where all ranks
-    can agree and save together, not in submitit's per-process signal handler.
-    """
-
-    def __call__(self, spec: RunSpec) -> dict[str, Any]:
-        return main(spec)

@@ -71,8 +71,8 @@ def nodes_of(asked: Asked) -> list[str]:
 
 
 def where(cluster: ClusterConfig) -> str:
-    """The pool of nodes a probe covers, in words: ``partition gpu``, ``partition (default)``."""
-    return f"partition {cluster.pool() or '(default)'}"
+    """The pool of nodes a probe covers, in its backend's words: ``partition gpu``, ``this machine``."""
+    return cluster.pool_words()
 
 
 def plan_cost(nodes: int, nodes_per_job: int, in_turn: bool) -> dict[str, Any]:
@@ -87,8 +87,9 @@ def run(asked: Asked) -> Probed:
     one_machine = asked.cluster.one_machine
     names = nodes_of(asked)
     if not names:
-        raise RuntimeError(f"no node to probe: {where(asked.cluster)} has no node that takes jobs (sinfo -N shows "
-                           f"their states), or the nodes asked for (cluster.nodelist, cluster.exclude) left none")
+        raise RuntimeError(f"no node to probe: {where(asked.cluster)} has no node that takes jobs, or the nodes its "
+                           f"settings name, less those they keep out, left none (Slurm: sinfo -N shows the nodes' "
+                           f"states; cluster.nodelist, cluster.exclude)")
     folder = records.new_folder(asked.output_root / "health")  # probes started in the same second: -2, -3
     chunks = [names] if one_machine else [names[i:i + asked.nodes_per_job]
                                           for i in range(0, len(names), asked.nodes_per_job)]
@@ -210,19 +211,20 @@ def said(probed: Probed) -> list[str]:
 # ---- health=auto: before a sweep's cells ---------------------------------------------------------
 
 def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
-    """``health=auto|always``: judge the nodes of the cells' partitions, keep the flagged ones out of
-    every cell (cluster.exclude, beside the user's own), and say so. ``auto`` takes the ledger's latest
-    probe when it is younger than REUSE_WITHIN_MIN and covers the partition's nodes, else probes;
-    ``always`` probes. A node flagged by the probe before and clean in this one comes back. A placement
-    (a run's node list) on a flagged node is dropped: Slurm places that run elsewhere. Returns what
-    the sweep's report says (None: health=off)."""
+    """``health=auto|always``: judge the nodes of the cells' pools (Slurm: partitions), keep the flagged
+    ones out of every cell (``Backend.excluding``: Slurm's cluster.exclude, beside the user's own), and
+    say so. ``auto`` takes the ledger's latest probe when it is younger than REUSE_WITHIN_MIN and covers
+    the pool's nodes, else probes; ``always`` probes. A node flagged by the probe before and clean in
+    this one comes back. A placement (a run's node list) on a flagged node is dropped: the scheduler
+    places that run elsewhere. Returns what the sweep's report says (None: health=off): each probe's
+    pool and its backend's words for it (``where``), never a backend's key."""
     cfg = cells[0].config
     if cfg.health is HealthMode.off:
         return None
     notes: dict[str, Any] = {"probes": []}
     backend = backend_for(cells[0].cluster.name)
-    for partition in dict.fromkeys(c.cluster.pool() for c in cells):
-        first = next(c for c in cells if c.cluster.pool() == partition)
+    for pool in dict.fromkeys(c.cluster.pool() for c in cells):
+        first = next(c for c in cells if c.cluster.pool() == pool)
         root = Path(cfg.output_root)
         asked = Asked(first.cluster, root, whole_pool=True,
                       tracking_uri=(cfg.tracking.uri or f"sqlite:///{(root / 'mlflow.db').resolve()}")
@@ -240,7 +242,7 @@ def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
             try:
                 probed = run(asked)
             except RuntimeError as exc:  # no figures: the sweep runs on every node, and says why
-                notes["probes"].append({"partition": partition, "error": str(exc), "excluded": [], "back": []})
+                notes["probes"].append({"pool": pool, "where": here, "error": str(exc), "excluded": [], "back": []})
                 print(f"health: {exc}; no node excluded", flush=True)
                 continue
             print("\n".join(said(probed)), flush=True)
@@ -248,9 +250,9 @@ def before_cells(cells: list[Cell]) -> dict[str, Any] | None:
         verdicts = latest["verdicts"]
         flagged = list(verdicts["flagged"])
         back = sorted(set(previous["verdicts"]["flagged"]) - set(flagged)) if previous else []
-        for cell in (c for c in cells if c.cluster.pool() == partition):
+        for cell in (c for c in cells if c.cluster.pool() == pool):
             backend.excluding(cell, flagged)  # a run placed on a flagged node is placed elsewhere
-        notes["probes"].append({"partition": partition, "excluded": flagged, "back": back,
+        notes["probes"].append({"pool": pool, "where": here, "excluded": flagged, "back": back,
                                 "why": {n: verdicts["slow_nodes"].get(n) or [verdicts["dcgm_failed"].get(n)
                                                                               or "its network is slow"]
                                         for n in flagged},

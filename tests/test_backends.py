@@ -1,7 +1,8 @@
 """The backends' interface as written and as built: docs/backends.md names every abstract method of
 ``Backend`` (a backend written from that page instantiates), no backend subclasses another, node
 settings are rewritten by their backend alone, and a probe starts from its spec file through
-``python -m jobs`` (the torchrun backend's: no pickle)."""
+``python -m jobs``' entry (the torchrun backend's from its command line; Slurm's from a pickle of the
+file's path alone)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,48 @@ def test_the_torchrun_backend_runs_the_node_probe_from_its_spec_file(tmp_path, c
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("health/*/record.json")]
     assert len(record["nodes"]) == 2 and len(record["pairs"]) == 1, record
     assert all(v > 0 for n in record["nodes"].values() for v in n["figures"].values())
+
+
+def test_what_slurm_pickles_is_a_spec_files_path_that_each_task_runs_as_python_m_jobs(tmp_path):
+    """What the Slurm backend gives submitit is the spec file's path alone (pickled as submitit does,
+    with cloudpickle); each task unpickles it and, its Slurm variables translated (OnSlurm), runs
+    the fabric probe from the file. Two real tasks on gloo, as a job's would be, without Slurm (under
+    sbatch: tests/test_slurm.py)."""
+    import os
+    import random
+    import socket
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from contract import programs
+    from contract.fabric import RESULT_FILE, ProbeSpec
+    from contract.rendezvous import port_for_job
+    from contract.spec import Layout
+    from launcher.cluster.slurm import submit
+
+    spec = ProbeSpec(out_dir=str(tmp_path / "fabric"), layout=Layout(nodes=1, tasks_per_node=2, cpus_per_task=1),
+                     sizes_bytes=[1024, 64 * 1024], iters=2, warmup_iters=1, collective_timeout_s=60)
+    path = programs.write(tmp_path / "fabric", spec)
+    pickled = cloudpickle.dumps(submit.from_spec_file(path))
+    assert str(path).encode() in pickled and b"sizes_bytes" not in pickled  # the path, not the spec
+    (tmp_path / "job.pkl").write_bytes(pickled)
+
+    def port_free(job_id: str) -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port_for_job(job_id))) != 0
+
+    job_id = next(j for j in (str(random.randrange(10**6, 10**7)) for _ in range(100)) if port_free(j))
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    tasks = [subprocess.Popen([sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))()",
+                               str(tmp_path / "job.pkl")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**clean, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+                                   "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_JOB_ID": job_id,
+                                   "SLURM_JOB_NODELIST": "localhost"})
+             for rank in range(2)]
+    outputs = [task.communicate(timeout=180)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs
+    result = json.loads((tmp_path / "fabric" / RESULT_FILE).read_text())
+    assert {p["ranks"] for p in result["points"]} == {2} and result["fits"]

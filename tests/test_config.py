@@ -189,27 +189,68 @@ class KubeSettings(ClusterConfig):
     name: str = "kube"
     namespace: str = field(default="bench", metadata=shell("plain"))
 '''
+# A pod runner rehearsed on this machine: the backend starts each cell's and each probe's ranks itself,
+# from their spec files, with the one-machine helpers (launcher/cluster/processes.py), through what its
+# pods would run (pod.py: torchrun over ``python -m jobs FILE``).
 SITE_BACKEND = '''
-from launcher.cluster.local.backend import LocalBackend
+from pathlib import Path
+
+from launcher.cluster import processes
+from launcher.cluster.base import Wording
+from launcher.cluster.onemachine import OneMachineBackend
 
 
-class KubeBackend(LocalBackend):
+def pod(cluster, ranks):
+    """The command before a spec file: a pod of ``ranks`` ranks (kube_site/pod.py), here on this machine."""
+    return f"{cluster.python_command()} -m kube_site.pod {ranks}"
+
+
+class KubeBackend(OneMachineBackend):
     name = "kube"
+    words = Wording(where="in its pods", scheduler="the pod runner", submitter="the pod runner")
+
+    def rank_launch(self, cell):
+        return pod(cell.cluster, cell.world_size)
+
+    def _start(self, state, cells, after_each_cell, interrupts, after):
+        processes.run_cells(state, cells, self.rank_launch, after_each_cell, interrupts)
+
+    def start_probe(self, state, cell, spec):
+        return processes.run_probe(Path(spec.out_dir), cell.cluster, pod(cell.cluster, cell.world_size), spec)
 
     def describe_submission(self, cells, folder, max_array_size):
         return [f"kube: {len(cells)} job(s) in namespace {cells[0].cluster.namespace}"]
 '''
+SITE_POD = '''
+"""What a pod runs: ``python -m kube_site.pod RANKS FILE [ARGS]``, the spec file it was given
+recorded beside it (pod.json), then FILE's ranks under torchrun, each ``python -m jobs FILE``."""
+import json
+import os
+import sys
+from pathlib import Path
+
+ranks, spec_file, *rest = sys.argv[1:]
+Path(spec_file).with_name("pod.json").write_text(json.dumps({"spec_file": spec_file, "ranks": int(ranks)}))
+os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                          "--nproc-per-node", ranks, "-m", "jobs", spec_file, *rest])
+'''
+SITE_RUN = ["model=gpt_tiny", "model.seq_len=32", "model.vocab_size=256", "batch_size=4", "steps=4", "warmup_steps=2",
+            "repeats=1", "runs=1", "nodes=1", "cluster.tasks_per_node=2", "tracking.enabled=false", "fabric.probe=always"]
 
 
+@pytest.mark.slow
 def test_a_sites_backend_is_its_package_an_entry_point_and_its_conf_file(tmp_path):
     """The rehearsal of a new backend, done for real outside the repository: a package with its
-    settings (its own key, shell-checked) and its backend, found through the entry point group, and
-    its conf file in a site's config directory. No file of the project is edited: the schema reads
-    its keys, refuses another backend's (Slurm's account and partition), and --plan runs through it."""
+    settings (its own key, shell-checked), its backend and what its pods run, found through the entry
+    point group, and its conf file in a site's config directory. No file of the project is edited: the
+    schema reads its keys, refuses another backend's (Slurm's account and partition), --plan runs
+    through it, and a sweep runs its fabric probe and its cell from their spec files through it."""
+    import json
     import os
     import subprocess
     import sys
 
+    from contract import programs
     from launcher.cluster.registry import ENTRY_POINT_GROUP
 
     site = tmp_path / "site"
@@ -217,6 +258,7 @@ def test_a_sites_backend_is_its_package_an_entry_point_and_its_conf_file(tmp_pat
     (site / "kube_site" / "__init__.py").write_text("")
     (site / "kube_site" / "settings.py").write_text(SITE_SETTINGS)
     (site / "kube_site" / "backend.py").write_text(SITE_BACKEND)
+    (site / "kube_site" / "pod.py").write_text(SITE_POD)
     meta = site / "kube_site-0.1.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: kube-site\nVersion: 0.1\n")
@@ -224,22 +266,38 @@ def test_a_sites_backend_is_its_package_an_entry_point_and_its_conf_file(tmp_pat
     (tmp_path / "conf" / "cluster").mkdir(parents=True)
     (tmp_path / "conf" / "cluster" / "kube.yaml").write_text("defaults:\n  - kube_schema\n  - _self_\nname: kube\n"
                                                             "namespace: team-a\n")
+    # the site's package beside this checkout's (the ranks, started by the pods, inherit it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
-    def launcher(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "launcher", "--plan", "--config-dir", str(tmp_path / "conf"),
-                               "cluster=kube", f"output_root={tmp_path / 'out'}", *args], capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": str(site)}, timeout=300)
+    def launcher(*args: str, out: str = "out") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "launcher", "--config-dir", str(tmp_path / "conf"), "cluster=kube",
+                               f"output_root={tmp_path / out}", *args], capture_output=True, text=True, env=env,
+                              timeout=300)
 
-    planned = launcher("cluster.namespace=team-b")
+    planned = launcher("--plan", "cluster.namespace=team-b")
     assert planned.returncode == 0, planned.stderr
     assert "kube: 3 job(s) in namespace team-b" in planned.stdout  # the default 3 runs
-    wrong = launcher("cluster.account=x")
+    wrong = launcher("--plan", "cluster.account=x")
     assert wrong.returncode == 2 and "cluster.account is read only by cluster=slurm" in wrong.stderr, wrong.stderr
-    nodes = launcher("cluster.partition=gpu")  # Slurm's placement keys are Slurm's, not every backend's
+    nodes = launcher("--plan", "cluster.partition=gpu")  # Slurm's placement keys are Slurm's, not every backend's
     assert nodes.returncode == 2 and "cluster.partition is read only by cluster=slurm" in nodes.stderr, nodes.stderr
-    hostile = launcher("cluster.namespace='a;b'")
+    hostile = launcher("--plan", "cluster.namespace='a;b'")
     assert hostile.returncode == 2 and "cluster.namespace" in hostile.stderr, hostile.stderr
     assert not (tmp_path / "out").exists()
+
+    ran = launcher("-m", "strategy=ddp", *SITE_RUN, f"sweep_dir={tmp_path / 'sweep'}", out="runs")
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    (cell_dir,) = (tmp_path / "sweep" / "cells").iterdir()
+    (probe_dir,) = (tmp_path / "sweep" / "fabric").iterdir()
+    assert json.loads((cell_dir / "result.json").read_text())["summary"]["world_size"] == 2
+    assert json.loads((probe_dir / "fabric.json").read_text())["fits"]  # the probe's figures
+    # what each pod was given: the cell's spec.json, the probe's spec file; no pickle anywhere
+    assert json.loads((cell_dir / "pod.json").read_text()) == {"spec_file": str(cell_dir / "spec.json"), "ranks": 2}
+    assert json.loads((probe_dir / "pod.json").read_text()) == {"spec_file": str(probe_dir / programs.SPEC_FILE),
+                                                                "ranks": 2}
+    assert json.loads((probe_dir / programs.SPEC_FILE).read_text())["program"] == "fabric"
+    assert "-m kube_site.pod 2" in (cell_dir / "reproduce.sh").read_text()
+    assert not list(tmp_path.rglob("*.pkl"))
 
 
 def test_a_cells_cluster_settings_are_read_back_as_its_backends_class():

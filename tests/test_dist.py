@@ -7,6 +7,7 @@ import time
 import pytest
 
 from contract.rendezvous import PORT_BASE, PORT_SPAN, port_for_job
+from jobs.__main__ import emulated_nodes
 from jobs.dist import DistEnv, check_port_free
 from launcher.cluster.local.ranks import torchrun_env as local_env
 from launcher.cluster.slurm.nodelist import expand_nodelist
@@ -54,7 +55,8 @@ LOCAL = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_GLOBALID": "3", "SUBMITIT
                               master_port=29400, source="torchrun")),
         # torchrun inside a Slurm allocation: torchrun decided the layout.
         ({**SLURM, **TORCHRUN}, None, dict(rank=3, world_size=4, source="torchrun", requeue_command="")),
-        (local_env(LOCAL, 2), None, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, local_world_size=2,
+        # ... regrouped by python -m jobs into emulated nodes of 2 ranks (a spec with emulate_nodes)
+        ({**local_env(LOCAL), **emulated_nodes(local_env(LOCAL), 2)}, None, dict(rank=3, world_size=4, local_rank=1, node_rank=1, num_nodes=2, local_world_size=2,
                         master_addr="127.0.0.1", master_port=port_for_job("777"), source="submitit-local")),
         (local_env(LOCAL), None, dict(rank=3, local_rank=3, node_rank=0, num_nodes=1)),
         (LOCAL, None, dict(rank=0, world_size=1, source="single")),  # untranslated: not read

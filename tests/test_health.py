@@ -118,7 +118,8 @@ def test_the_ledger_appends_under_its_lock_and_show_prints_each_nodes_trend_and_
     assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    health.keep_in_sweep(sweep, {"probes": [{"partition": None, "excluded": ["n1"], "back": [], "judged": True,
+    health.keep_in_sweep(sweep, {"probes": [{"pool": None, "where": "partition (default)", "excluded": ["n1"],
+                                             "back": [], "judged": True,
                                              "why": {"n1": ["copy_gb_per_s 0.30x the others"]},
                                              "measured_at": "2026-11-27T20:00:00", "ledger": str(ledger),
                                              "run_id": None, "note": "", "trend": str(png)}]})

@@ -250,10 +250,8 @@ def test_jobs_never_imports_the_launcher_hydra_or_omegaconf():
 # are imported inside preflight's and the fit's functions only, before launch: never at start-up.)
 LAUNCHER_USES_OF_JOBS = {
     "jobs": "its files, hashed into the fit cache's key",
-    "jobs.worker": "the entry point every rank runs",
-    "jobs.__main__": "one cell's rank by hand under srun, once Slurm's variables are translated",
-    "jobs.fabric": "the fabric probe's entry point, submitted like the worker's",
-    "jobs.nodeprobe": "the node health probe's entry point, submitted like the fabric probe's",
+    "jobs.__main__": "the entry every rank program starts from, its spec file: what submitit pickles (SpecFile), "
+                     "and one cell's rank by hand under srun once Slurm's variables are translated",
     "jobs.models": "building a model on the meta device before launch (preflight's fit)",
     "jobs.models.checks": "refusing, before launch, a model the ranks could not build (preflight)",
     "jobs.loss": "the loss a cell trains with, for the activation estimate before launch",

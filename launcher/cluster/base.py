@@ -198,8 +198,7 @@ class Backend(ABC):
         """How to start ``cell``'s ranks by hand, the command before its spec.json (reproduce.sh:
         :func:`write_reproduce`): ``python -m jobs`` under torchrun on one machine, the default; a
         backend whose ranks run elsewhere says how (Slurm: srun, its variables translated first)."""
-        return (f"{cell.cluster.python_command()} -m torch.distributed.run --standalone --nnodes 1 "
-                f"--nproc-per-node {cell.world_size} -m jobs")
+        return torchrun_launch(cell.cluster, cell.world_size)
 
     def worker_tracking_uri(self, state: SweepState) -> str | None:
         """The MLflow store the ranks log to, None when the launcher logs for them."""
@@ -208,6 +207,13 @@ class Backend(ABC):
     def creates_runs_in_background(self, cell_count: int) -> bool:
         """Whether the sweep's MLflow runs are created by a background process, not inline."""
         return False
+
+
+def torchrun_launch(cluster: ClusterConfig, ranks: int) -> str:
+    """torchrun on this machine, ``ranks`` processes of ``python -m jobs``: the command before a spec
+    file (a cell's spec.json, a probe's probe-spec.json), as launcher/cluster/processes.py runs it."""
+    return (f"{cluster.python_command()} -m torch.distributed.run --standalone --nnodes 1 "
+            f"--nproc-per-node {ranks} -m jobs")
 
 
 def write_reproduce(cell_dir: Path, launch: str) -> Path:

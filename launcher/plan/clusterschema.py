@@ -107,6 +107,11 @@ class ClusterConfig:
         None: the cluster's default, or this machine. Probes and their records are kept per pool."""
         return None
 
+    def pool_words(self) -> str:
+        """That group in words, as the health probe's messages and a sweep's report say it (Slurm:
+        ``partition gpu``), so no shared record or message names another backend's key."""
+        return "this machine" if self.one_machine else f"cluster={self.name}"
+
     def python_command(self) -> str:
         """The interpreter command a cell's ranks run with: cluster.python, or this one."""
         return self.python or shlex.quote(sys.executable)

@@ -276,13 +276,13 @@ PLOTS_DIR = "plots"  # the report's plots folder (launcher/report/markdown.py), 
 
 def keep_in_sweep(sweep_dir: Path, notes: dict[str, Any]) -> None:
     """What health=auto found, in the sweep directory (health.json), with each probe's trend plot
-    copied among the report's plots (plots/health-<partition>.png: shown in the report, attached with
-    the others to the sweep's parent run)."""
+    copied among the report's plots (plots/health-<pool>.png, the pool its backend's settings name:
+    shown in the report, attached with the others to the sweep's parent run)."""
     import shutil
 
     for p in notes.get("probes", []):
         trend = Path(p.pop("trend", "") or "")
-        where = re.sub(r'[^A-Za-z0-9_.-]+', '_', p['partition'] or 'default')
+        where = re.sub(r'[^A-Za-z0-9_.-]+', '_', _pool(p) or 'default')
         # the ledger's history (python -m launcher.history --ledger), where one was written
         past = history_dir(Path(p["ledger"])) / "history.png" if p.get("ledger") else None
         for key, source, name in (("plot", trend, f"{PLOTS_DIR}/health-{where}.png"),
@@ -292,6 +292,11 @@ def keep_in_sweep(sweep_dir: Path, notes: dict[str, Any]) -> None:
                 shutil.copyfile(source, Path(sweep_dir) / name)
                 p[key] = name
     records.write_document(Path(sweep_dir) / SWEEP_FILE, notes)
+
+
+def _pool(probe: dict[str, Any]) -> str | None:
+    """The pool a probe of a sweep's health.json covered (``partition`` in sweeps from before ``pool``)."""
+    return probe["pool"] if "pool" in probe else probe.get("partition")
 
 
 def sweep_plots(sweep_dir: Path) -> list[Path]:
@@ -307,7 +312,7 @@ def section(sweep_dir: Path) -> list[str]:
     lines = ["## Node health", "", "`health=auto`: the nodes were probed before the cells (`python -m launcher.health`, "
              "docs/health.md)."]
     for p in notes.get("probes", []):
-        where = f"partition {p['partition'] or '(default)'}"
+        where = p.get("where") or f"partition {_pool(p) or '(default)'}"  # a sweep from before "where": Slurm's
         if p.get("error"):
             lines.append(f"- {where}: the probe failed ({p['error']}); no node was excluded.")
             continue

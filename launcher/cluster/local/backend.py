@@ -40,7 +40,7 @@ class LocalBackend(OneMachineBackend):
 
     def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec,
                    nodes: Sequence[str]) -> tuple[str | None, str | None]:
-        return submit.run_node_probe(folder, cluster, layout, spec)  # nodes: this machine, emulated
+        return submit.run_probe(folder, cluster, layout, spec)  # nodes: this machine, emulated
 
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """This machine has the GPUs the cells ask for (nvidia-smi), and a memory cgroup can be made

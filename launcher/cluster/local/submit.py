@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from contract import records
+from contract import programs, records
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import Layout
@@ -29,7 +29,7 @@ from launcher.cluster.local import memlimit
 from launcher.cluster.local.ranks import OnLocal
 from launcher.plan.cell import Cell, CellStatus
 from launcher.plan.clusterschema import ClusterConfig
-from launcher.state import SweepState
+from launcher.state import SPEC_FILE, SweepState
 
 
 def run(state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
@@ -39,12 +39,10 @@ def run(state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cel
 
 
 def _run_cell(state: SweepState, cell: Cell, stops: Interrupts) -> None:
-    from jobs.worker import Worker  # the ranks' code: imported when a cell runs, never at start-up
-
     # The cell's own memory limit (cluster.mem_gb per emulated node), as sbatch --mem would set.
     cgroup = memlimit.create(cell.cluster.mem_gb * cell.layout.nodes) if cell.cluster.mem_gb else None
     executor = local_executor(state.path / "submitit", cell.cluster, cell.layout, cgroup)
-    job = executor.submit(OnLocal(Worker()), state.load_spec(cell))
+    job = executor.submit(from_spec_file(state.cell_dir(cell) / SPEC_FILE))
     stops.watch(int(job.job_id), f"[{cell.index + 1}/{len(state.cells)}] {cell.name}", cell.cluster.signal_delay_s)
     cell.job_id, cell.status, cell.error, cell.failure_class = job.job_id, CellStatus.running, None, None
     cell.submitted_at = time.time()
@@ -126,19 +124,21 @@ def _last_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def run_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: ProbeSpec) -> tuple[str | None, str | None]:
-    """The fabric probe on this machine, to its end, before any cell starts: (job id, why it failed)."""
-    from jobs.fabric import Probe
+def run_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: ProbeSpec | NodeProbeSpec
+              ) -> tuple[str | None, str | None]:
+    """A probe (the fabric probe before any cell starts, or the node health probe on this machine's
+    emulated nodes: one process each) to its end, from its spec file in its ``out_dir`` (submitit's files
+    in ``folder``): (job id, why it failed)."""
+    path = programs.write(Path(spec.out_dir), spec)  # the probe's own folder: one file per probe
+    return _to_its_end(local_executor(folder, cluster, layout).submit(from_spec_file(path)))
 
-    return _to_its_end(local_executor(folder, cluster, layout).submit(OnLocal(Probe()), spec))
 
+def from_spec_file(path: Path) -> OnLocal:
+    """What each local task runs: ``python -m jobs``'s entry on ``path``, the file's path its only
+    content (jobs/__main__.py), after the executor's variables are translated."""
+    from jobs.__main__ import SpecFile  # the ranks' code: imported when a job is submitted, never at start-up
 
-def run_node_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec
-                   ) -> tuple[str | None, str | None]:
-    """The node health probe on this machine's emulated nodes (one process each), to its end."""
-    from jobs.nodeprobe import NodeProbe
-
-    return _to_its_end(local_executor(folder, cluster, layout).submit(OnLocal(NodeProbe()), spec))
+    return OnLocal(SpecFile(path))
 
 
 def _to_its_end(job) -> tuple[str | None, str | None]:

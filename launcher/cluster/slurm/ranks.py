@@ -1,10 +1,11 @@
 """Slurm's own variables as the ones every rank reads (contract/rank_env.py: torchrun's, and the
 project's few): the translation lives with the backend, so the ranks (jobs/) never read SLURM_*.
 
-Two ways in: :class:`OnSlurm` wraps what submitit pickles (the worker, the fabric probe) and
-translates in each task before it runs; ``python -m launcher.cluster.slurm.ranks SPEC.json [--out
-DIR]`` does the same for one cell run by hand under srun (its reproduce.sh), then runs
-``python -m jobs``.
+Two ways in, both ending in ``python -m jobs``'s entry on a spec file (jobs/__main__.py):
+:class:`OnSlurm` wraps what submitit pickles (``SpecFile``: a cell's spec.json or a probe's
+probe-spec.json, by its path alone) and translates in each task before it runs; ``python -m
+launcher.cluster.slurm.ranks SPEC.json [--out DIR]`` does the same for one cell run by hand under
+srun (its reproduce.sh).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def torchrun_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class OnSlurm:
-    """``target`` (what submitit pickles: jobs.worker.Worker, jobs.fabric.Probe) run in a Slurm task
-    after its variables are translated."""
+    """``target`` (what submitit pickles: jobs/__main__.py's ``SpecFile``) run in a Slurm task after its
+    variables are translated. Neither has a ``checkpoint`` method (nor had the classes they replaced):
+    a cell's ranks replace submitit's signal handlers with their own as they start, and save and
+    requeue at a step boundary (jobs/preempt.py)."""
 
     def __init__(self, target: Callable[..., Any]) -> None:
         self.target = target

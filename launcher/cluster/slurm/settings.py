@@ -64,6 +64,9 @@ class SlurmSettings(ClusterConfig):
     def pool(self) -> str | None:
         return self.partition
 
+    def pool_words(self) -> str:
+        return f"partition {self.partition or '(default)'}"
+
     def validate(self) -> None:
         """A container runtime needs its image; an OCI bundle must be one the nodes can run."""
         super().validate()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from contract import programs
 from contract.codec import to_plain
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
@@ -24,7 +25,7 @@ from launcher.cluster.slurm import settings
 from launcher.cluster.slurm.ranks import OnSlurm
 from launcher.cluster.slurm.settings import ContainerRuntime, SlurmSettings
 from launcher.plan.cell import Cell, CellStatus
-from launcher.state import SweepState
+from launcher.state import SPEC_FILE, SweepState
 
 
 def slurm_parameters(cluster: SlurmSettings, layout: Layout, job_name: str) -> dict[str, Any]:
@@ -75,15 +76,13 @@ def groups(cells: Sequence[Cell], max_array_size: int | None) -> list[list[Cell]
 def submit(state: SweepState, cells: Sequence[Cell], max_array_size: int | None, after: Sequence[str] = ()) -> None:
     """One sbatch per group, returning at once (launcher/cluster/slurm/backend.py); the jobs start once
     the jobs ``after`` have ended (sbatch --dependency=afterany)."""
-    from jobs.worker import Worker
-
     calls = groups(cells, max_array_size)
     refused = 0
     for group in calls:
         executor = slurm_executor(state.path / "submitit", settings.of(group[0].cluster), group[0].layout, state.name, after)
         try:
             with executor.batch():
-                jobs = [executor.submit(OnSlurm(Worker()), state.load_spec(cell)) for cell in group]
+                jobs = [executor.submit(from_spec_file(state.cell_dir(cell) / SPEC_FILE)) for cell in group]
         except Exception as exc:  # sbatch said no (submitit's FailedJobError holds its stderr): a fact about these cells
             _refused(state, group, exc)
             refused += len(group)
@@ -142,35 +141,46 @@ def slurm_executor(folder: Path, cluster: SlurmSettings, layout: Layout, job_nam
     return executor
 
 
+def from_spec_file(path: Path) -> OnSlurm:
+    """What each Slurm task runs: ``python -m jobs``'s entry on ``path``, the file's path its only
+    content (jobs/__main__.py), after Slurm's variables are translated. A requeued job reads the same
+    file again: the launcher rewrites a cell's spec.json only when the cell runs anew."""
+    from jobs.__main__ import SpecFile  # the ranks' code: imported when a job is submitted, never at start-up
+
+    return OnSlurm(SpecFile(path))
+
+
 def submit_probe(folder: Path, cluster: SlurmSettings, layout: Layout, job_name: str, spec: ProbeSpec
                  ) -> tuple[str | None, str | None]:
-    """The fabric probe as a Slurm job of the cells' shape, returning at once: (job id, sbatch's refusal)."""
-    from jobs.fabric import Probe
-
+    """The fabric probe as a Slurm job of the cells' shape, from its spec file in its ``out_dir``
+    (submitit's files in ``folder``), returning at once: (job id, sbatch's refusal)."""
+    path = programs.write(Path(spec.out_dir), spec)  # the probe's own folder: one file per probe
     try:
-        return slurm_executor(folder, cluster, layout, job_name).submit(OnSlurm(Probe()), spec).job_id, None
+        return slurm_executor(folder, cluster, layout, job_name).submit(from_spec_file(path)).job_id, None
     except Exception as exc:  # sbatch said no: the cells are submitted anyway, without fabric figures
-        lines = str(exc).strip().splitlines()
-        return None, lines[-1] if lines else type(exc).__name__
+        return None, _last_line(exc)
 
 
 def run_node_probe(folder: Path, cluster: SlurmSettings, layout: Layout, spec: NodeProbeSpec
                    ) -> tuple[str | None, str | None]:
     """The node health probe as one Slurm job, one task per node on the nodes ``cluster.nodelist``
-    names, waited for (submitit polls sacct): (job id, why it failed)."""
-    from jobs.nodeprobe import NodeProbe
-
+    names, from its spec file in its ``out_dir`` (submitit's files in ``folder``), waited for (submitit
+    polls sacct): (job id, why it failed)."""
+    path = programs.write(Path(spec.out_dir), spec)  # the probe's own folder: one file per probe
     try:
-        job = slurm_executor(folder, cluster, layout, "health-probe").submit(OnSlurm(NodeProbe()), spec)
+        job = slurm_executor(folder, cluster, layout, "health-probe").submit(from_spec_file(path))
     except Exception as exc:  # sbatch said no
-        lines = str(exc).strip().splitlines()
-        return None, f"sbatch refused the probe: {lines[-1] if lines else type(exc).__name__}"
+        return None, f"sbatch refused the probe: {_last_line(exc)}"
     try:
         job.results()
     except KeyboardInterrupt:
         job.cancel()
         raise
     except Exception as exc:  # the job failed: its nodes' logs say why
-        lines = str(exc).strip().splitlines()
-        return job.job_id, lines[-1] if lines else type(exc).__name__
+        return job.job_id, _last_line(exc)
     return job.job_id, None
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__

@@ -2,10 +2,12 @@
 
 Each cell's ranks are started by ``torchrun --standalone --nproc-per-node N -m jobs spec.json``:
 no pickle, the same command a user reproduces the cell with (its reproduce.sh); the fabric and
-node-health probes start the same way, from their spec files. Cells run one after another in the
-foreground (they share the machine), so the launcher logs each cell's MLflow records itself; what
-follows a cell's end, its co-location evidence and its failure classes are every one-machine
-backend's (launcher/cluster/onemachine.py).
+node-health probes start the same way, from their spec files. How a launch command's ranks run as
+one process group, to their end, a stop or their time limit, is every one-machine backend's
+without submitit (launcher/cluster/processes.py); what follows a cell's end, its co-location
+evidence and its failure classes are every one-machine backend's (launcher/cluster/onemachine.py).
+Cells run one after another in the foreground (they share the machine), so the launcher logs each
+cell's MLflow records itself.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.cluster.base import ResourceCheck, Wording
+from launcher.cluster import processes
+from launcher.cluster.base import ResourceCheck, Wording, torchrun_launch
 from launcher.cluster.onemachine import OneMachineBackend
-from launcher.cluster.torchrun import submit
 from launcher.plan.cell import Cell
 from launcher.state import SweepState
 
@@ -34,18 +36,15 @@ class TorchrunBackend(OneMachineBackend):
 
     def _start(self, state: SweepState, cells: Sequence[Cell], after_each_cell: Callable[[Cell], None] | None,
                interrupts: Interrupts | None, after: Sequence[str]) -> None:
-        submit.run(state, cells, self.rank_launch, after_each_cell, interrupts)  # after: ended already (run in the foreground)
-
-    def rank_launch(self, cell: Cell) -> str:
-        return submit.launch_command(cell.cluster, cell.world_size)
+        processes.run_cells(state, cells, self.rank_launch, after_each_cell, interrupts)  # after: ended already
 
     def start_probe(self, state: SweepState, cell: Cell, spec: ProbeSpec) -> tuple[str | None, str | None]:
-        return submit.run_probe(Path(spec.out_dir), cell.cluster, cell.world_size, spec)
+        return processes.run_probe(Path(spec.out_dir), cell.cluster, torchrun_launch(cell.cluster, cell.world_size), spec)
 
     def run_health(self, folder: Path, cluster: ClusterConfig, layout: Layout, spec: NodeProbeSpec,
                    nodes: Sequence[str]) -> tuple[str | None, str | None]:
         """Every emulated node a process of one torchrun (``python -m jobs`` regroups them)."""
-        return submit.run_probe(folder, cluster, layout.world_size, spec)
+        return processes.run_probe(folder, cluster, torchrun_launch(cluster, layout.world_size), spec)
 
     def check_resources(self, cells: Sequence[Cell]) -> ResourceCheck:
         """This machine's GPUs (as every one-machine backend's), and one node per cell with no memory
