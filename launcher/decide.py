@@ -6,6 +6,9 @@
       -> open ones: their configurations get the next round's runs (the schedule's next count)
       -> ... until none is open, runs_max is reached, or the wall-time budget would be overrun.
 
+Strategies at one rank are not followed: nothing is sharded or sent there, the report never claims
+that comparison as a strategy result (only the wrappers' cost), so no run is spent on it.
+
 A comparison is open while it is undecided, below runs_max, and decidable within runs_max at the
 noise seen (a comparison that would need more runs than runs_max stops early: more runs would
 not decide it). The local launcher runs the rounds in its foreground; on Slurm, where the launcher
@@ -74,6 +77,10 @@ def pairs(state: SweepState, unjudged: list[str] | None = None) -> list[Pair]:
             if c.throughput is None or c.caveat:
                 if unjudged is not None:
                     unjudged.append(c.caveat or f"{c.a_label} vs {c.b_label}: a side has no result")
+                continue
+            if c.wrappers_only:  # never claimed as a strategy result: more runs would decide nothing asked
+                if unjudged is not None:
+                    unjudged.append(f"{c.a_label} vs {c.b_label} at 1 rank: not followed, the wrappers' cost, not a strategy result")
                 continue
             names = [configuration(str(m["cell"])) for side in (c.a, c.b) for m in side.get("_members", [side])]
             label = f"{c.a_label} vs {c.b_label} at {c.world_size} rank(s)" + (f", {c.context}" if c.context else "")

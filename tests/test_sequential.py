@@ -82,7 +82,8 @@ def test_a_halved_throughput_is_called_within_runs_max():
 # ---- the rounds of a planned sweep --------------------------------------------------------------
 
 def _planned(tmp_path, *overrides, name="sweep"):
-    points, swept = expand(["model=gpt_tiny", "strategy=ddp,fsdp", "tracking=off", f"output_root={tmp_path}",
+    # Two ranks: strategies at one rank are not followed (the wrappers' cost, never a strategy result).
+    points, swept = expand(["model=gpt_tiny", "strategy=ddp,fsdp", "cluster.tasks_per_node=2", "tracking=off", f"output_root={tmp_path}",
                             f"sweep_dir={tmp_path / name}", *overrides], multirun=True)
     return sweep.prepare(plan(compose(points, swept)), ["test"])
 
@@ -128,6 +129,19 @@ def test_a_round_adds_runs_only_where_a_comparison_is_open(tmp_path):
                                    "strategy", looks=looks_of(state))
     text = comparisons.verdict_text(comp)
     assert "slower" in text and "[5 + 5 runs, look 2 of 3 at " in text and "; decided]" in text
+
+
+def test_strategies_at_one_rank_get_no_runs_beyond_the_first_round(tmp_path):
+    """At one rank strategies differ only in their wrappers, which the report never claims as a strategy
+    result: the same undecided numbers as above open no round there, and the stop says why."""
+    state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=8", "cluster.tasks_per_node=1")
+    assert {c.world_size for c in state.cells} == {1}
+    noise = [-6.0, 0.0, 6.0]
+    _finish(state, {"strategy=ddp": [100 + z for z in noise], "strategy=fsdp": [90 + z for z in noise]})
+    unjudged: list[str] = []
+    assert decide.pairs(state, unjudged) == [] and unjudged == [
+        "fsdp vs ddp at 1 rank: not followed, the wrappers' cost, not a strategy result"]
+    assert decide.next_round(state) == [] and "not followed" in state.design.stopped
 
 
 def test_an_undecidable_comparison_stops_early_and_a_budget_stops_the_rounds(tmp_path):
