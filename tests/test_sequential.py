@@ -142,6 +142,9 @@ def test_strategies_at_one_rank_get_no_runs_beyond_the_first_round(tmp_path):
     assert decide.pairs(state, unjudged) == [] and unjudged == [
         "fsdp vs ddp at 1 rank: not followed, the wrappers' cost, not a strategy result"]
     assert decide.next_round(state) == [] and "not followed" in state.design.stopped
+    (comp,) = comparisons.comparisons(grouped(collect(state)), "strategy", looks=looks_of(state))
+    assert "[3 + 3 runs, look 1 of 3 at " in comparisons.verdict_text(comp)
+    assert "; not followed: no round adds runs at one rank]" in comparisons.verdict_text(comp)
 
 
 def test_an_undecidable_comparison_stops_early_and_a_budget_stops_the_rounds(tmp_path):

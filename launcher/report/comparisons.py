@@ -168,7 +168,7 @@ def verdict_text(c: Comparison) -> str:
     d = c.throughput
     if d is None or c.caveat:
         return f"not claimed: {c.caveat}" + (sequence_text(d, c.looks) if d is not None else "")
-    words = _verdict_words(c.a_label, d) + sequence_text(d, c.looks)
+    words = _verdict_words(c.a_label, d) + sequence_text(d, c.looks, followed=not c.wrappers_only)
     return words + (_WRAPPERS_ONLY if c.wrappers_only else "")
 
 
@@ -184,12 +184,15 @@ def _verdict_words(a_label: str, d: Diff) -> str:
     return f"**{a_label} {pct:.1%} {'faster' if d.verdict == HIGHER else 'slower'}**"
 
 
-def sequence_text(d: Diff, looks: Looks, flip: bool = False) -> str:
+def sequence_text(d: Diff, looks: Looks, flip: bool = False, followed: bool = True) -> str:
     """In a runs=auto sweep: the runs the verdict used, at which look, and why no more came (empty
-    for fixed runs); ``flip``: the runs listed B first (a comparison of B against A)."""
+    for fixed runs); ``flip``: the runs listed B first (a comparison of B against A); ``followed``:
+    False for a pair no round adds runs to (strategies at one rank, launcher/decide.py)."""
     if not looks.sequential:
         return ""
-    return f" [{d.runs_text(flip)}; {stop_reason(d, looks) or 'open: the next round adds runs'}]"
+    why = stop_reason(d, looks) or ("open: the next round adds runs" if followed else "not followed: no round adds runs "
+                                                                                      "at one rank")
+    return f" [{d.runs_text(flip)}; {why}]"
 
 
 def memory_text(d: Diff | None) -> str:
