@@ -10,9 +10,8 @@
 * **Line records** (the health ledger, a cell's metrics.jsonl): :func:`read_lines` sets aside each
   damaged line (left in the file), names its number and why, and uses every good one.
 
-Every write is atomic (:func:`write_atomic`), every read-modify-write runs under :func:`locked`, the
-one lock (flock on a sibling ``.<name>.lock``, a bounded wait, then a RecordError naming the holder),
-and a folder of a process's own is made by :func:`new_folder`.
+Every write is atomic (:func:`write_atomic`), every read-modify-write runs under :func:`locked` (flock
+on a sibling ``.<name>.lock``, a bounded wait, then a RecordError naming the holder); :func:`new_folder`.
 """
 
 from __future__ import annotations
@@ -70,8 +69,7 @@ def _take(handle: Any, wait_s: float | None) -> bool:
 @contextlib.contextmanager
 def holding(path: Path, wait_s: float | None = LOCK_WAIT_S) -> Iterator[bool]:
     """The lock file ``path`` held while the block runs; yields whether it was taken (False only when
-    ``wait_s`` passed with another process holding it). The holder's ``host:pid`` is written into it,
-    for the error of whoever waits."""
+    ``wait_s`` passed with another holding it), whose ``host:pid`` it writes for whoever waits."""
     with open(path, "a+") as handle:
         if not _take(handle, wait_s):
             yield False
@@ -85,12 +83,10 @@ def holding(path: Path, wait_s: float | None = LOCK_WAIT_S) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
-def locked(record: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+def locked(record: Path, wait_s: float = LOCK_WAIT_S) -> contextlib.AbstractContextManager[None]:
     """``record``'s lock held while the block runs, or a RecordError after ``wait_s``: ``.<name>.lock``
     beside it (never the record itself, which os.replace swaps for a file the old lock does not cover)."""
-    with turn(Path(record).with_name(f".{Path(record).name}.lock"), wait_s, f"{record}: its lock"):
-        yield
+    return turn(Path(record).with_name(f".{Path(record).name}.lock"), wait_s, f"{record}: its lock")
 
 
 @contextlib.contextmanager
@@ -100,10 +96,8 @@ def turn(lock: Path, wait_s: float, what: str | None = None) -> Iterator[None]:
     lock = Path(lock)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with holding(lock, wait_s) as taken:
-        holder = ""
         if not taken:
-            with contextlib.suppress(OSError):
-                holder = lock.read_text().strip()
+            holder = lock.read_text().strip() if lock.exists() else ""
             raise RecordError(f"{what or lock} {'(' + str(lock) + ') ' if what else ''}is held by "
                               f"{holder or 'a process'} for more than {wait_s:g} s; nothing was written. Fix: wait "
                               f"for that process to end, or end it if it hangs (a lock is freed when its process "
@@ -147,11 +141,9 @@ def new_folder(parent: Path, stamp: str | None = None) -> Path:
     Path(parent).mkdir(parents=True, exist_ok=True)
     for i in itertools.count(1):
         folder = Path(parent) / (stamp if i == 1 else f"{stamp}-{i}")
-        try:
+        with contextlib.suppress(FileExistsError):
             folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
+            return folder
     raise AssertionError("unreachable")
 
 
