@@ -115,8 +115,9 @@ class Check:
 # ---- running a part's processes ---------------------------------------------------------------
 
 # While a part runs, its figures so far are written into the check's files this often: a call cut
-# off mid-part (the device tool's limit kills the check itself) still brings them back.
-PROGRESS_EVERY_S = 10.0
+# off mid-part (the device tool's limit kills the check itself) still brings them back. Shorter than
+# a side's build and rounds (seconds even on CPU), so each side's figures land before the next ends.
+PROGRESS_EVERY_S = 2.0
 
 
 def run_logged(check: Check, cmd: list[str], log_name: str, budget_s: float,
