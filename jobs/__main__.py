@@ -140,5 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR_EXIT
     return 0
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -12,6 +12,13 @@ _COMM_ERROR = re.compile(r"DistBackendError|Connection (reset|closed|refused)|Gl
                          r"Broken pipe|recvBytes|Socket", re.IGNORECASE)
 
 
+def last_line(exc: BaseException) -> str:
+    """What a failed submission or job says in one line: the last line of its error (submitit's
+    errors carry the whole stderr), or its type where it says nothing."""
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__
+
+
 def first_failure(cell_dir: Path) -> str | None:
     """Which rank failed first, on which node, and why, from what the ranks left behind.
 

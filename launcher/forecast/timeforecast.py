@@ -23,11 +23,14 @@ def asked(cells: list[Cell], predicted: dict[int, fit.StateBytes], root: Path, k
     state, points = found
     runs = _runs(state, points)
     startup = max((max(0.0, used - steps * p.observed.step_ms / 1000.0) for p, used, steps in runs), default=None)
+    longest: dict[tuple[tuple[str, str], ...], float] = {}  # a configuration's settings -> its longest run
+    for p, used, _ in runs:
+        settings = tuple(sorted(p.settings.items()))
+        longest[settings] = max(used, longest.get(settings, used))
     made, _, _ = forecast_cells(cells, predicted, points, inputs.probes_of(state))
     out = {}
     for f in made:
-        settings = inputs.point_settings(row_of(f.cell))
-        seen = max((used for p, used, _ in runs if p.settings == settings), default=None)
+        seen = longest.get(tuple(sorted(inputs.point_settings(row_of(f.cell)).items())))
         steps = f.cell.config.steps if f.cell.resolved is not None else None
         delay_s = f.cell.cluster.signal_delay_s
         if seen is not None:

@@ -23,7 +23,7 @@ from contract import programs, records
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import Layout
-from launcher.cluster.failures import OOM, classify, first_failure
+from launcher.cluster.failures import OOM, classify, first_failure, last_line
 from launcher.cluster.interrupt import Interrupts, run_in_turn
 from launcher.cluster.local import memlimit
 from launcher.cluster.local.ranks import OnLocal
@@ -84,7 +84,7 @@ def _record_local_failure(state: SweepState, cell: Cell, exc: Exception, cgroup:
     it counted is decisive, whatever the other ranks then reported."""
     cell_dir = state.cell_dir(cell)
     cell.status = CellStatus.failed
-    cell.error = first_failure(cell_dir) or _last_line(exc)
+    cell.error = first_failure(cell_dir) or last_line(exc)
     kills = memlimit.oom_kills(cgroup) if cgroup is not None else 0
     if kills:
         cell.error = (f"out of memory: the kernel's OOM killer ended {kills} process(es) at the cell's memory limit "
@@ -119,11 +119,6 @@ def _show_progress(job, cell_dir: Path, steps: int, poll_s: float = 0.2, plain_e
         print("\r" + " " * 30 + "\r", end="", flush=True)
 
 
-def _last_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[-1] if lines else type(exc).__name__
-
-
 def run_probe(folder: Path, cluster: ClusterConfig, layout: Layout, spec: ProbeSpec | NodeProbeSpec
               ) -> tuple[str | None, str | None]:
     """A probe (the fabric probe before any cell starts, or the node health probe on this machine's
@@ -148,7 +143,7 @@ def _to_its_end(job) -> tuple[str | None, str | None]:
         job.cancel()  # its ranks run in a session of their own: Ctrl-C reached only this process
         raise
     except Exception as exc:  # a failed probe costs the sweep its fabric figures, not its cells
-        return job.job_id, _last_line(exc)
+        return job.job_id, last_line(exc)
     return job.job_id, None
 
 

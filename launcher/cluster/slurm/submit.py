@@ -20,7 +20,7 @@ from contract.codec import to_plain
 from contract.fabric import ProbeSpec
 from contract.health import NodeProbeSpec
 from contract.spec import Layout
-from launcher.cluster.failures import SUBMIT_REFUSED
+from launcher.cluster.failures import SUBMIT_REFUSED, last_line
 from launcher.cluster.slurm import settings
 from launcher.cluster.slurm.ranks import OnSlurm
 from launcher.cluster.slurm.settings import ContainerRuntime, SlurmSettings
@@ -158,7 +158,7 @@ def submit_probe(folder: Path, cluster: SlurmSettings, layout: Layout, job_name:
     try:
         return slurm_executor(folder, cluster, layout, job_name).submit(from_spec_file(path)).job_id, None
     except Exception as exc:  # sbatch said no: the cells are submitted anyway, without fabric figures
-        return None, _last_line(exc)
+        return None, last_line(exc)
 
 
 def run_node_probe(folder: Path, cluster: SlurmSettings, layout: Layout, spec: NodeProbeSpec
@@ -170,17 +170,13 @@ def run_node_probe(folder: Path, cluster: SlurmSettings, layout: Layout, spec: N
     try:
         job = slurm_executor(folder, cluster, layout, "health-probe").submit(from_spec_file(path))
     except Exception as exc:  # sbatch said no
-        return None, f"sbatch refused the probe: {_last_line(exc)}"
+        return None, f"sbatch refused the probe: {last_line(exc)}"
     try:
         job.results()
     except KeyboardInterrupt:
         job.cancel()
         raise
     except Exception as exc:  # the job failed: its nodes' logs say why
-        return job.job_id, _last_line(exc)
+        return job.job_id, last_line(exc)
     return job.job_id, None
 
-
-def _last_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[-1] if lines else type(exc).__name__
