@@ -35,12 +35,12 @@ def test_t_quantiles_match_the_table_and_known_values():
 
 
 def test_the_looks_are_planned_and_their_levels_add_up_to_alpha():
-    assert schedule(3, 12) == (3, 5, 8, 12) and schedule(2, 3) == (2, 3) and schedule(4, 4) == (4,)
+    assert schedule(3, 12) == (3, 6, 12) and schedule(3, 8) == (3, 6, 8) and schedule(2, 3) == (2, 3) and schedule(4, 4) == (4,)
     looks = Looks(schedule(3, 12))
     levels = [looks.alpha_at(r) for r in range(1, looks.rounds + 1)]
     assert sum(levels) == pytest.approx(ALPHA) and all(a > 0 for a in levels)
     assert levels[0] == pytest.approx(spent(3 / 12))  # Pocock's shape spends most at the first look
-    assert [looks.round_of(run) for run in (1, 3, 4, 5, 6, 12)] == [1, 1, 2, 2, 3, 4]
+    assert [looks.round_of(run) for run in (1, 3, 4, 6, 7, 12)] == [1, 1, 2, 2, 3, 3]
     assert Looks.fixed(3).alpha_at(1) == ALPHA and not Looks.fixed(3).sequential
 
 
@@ -108,27 +108,26 @@ def _finish(state, throughputs: dict[str, list[float]]) -> None:
 def test_a_round_adds_runs_only_where_a_comparison_is_open(tmp_path):
     state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=8", "cluster=slurm")
     assert [c.name for c in state.cells] == [f"strategy={s} run={r}" for r in (1, 2, 3) for s in ("ddp", "fsdp")]
-    assert looks_of(state).schedule == (3, 5, 8) and state.design.rounds[0].cells == list(range(6))
+    assert looks_of(state).schedule == (3, 6, 8) and state.design.rounds[0].cells == list(range(6))
     # 10% apart with 6% noise: undecided after 3 + 3 runs, decidable within 8.
     noise = [-6.0, 0.0, 6.0, -3.0, 3.0, -1.0, 1.0, 0.0]
     _finish(state, {"strategy=ddp": [100 + z for z in noise], "strategy=fsdp": [90 + z for z in noise]})
     (pair,) = decide.pairs(state)
     assert pair.stopped is None and not pair.diff.decided and pair.diff.runs_needed <= 8
     added = decide.next_round(state)
-    assert [c.name for c in added] == ["strategy=ddp run=4", "strategy=ddp run=5", "strategy=fsdp run=4",
-                                       "strategy=fsdp run=5"]
+    assert [c.name for c in added] == [f"strategy={s} run={r}" for s in ("ddp", "fsdp") for r in (4, 5, 6)]
     # Placed away from the nodes its configuration's runs used (the backend's: on Slurm, sbatch --exclude).
-    assert [c.placed for c in added] == ["exclude=node1,node2,node3"] * 2 + ["exclude=node2,node3,node4"] * 2
-    assert [c.cluster.exclude for c in added] == ["node1,node2,node3"] * 2 + ["node2,node3,node4"] * 2
+    assert [c.placed for c in added] == ["exclude=node1,node2,node3"] * 3 + ["exclude=node2,node3,node4"] * 3
+    assert [c.cluster.exclude for c in added] == ["node1,node2,node3"] * 3 + ["node2,node3,node4"] * 3
     spec = json.loads((state.cell_dir(added[0]) / "spec.json").read_text())
     assert spec["cell"] == "strategy=ddp run=4" and spec["out_dir"] == str(state.cell_dir(added[0]))
-    assert state.design.rounds[1].runs == 5 and state.design.rounds[1].open == [pair.label]
+    assert state.design.rounds[1].runs == 6 and state.design.rounds[1].open == [pair.label]
     _finish(state, {"strategy=ddp": [100 + z for z in noise], "strategy=fsdp": [90 + z for z in noise]})
     assert decide.next_round(state) == [] and state.design.stopped.startswith("every comparison decided")
     (comp,) = comparisons.comparisons(grouped(collect(state)),
                                    "strategy", looks=looks_of(state))
     text = comparisons.verdict_text(comp)
-    assert "slower" in text and "[5 + 5 runs, look 2 of 3 at " in text and "; decided]" in text
+    assert "slower" in text and "[6 + 6 runs, look 2 of 3 at " in text and "; decided]" in text
 
 
 def test_strategies_at_one_rank_get_no_runs_beyond_the_first_round(tmp_path):
