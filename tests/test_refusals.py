@@ -147,7 +147,7 @@ SEARCH = ["cells=auto", "-m", "strategy=ddp,fsdp"]
 CORPUS = [
     # runs=auto and its limits
     ("run", [*AUTO, "runs_max=1000000"], 2, "runs_max=1000000: is beyond limits.runs=50"),
-    ("run", [*AUTO, "runs_max=50", "limits.looks=4"], 2, "raise limits.looks=8"),
+    ("run", [*AUTO, "runs_max=50", "limits.looks=4"], 2, "raise limits.looks=6"),
     ("run", [*AUTO, "runs_budget_min=inf"], 2, "runs_budget_min=inf"),
     ("run", [*AUTO, "runs_budget_min=nan"], 2, "runs_budget_min=nan"),
     ("run", [*AUTO, "runs_budget_min=-5"], 2, "runs_budget_min=-5"),
