@@ -3,8 +3,9 @@
     python -m bench.schedules [--sequences 4000] [--seed 1] [--ratio 0.77]
 
 The main job's question (fsdp against ddp at two ranks, about 23% slower on this machine): each
-sequence draws every run of both sides with a log-normal run-to-run spread, and judges them at the
-planned looks with the levels and intervals of launcher/report/stats.py, stopping at the first claim.
+sequence draws every run of both sides with a log-normal run-to-run spread, and judges them as
+runs=auto does (bench/sequential_aa.py's ``auto``: the planned looks at their levels, stopping once
+decided or once runs_max cannot decide it).
 Printed per spread and schedule: how often it is decided, how often by 6 runs per side (the default
 grid then needs at most 18 launches: 12 in the first round, the rest at two ranks), and the mean
 launches. docs/deciding.md ("Why runs double each round") quotes the table.
@@ -16,26 +17,25 @@ import argparse
 import math
 import random
 
+from bench.sequential_aa import auto
 from launcher.report.sequential import Looks
-from launcher.report.stats import MIN_EFFECT, difference, estimate_of
+from launcher.report.stats import MIN_EFFECT
 
 FIRST_ROUND = 12  # the default grid's first round: 4 configurations x runs_min 3
 GROWING = 2  # configurations that gain runs: the two at two ranks
 
 
-def decided_at(schedule: tuple[int, ...], spread: float, ratio: float, rng: random.Random) -> int:
-    """The look (1-based) whose verdict first claims a difference; 0 when none does."""
-    looks = Looks(schedule)
+def runs_per_side(schedule: tuple[int, ...], spread: float, ratio: float, rng: random.Random) -> tuple[bool, int]:
+    """One sequence judged by runs=auto's own rule (bench/sequential_aa.py, ``auto``: the planned
+    looks, stopping once decided or once runs_max cannot decide it): (claimed, runs per side then)."""
     a = [ratio * math.exp(rng.gauss(0, spread)) for _ in range(schedule[-1])]
     b = [math.exp(rng.gauss(0, spread)) for _ in range(schedule[-1])]
-    for look, n in enumerate(schedule, 1):
-        if difference(estimate_of(a[:n]), estimate_of(b[:n]), MIN_EFFECT["throughput"], looks.alpha_at(look)).claimed:
-            return look
-    return 0
+    got = auto(a, b, Looks(schedule), MIN_EFFECT["throughput"])
+    return got.claimed, got.runs
 
 
-def launches(schedule: tuple[int, ...], look: int) -> int:
-    return FIRST_ROUND + GROWING * (schedule[(look or len(schedule)) - 1] - schedule[0])
+def launches(schedule: tuple[int, ...], runs: int) -> int:
+    return FIRST_ROUND + GROWING * (runs - schedule[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     for spread in (0.08, 0.10, 0.12):
         for schedule in ((3, 5, 8, 12), (3, 6, 12)):
             rng = random.Random(args.seed)
-            looks = [decided_at(schedule, spread, args.ratio, rng) for _ in range(args.sequences)]
-            decided = sum(1 for k in looks if k) / len(looks)
-            early = sum(1 for k in looks if k and launches(schedule, k) <= 18) / len(looks)
-            mean = sum(launches(schedule, k) for k in looks) / len(looks)
+            ends = [runs_per_side(schedule, spread, args.ratio, rng) for _ in range(args.sequences)]
+            decided = sum(1 for claimed, _ in ends if claimed) / len(ends)
+            early = sum(1 for claimed, n in ends if claimed and launches(schedule, n) <= 18) / len(ends)
+            mean = sum(launches(schedule, n) for _, n in ends) / len(ends)
             print(f"| {spread:.0%} | {', '.join(map(str, schedule))} | {decided:.1%} | {early:.0%} | {mean:.1f} |")
     return 0
 

@@ -38,7 +38,7 @@ ALPHA = 0.05  # the false-claim rate over a whole sequence of looks
 # Runs per configuration double each round. Against growing by 1.5 (3, 5, 8, 12) it takes one round
 # fewer to runs_max (on a cluster each round waits in the queue again) and spends the alpha over fewer
 # looks: simulated on a 23% slowdown at 10% run-to-run spread (docs/deciding.md), 86% of comparisons
-# end by 6 runs per side against 63%, for 5% more runs on average (python -m bench.schedules).
+# end by 6 runs per side against 63%, for 6% more launches on average (python -m bench.schedules).
 GROWTH = 2.0
 
 
