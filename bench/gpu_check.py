@@ -311,7 +311,7 @@ def tuned_args(check: Check, part: str) -> list[str]:
         timing = ["--rounds", "4", "--block-s", "0.6", "--warmup-steps", "8" if precision == "fp16" else "4",
                   "--warmup-blocks", "2"]
     probes = ["--anatomy-steps", "1" if check.cpu else "3", "--fabric"] if part == "gpt2" else []
-    return [*shape, *timing, *probes, "--precisions", precision]
+    return [*shape, *timing, "--profile-blocks", *probes, "--precisions", precision]
 
 
 def tuned_part(check: Check, budget_s: float, part: str) -> tuple[str, str, list[str]]:
@@ -432,7 +432,8 @@ def tuned_details(check: Check, config: dict[str, Any], figures: dict[str, dict[
              + f", {config['device']}, one rank**: blocks of {config.get('block_steps', '?')} steps, each side timed as "
              "soon as it was built, in rounds with every side built before it (tuned; tuned, ddp; tuned, ddp, fsdp), "
              "the order reversed every other round; a block starts on an idle device and ends with one "
-             "synchronisation. Ratios are medians of the per-round ratios of neighbouring blocks (time of the "
+             "synchronisation (a worker side's block is its schedule's measured window, as the worker's own "
+             "figures are: its start around the window is not in it). Ratios are medians of the per-round ratios of neighbouring blocks (time of the "
              "reference block / time of this side's), with their range.", "",
              f"| side | {unit}/s (median block; range) | MFU ({precision} dense peak) | vs tuned | FSDP / DDP "
              "| compile s (outside the blocks) |", "|---|---|---:|---|---|---:|"]
@@ -470,8 +471,36 @@ def tuned_details(check: Check, config: dict[str, Any], figures: dict[str, dict[
             lines.append(f"- {name}: set {tuning.describe(side.get('settings_set', {}))}; not in this tree's spec: "
                          f"{', '.join(side.get('settings_not_in_spec', [])) or 'none'}"
                          + "".join(f"; REFUSED and left out: {r}" for r in side.get("settings_refused", [])))
-    lines += anatomy_lines(config) + fabric_lines(config.get("fabric"))
+    lines += profile_lines(config) + anatomy_lines(config) + fabric_lines(config.get("fabric"))
     return lines
+
+
+def profile_lines(config: dict[str, Any]) -> list[str]:
+    """bench/blockprofile.py's block of each side: whether its device or its host sets its pace."""
+    probes = {n: s["profile"] for n, s in config["sides"].items() if "profile" in s}
+    if not probes:
+        return []
+    lines = ["", "**One block of each side under the profiler** (bench/blockprofile.py; the profiler slows the "
+             "host, so these compare sides, the throughput is the blocks' above), ms per step: a device busy "
+             "well under the wall time, with the host's queue time near it, is a side its host holds back.", "",
+             "| side | wall | host queue | device busy | device idle | kernels per step |", "|---|---:|---:|---:|---:|---:|"]
+    tops: list[str] = []
+    for name, f in probes.items():
+        if isinstance(f, str):
+            lines.append(f"| {name} | {f.splitlines()[0]} | | | | |")
+            continue
+        busy = f.get("device_busy_ms")
+        idle = f"{100 * (1 - busy / f['wall_ms']):.0f}%" if busy is not None and f["wall_ms"] else "-"
+        lines.append(f"| {name} | {f['wall_ms']:.2f} | {f['host_queue_ms']:.2f} | {_fmt2(busy)} | {idle} | "
+                     f"{_fmt(f.get('device_kernels'))} |")
+        for label, key in (("kernels", "top_kernels_ms"), ("host operations (self time)", "top_host_ms")):
+            if f.get(key):
+                tops.append(f"- {name}, {label}: " + "; ".join(f"`{n[:60]}` {ms:.2f}" for n, ms in f[key][:5]))
+    return lines + [""] + tops if tops else lines
+
+
+def _fmt2(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 ANATOMY_PARTS = ("data_wait", "forward", "backward", "optimizer", "copies", "unattributed")
@@ -934,8 +963,8 @@ PARTS: tuple[tuple[str, float, Callable[[Check, float], tuple[str, str, list[str
     # Each part records every side's build and compile time, which the next budgets come from.
     ("environment", 10, environment),
     ("install", 20, install),
-    ("gpt2", 180, lambda check, budget_s: tuned_part(check, budget_s, "gpt2")),
-    ("resnet50", 170, lambda check, budget_s: tuned_part(check, budget_s, "resnet50")),
+    ("gpt2", 160, lambda check, budget_s: tuned_part(check, budget_s, "gpt2")),
+    ("resnet50", 190, lambda check, budget_s: tuned_part(check, budget_s, "resnet50")),
     ("tests", 25, gpu_tests),
     # Its graphs are the gpt2 part's DDP side's: found in inductor's cache, not compiled again.
     ("cells", 80, cells),

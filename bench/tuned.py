@@ -17,14 +17,18 @@ backward); no synchronisation inside a block.
 The worker's sides (``ddp``, ``fsdp``) are the worker's own set-up and schedule
 (``jobs.worker.set_up``, ``jobs.worker.run_schedule``) for a RunSpec carrying the tuning settings of
 bench/tuning.py, those the installed spec has (the rest are listed as not set). Each block of a
-worker side is one run of the worker's schedule (its per-step timing, heartbeat and stop-request
-agreement included, and its start: a checkpoint lookup, one barrier, the window's samples).
+worker side is one run of the worker's schedule; its time is the schedule's measured window, as the
+worker's own figures are (from the barrier that opens the window, on an idle device, to the sync
+that closes it: the per-step timing, heartbeat and stop-request agreement inside, the schedule's
+start around it outside, as in every cell), and the whole run's wall time is kept beside it
+(``schedule_s``).
 
 Per precision: every side is built and warmed up (the first step, or the first block, holds the
 compilation: timed, outside every block), then ``--rounds`` rounds of one block per side, the order
 reversed every other round (tuned, ddp, fsdp, fsdp, ddp, tuned, ...), each block starting on an
-idle device and ending with ONE synchronisation; its wall time is the block's time. Afterwards, on
-the worker's sides, ``--anatomy-steps`` profiled steps (jobs.anatomy.probe: where the step's time
+idle device and ending with ONE synchronisation; its wall time is the block's time. Afterwards, with
+``--profile-blocks``, one more block of every side under the profiler (bench/blockprofile.py: whether
+its device or its host sets its pace); on the worker's sides, ``--anatomy-steps`` profiled steps (jobs.anatomy.probe: where the step's time
 goes, at one rank), and with ``--fabric`` the fabric probe's timing (jobs.fabric.time_collective)
 of each collective at one rank. Rank 0 rewrites ``--out`` after each part, so a job stopped at
 its budget leaves what it finished. bench/gpu_check.py reads it: per round, tuned / worker and
@@ -59,6 +63,7 @@ if str(REPO) not in sys.path:  # run by path under torchrun: the checkout's pack
 
 from bench.tuning import VOCAB_MULTIPLE, describe, refused_key, set_path, split_known, worker_tuning  # noqa: E402
 from contract.spec import ConfigError, InputKind, ModelSpec  # noqa: E402
+from jobs.hooks import Observer  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 # The most fp32 elements one chunk of the loss holds (512 MiB): a few chunks for GPT-2 at 32 x 1024.
@@ -198,6 +203,8 @@ def parser() -> argparse.ArgumentParser:
                    help="a worker setting on top of bench/tuning.py's, e.g. train.loss='\"full\"'")
     p.add_argument("--anatomy-steps", type=int, default=0, help="profiled steps per worker side afterwards")
     p.add_argument("--fabric", action="store_true", help="time each collective at one rank afterwards")
+    p.add_argument("--profile-blocks", action="store_true",
+                   help="one more block of every side under the profiler afterwards (bench/blockprofile.py)")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="the job's wall time, counted from its start: a worker side whose build and compilation "
                         "would leave no time for the rounds is skipped, and rounds stop at it (0: no limit)")
@@ -278,7 +285,7 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
     config.update(samples_per_block_step=args.batch_size, unit="images" if spec.input is InputKind.image else "tokens",
                   unit_per_sample=1 if spec.input is InputKind.image else args.seq_len,
                   flops_per_sample=_flops_per_sample(spec), sides={}, rounds=[])
-    runs: dict[str, Callable[[], None]] = {}
+    runs: dict[str, Callable[[], float | None]] = {}
     sides = [s for s in args.sides.split(",") if s]
     tuned = build_tuned(args, config, spec, precision, device, compile_tuned) if "tuned" in sides else None
     save()
@@ -313,6 +320,8 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
         if built is not None:
             runs[name], workers[name] = built
             timed_rounds(args, config, runs, sync, block_s, save, phase=name)
+    if args.profile_blocks:
+        profile_sides(args, config, runs, sync, block_s, save, on_gpu=device.type == "cuda")
     if args.anatomy_steps:
         for strategy, setup in workers.items():
             if remaining_s(args) < END_MARGIN_S:
@@ -325,6 +334,23 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def profile_sides(args, config: dict[str, Any], runs: dict[str, Callable[[], Any]], sync: Callable[[], None],
+                  block_s: float, save: Callable[[], None], on_gpu: bool) -> None:
+    """One block of each side under the profiler (bench/blockprofile.py), while the budget allows."""
+    from bench.blockprofile import profile_block
+
+    for name, run in runs.items():
+        # The profiler's start, the block (slower under it) and reading the trace.
+        if remaining_s(args) < 3 * block_s + 10 + END_MARGIN_S:
+            config["sides"][name]["profile"] = "not run: the job's budget"
+            break
+        try:
+            config["sides"][name]["profile"] = profile_block(run, sync, config["block_steps"], on_gpu)
+        except Exception as exc:  # a probe that fails costs the figures nothing
+            config["sides"][name]["profile"] = _error(exc)
+        save()
 
 
 def variant(text: str) -> tuple[str, str, list[str]]:
@@ -367,7 +393,7 @@ def build_tuned(args, config: dict[str, Any], spec: ModelSpec, precision: str, d
         return None
 
 
-def timed_rounds(args, config: dict[str, Any], runs: dict[str, Callable[[], None]], sync: Callable[[], None],
+def timed_rounds(args, config: dict[str, Any], runs: dict[str, Callable[[], float | None]], sync: Callable[[], None],
                  block_s: float, save: Callable[[], None], phase: str) -> None:
     """``--rounds`` rounds of one block per side built so far, the order reversed every other round;
     each round kept in ``config["rounds"]`` (``{"phase", side: seconds}``) and in each side's
@@ -379,8 +405,10 @@ def timed_rounds(args, config: dict[str, Any], runs: dict[str, Callable[[], None
             break
         row: dict[str, Any] = {"phase": phase}
         for name in (order if r % 2 == 0 else order[::-1]):
-            row[name] = _timed(runs[name], sync)
+            row[name], wall_s = _timed(runs[name], sync)
             config["sides"][name].setdefault("block_s", []).append(row[name])
+            if wall_s != row[name]:
+                config["sides"][name].setdefault("schedule_s", []).append(wall_s)
         config["rounds"].append(row)
         save()
 
@@ -412,12 +440,15 @@ def _cache_delta(before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in after}
 
 
-def _timed(fn: Callable[[], None], sync: Callable[[], None]) -> float:
+def _timed(fn: Callable[[], float | None], sync: Callable[[], None]) -> tuple[float, float]:
+    """(the block's time, its wall time): the time ``fn`` returns (a worker side's measured window,
+    which starts and ends on an idle device), else the wall time from an idle device to one sync."""
     sync()  # sync point: the block starts on an idle device
     t0 = time.perf_counter()
-    fn()
+    inner_s = fn()
     sync()  # sync point: the block's one synchronisation, at its end
-    return time.perf_counter() - t0
+    wall_s = time.perf_counter() - t0
+    return (inner_s if inner_s is not None else wall_s), wall_s
 
 
 def _error(exc: BaseException) -> str:
@@ -446,6 +477,21 @@ def worker_spec_plain(args, spec: ModelSpec, strategy: str, precision: str, devi
             "checkpoint": {"enabled": False}}
 
 
+class WindowClock(Observer):
+    """A worker side's measured window, timed at the worker's own hooks (jobs/hooks.py): "start"
+    after the barrier that opens it (the device idle), "end" after the sync that closes it."""
+
+    def __init__(self) -> None:
+        self.window_s: float | None = None
+        self._start_s = 0.0
+
+    def window(self, event: str) -> None:
+        if event == "start":
+            self._start_s = time.perf_counter()
+        else:
+            self.window_s = time.perf_counter() - self._start_s
+
+
 def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, device: torch.device, backend: str,
                 control_group, block_steps: int, out_dir: Path, compile_backend: Any = "inductor",
                 before_first_block: Callable[[Any, Any], None] | None = None, extra_settings: list[str] | None = None):
@@ -454,7 +500,6 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
     from contract.codec import from_plain
     from contract.spec import RunSpec
     from jobs.heartbeat import Heartbeat
-    from jobs.hooks import Observer
     from jobs.interference import Interference
     from jobs.rankrun import Rank, Run
     from jobs.sinks import NullSink
@@ -475,7 +520,8 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
             run_spec = from_plain(RunSpec, plain)
             out_dir.mkdir(parents=True, exist_ok=True)
             heartbeat = Heartbeat(out_dir, 0, socket.gethostname(), stall_timeout_s=3600)
-            rank = Rank(run_spec, env, device, backend, NullSink(), heartbeat, Observer(), control_group)
+            clock = WindowClock()
+            rank = Rank(run_spec, env, device, backend, NullSink(), heartbeat, clock, control_group)
             t0 = time.perf_counter()
             try:
                 for part in (run_spec.strategy, run_spec.precision, run_spec.model, run_spec.data, run_spec.train,
@@ -496,13 +542,14 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
         # The worker's per-step sync point, as jobs.worker.benchmark sets it.
         run = Run(rank, setup, Interference(device), _sync(device))
 
-        def block() -> None:
+        def block() -> float:
             run_schedule(run)
+            return clock.window_s
 
         if before_first_block is not None:
             before_first_block(setup, rank)
         cache_before = _cache_counts()
-        warm = [_timed(block, _sync(device)) for _ in range(max(1, args.warmup_blocks))]
+        warm = [_timed(block, _sync(device))[0] for _ in range(max(1, args.warmup_blocks))]
         side["inductor_cache"] = _cache_delta(cache_before)
         side["first_block_s"], side["warmup_block_s"] = warm[0], warm[1:]
         return side, (block, setup)
