@@ -338,10 +338,11 @@ def run_config(args, config: dict[str, Any], env, device: torch.device, backend:
 
 def profile_sides(args, config: dict[str, Any], runs: dict[str, Callable[[], Any]], sync: Callable[[], None],
                   block_s: float, save: Callable[[], None], on_gpu: bool) -> None:
-    """One block of each side under the profiler (bench/blockprofile.py), while the budget allows."""
+    """One block of each side under the profiler (bench/blockprofile.py), while the budget allows: the
+    last side built first (the worker's sides are the question; the tuned loop is the reference)."""
     from bench.blockprofile import profile_block
 
-    for name, run in runs.items():
+    for name, run in reversed(runs.items()):
         # The profiler's start, the block (slower under it) and reading the trace.
         if remaining_s(args) < 3 * block_s + 10 + END_MARGIN_S:
             config["sides"][name]["profile"] = "not run: the job's budget"

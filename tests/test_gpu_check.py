@@ -213,7 +213,8 @@ def test_the_tuned_job_runs_beside_the_worker_and_the_check_reads_it(tmp_path):
     subprocess.run([sys.executable, str(REPO / "bench" / "tuned.py"), "--model", "gpt_tiny", "--seq-len", "32",
                     "--vocab-size", "200", "--batch-size", "2", "--rounds", "2", "--block-steps", "2",
                     "--warmup-steps", "1", "--warmup-blocks", "1", "--anatomy-steps", "1", "--fabric",
-                    "--precisions", "bf16", "--worker-set", 'strategy.sharding="grad_op"', "--out", str(out)],
+                    "--profile-blocks", "--precisions", "bf16", "--worker-set", 'strategy.sharding="grad_op"',
+                    "--out", str(out)],
                    cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
     result = json.loads(out.read_text())
     (config,) = result["configs"]
@@ -233,6 +234,13 @@ def test_the_tuned_job_runs_beside_the_worker_and_the_check_reads_it(tmp_path):
             if strategy == "ddp" else set(wanted)
         assert all(tuning.spec_knows(k) for k in side["settings_set"])
         assert side["anatomy"]["anatomy_step_time_ms"] > 0
+        # A worker block is its schedule's measured window: inside the whole schedule's wall time.
+        assert len(side["schedule_s"]) == len(side["block_s"])
+        assert all(0 < w < s for w, s in zip(side["block_s"], side["schedule_s"], strict=True))
+    for side in config["sides"].values():  # one profiled block each; on CPU no device figures
+        profile = side["profile"]
+        assert profile["steps"] == 2 and 0 < profile["host_queue_ms"] <= profile["wall_ms"], profile
+        assert profile["top_host_ms"] and "device_busy_ms" not in profile
     assert {p["collective"] for p in result["fabric"]["points"]} == {"all_reduce", "all_gather", "reduce_scatter"}
 
     check = gpu_check.Check(out=tmp_path, python=sys.executable, cpu=True, deadline=time.monotonic() + 60,
@@ -248,6 +256,8 @@ def test_the_tuned_job_runs_beside_the_worker_and_the_check_reads_it(tmp_path):
     assert rows["gpt_tiny bf16: FSDP / DDP at one rank >= 0.95"][1] == "not judged (CPU rehearsal)"
     text = gpu_check.render(check, "now", "commit x")
     assert "## Targets" in text and "MFU's denominator" in text and "**The tree that ran**: commit x" in text
+    details = "\n".join(gpu_check.tuned_details(check, check.tuned["gpt2"], figures))
+    assert "**One block of each side under the profiler**" in details and "| fsdp |" in details
 
 
 def test_targets_are_judged_on_a_gpu_from_the_block_times():
