@@ -28,7 +28,7 @@ from launcher.cluster.backends import backend_for
 from launcher.forecast import timelimit
 from launcher.plan.cell import Cell, CellStatus, configuration
 from launcher.plan.planner import cell_dirname
-from launcher.plan.schema import Config
+from launcher.plan.schema import AUTO, Config
 from launcher.report import compare, comparisons, noisefloor
 from launcher.report.collect import collect, looks_of
 from launcher.report.noisefloor import floor_key
@@ -54,7 +54,10 @@ def design_for(config: Config) -> Design | None:
     if not config.auto:
         return None
     baseline = str(Path(config.baseline).resolve()) if config.baseline else None
-    return Design(runs_min=config.runs_min, runs_max=config.runs_max, budget_min=config.runs_budget_min,
+    budget_min = config.runs_budget_min
+    if budget_min == AUTO:
+        budget_min = backend_for(config.cluster.name).runs_budget_min(config.cluster)
+    return Design(runs_min=config.runs_min, runs_max=config.runs_max, budget_min=budget_min,
                   baseline=baseline, started_s=time.time(), cells_max=config.limits.cells)
 
 

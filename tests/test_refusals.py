@@ -151,6 +151,7 @@ CORPUS = [
     ("run", [*AUTO, "runs_budget_min=inf"], 2, "runs_budget_min=inf"),
     ("run", [*AUTO, "runs_budget_min=nan"], 2, "runs_budget_min=nan"),
     ("run", [*AUTO, "runs_budget_min=-5"], 2, "runs_budget_min=-5"),
+    ("run", [*AUTO, "runs_budget_min=soon"], 2, "runs_budget_min='soon'"),
     ("run", [*AUTO, "runs_budget_min=100000"], 2, "limits.budget_min=10080"),
     ("run", [*AUTO, "runs_min=1"], 2, "runs_min=1"),
     ("run", [*AUTO, "runs_min=5", "runs_max=4"], 2, "runs_max=4"),

@@ -177,10 +177,23 @@ def test_invalid_plans_are_refused_before_anything_is_created(tmp_path, override
 def test_runs_auto_is_the_default_and_one_configuration_runs_its_first_round(tmp_path):
     """The main job decides by default; a grid of one configuration has nothing to compare, so it runs
     runs_min runs (its spread) and no more (decide._why_stop says so)."""
-    assert Config().runs == "auto" and Config().runs_budget_min == 60
+    assert Config().runs == "auto" and Config().runs_budget_min == "auto"
     cells = plan(compose(*expand(["model=gpt_tiny", f"output_root={tmp_path}"], multirun=True)))
     assert [c.run for c in cells] == [1, 2, 3]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("overrides, budget_min", [
+    ([], 4.0),  # one machine, CPU ranks: the README's main job answers while its user waits
+    (["cluster.gpus_per_node=8", "cluster.tasks_per_node=8", "cluster.declared=true",
+      "cluster.gpu_type=h100"], 60.0),  # a GPU box: a cluster's hour
+    (["cluster=slurm"], 60.0),
+    (["runs_budget_min=null"], None),  # runs_max alone
+    (["runs_budget_min=7.5"], 7.5),
+])
+def test_the_wall_time_budget_of_runs_auto_is_the_backends_unless_given(overrides, budget_min):
+    (cell, *_) = plan(compose(*expand(["model=gpt_tiny", "strategy=ddp,fsdp", *overrides], multirun=True)))
+    assert decide.design_for(cell.config).budget_min == budget_min
 
 
 def test_against_a_baseline_runs_stop_where_the_drift_between_sweeps_decides_nothing(tmp_path):

@@ -117,7 +117,10 @@ class Config(TrainSpec):
     runs: Any = AUTO  # the main job decides: runs=3 for fixed runs is one setting away
     runs_min: int = 3  # runs=auto: the first round's runs per grid point
     runs_max: int = 12  # runs=auto: no grid point runs more often
-    runs_budget_min: float | None = 60.0  # runs=auto: no round starts that would end after this (wall time)
+    # runs=auto: no round starts that would end after this (wall time, minutes). auto: the backend's
+    # (launcher/cluster: 60 on a cluster; on one machine with CPU ranks 4, a try-out answered while
+    # you wait); None: no wall-time budget (runs_max alone bounds the sweep).
+    runs_budget_min: Any = AUTO
     # runs=auto: a previous sweep directory; its configurations are compared with this sweep's (as
     # launcher.report --compare does), and those comparisons decide where runs are added too.
     baseline: str | None = None
@@ -204,9 +207,9 @@ class Config(TrainSpec):
         if self.runs_max < self.runs_min:
             raise ConfigError("runs_max", self.runs_max, f"is below runs_min={self.runs_min}.",
                               f"set runs_max to at least {self.runs_min} (default 12), or lower runs_min.")
-        if self.runs_budget_min is not None:
-            positive("runs_budget_min", self.runs_budget_min, "give the sweep's wall-time budget in minutes, or "
-                      "drop it (runs_max alone limits the sweep).")
+        if self.runs_budget_min is not None and self.runs_budget_min != AUTO:
+            positive("runs_budget_min", self.runs_budget_min, "give the sweep's wall-time budget in minutes, auto "
+                     "(the cluster's default), or null (runs_max alone limits the sweep).")
         if self.baseline is not None:
             import os
 
