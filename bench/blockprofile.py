@@ -30,7 +30,7 @@ def profile_block(block: Callable[[], Any], sync: Callable[[], None], steps: int
     """``block`` (``steps`` steps) run once under the profiler; the figures above, per step."""
     from torch.profiler import ProfilerActivity, profile
 
-    from jobs.comm import union_length
+    from jobs.comm import device_work, span_us, union_length
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     sync()  # sync point: the block starts on an idle device
@@ -42,10 +42,8 @@ def profile_block(block: Callable[[], Any], sync: Callable[[], None], steps: int
         wall_s = time.perf_counter() - t0
     busy: list[tuple[float, float]] = []
     kernels: dict[str, float] = defaultdict(float)
-    for e in prof.events():
-        if getattr(e, "is_user_annotation", False) or not str(getattr(e, "device_type", "")).endswith("CUDA"):
-            continue
-        span = (float(e.time_range.start), float(e.time_range.end))  # microseconds
+    for e in filter(device_work, prof.events()):
+        span = span_us(e)  # microseconds
         busy.append(span)
         kernels[e.name] += span[1] - span[0]
     host = sorted(((a.key, a.self_cpu_time_total) for a in prof.key_averages()), key=lambda kv: -kv[1])

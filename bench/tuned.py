@@ -406,10 +406,10 @@ def timed_rounds(args, config: dict[str, Any], runs: dict[str, Callable[[], floa
             break
         row: dict[str, Any] = {"phase": phase}
         for name in (order if r % 2 == 0 else order[::-1]):
-            row[name], wall_s = _timed(runs[name], sync)
+            row[name], schedule_s = _timed(runs[name], sync)
             config["sides"][name].setdefault("block_s", []).append(row[name])
-            if wall_s != row[name]:
-                config["sides"][name].setdefault("schedule_s", []).append(wall_s)
+            if schedule_s is not None:
+                config["sides"][name].setdefault("schedule_s", []).append(schedule_s)
         config["rounds"].append(row)
         save()
 
@@ -441,15 +441,16 @@ def _cache_delta(before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in after}
 
 
-def _timed(fn: Callable[[], float | None], sync: Callable[[], None]) -> tuple[float, float]:
-    """(the block's time, its wall time): the time ``fn`` returns (a worker side's measured window,
-    which starts and ends on an idle device), else the wall time from an idle device to one sync."""
+def _timed(fn: Callable[[], float | None], sync: Callable[[], None]) -> tuple[float, float | None]:
+    """(the block's time, the worker's whole schedule or None): the time ``fn`` returns (a worker
+    side's measured window, which starts and ends on an idle device) with the wall time around it,
+    else the wall time from an idle device to one sync."""
     sync()  # sync point: the block starts on an idle device
     t0 = time.perf_counter()
-    inner_s = fn()
+    window_s = fn()
     sync()  # sync point: the block's one synchronisation, at its end
     wall_s = time.perf_counter() - t0
-    return (inner_s if inner_s is not None else wall_s), wall_s
+    return (wall_s, None) if window_s is None else (window_s, wall_s)
 
 
 def _error(exc: BaseException) -> str:
@@ -543,7 +544,7 @@ def worker_side(args, spec: ModelSpec, strategy: str, precision: str, env, devic
         # The worker's per-step sync point, as jobs.worker.benchmark sets it.
         run = Run(rank, setup, Interference(device), _sync(device))
 
-        def block() -> float:
+        def block() -> float | None:
             run_schedule(run)
             return clock.window_s
 

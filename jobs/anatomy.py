@@ -45,7 +45,7 @@ from typing import Any
 from contract.metrics import ANATOMY_COPIES_MS, ANATOMY_DATA_WAIT_MS, ANATOMY_STEP, ANATOMY_UNATTRIBUTED_MS, comm_bytes
 from contract.metrics import COLLECTIVE_KINDS as KINDS
 from jobs import comm
-from jobs.comm import Interval, merged, minus_length, union_length
+from jobs.comm import Interval, merged, minus_length, span_us, union_length
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the trainer's named ranges (jobs/loop.py)
 RANGE_PREFIX = "step::"
@@ -151,18 +151,14 @@ def collectives_of(events, on_gpu: bool) -> list[Collective]:
     for ev in events:
         if ev.name.startswith(WRAPPED_PREFIX) and not (on_gpu and str(getattr(ev, "device_type", "")).endswith("CUDA")):
             kind = ev.name[len(WRAPPED_PREFIX):]
-            out.append(Collective(kind if kind in KINDS else "other", _span(ev)))
+            out.append(Collective(kind if kind in KINDS else "other", span_us(ev)))
     return out
-
-
-def _span(e) -> Interval:
-    return (float(e.time_range.start), float(e.time_range.end))
 
 
 def _own(ev) -> Collective:
     """A backend event alone: its own name's kind and its own recorded shape."""
     kind = kind_of(ev.name) or "other"
-    return Collective(kind, _span(ev), _event_bytes(kind, ev))
+    return Collective(kind, span_us(ev), _event_bytes(kind, ev))
 
 
 def _matched(op, ev) -> Collective:
@@ -172,8 +168,8 @@ def _matched(op, ev) -> Collective:
     kind = kind_of(op.name) or "other"
     size = _event_bytes(kind, op)
     if ev is None:
-        return Collective(kind, _span(op), size, issued=float(op.time_range.start))
-    return Collective(kind, _span(ev), size if size is not None else _event_bytes(kind_of(ev.name) or kind, ev),
+        return Collective(kind, span_us(op), size, issued=float(op.time_range.start))
+    return Collective(kind, span_us(ev), size if size is not None else _event_bytes(kind_of(ev.name) or kind, ev),
                       issued=float(op.time_range.start))
 
 
@@ -196,7 +192,7 @@ def read_trace(events, main_thread: int, on_gpu: bool) -> Trace:
         if not e.name.startswith(RANGE_PREFIX) or (on_gpu and getattr(e, "is_user_annotation", False)
                                                    and str(getattr(e, "device_type", "")).endswith("CUDA")):
             continue
-        span = (float(e.time_range.start), float(e.time_range.end))
+        span = span_us(e)
         if e.name == PROBE_RANGE:
             window = span
         elif e.name[len(RANGE_PREFIX):] in phases:

@@ -87,22 +87,30 @@ def minus_length(a: list[Interval], b: list[Interval]) -> float:
     return total
 
 
+def device_work(e) -> bool:
+    """Whether a profiler event is the GPU's own work (a kernel, a copy or a fill). A record_function
+    range's GPU mirror is not (FSDP::all_gather spans its NCCL kernels): it is no work of its own."""
+    if getattr(e, "is_user_annotation", False):
+        return False
+    return getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")
+
+
+def span_us(e) -> Interval:
+    return (float(e.time_range.start), float(e.time_range.end))
+
+
 def classify_events(events, main_thread: int, on_gpu: bool) -> dict[str, list[Interval]]:
-    """{"comm", "compute", "memcpy"} intervals in microseconds from profiler events."""
+    """{"comm", "compute", "memcpy"} intervals in microseconds from profiler events. On CPU, user
+    annotations count: there gloo's collectives themselves are such ranges ("gloo:all_reduce" on
+    gloo's worker thread is a user annotation in torch 2.13)."""
     out: dict[str, list[Interval]] = {"comm": [], "compute": [], "memcpy": []}
     for e in events:
-        if on_gpu and getattr(e, "is_user_annotation", False):
-            # A record_function range or its GPU mirror (FSDP::all_gather spans its NCCL kernels),
-            # not work of its own. Not on CPU: there gloo's collectives themselves are such ranges
-            # ("gloo:all_reduce" on gloo's worker thread is a user annotation in torch 2.13).
-            continue
-        rng = e.time_range
-        span = (float(rng.start), float(rng.end))
-        is_device = getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA")
         if on_gpu:
-            if is_device:
-                out[gpu_event_kind(e.name)].append(span)
-        elif _is_comm(e.name):
+            if device_work(e):
+                out[gpu_event_kind(e.name)].append(span_us(e))
+            continue
+        span = span_us(e)
+        if _is_comm(e.name):
             out["comm"].append(span)
         elif e.thread == main_thread and e.name.startswith("aten::") and "wait" not in e.name:
             out["compute"].append(span)
