@@ -172,14 +172,34 @@ def _why_stop(state: SweepState, design: Design, looks: Looks, found: list[Pair]
         spent_s = now_s - design.started_s
         # The last round's pace: one cell after another in the foreground, all at once on a cluster.
         round_s = now_s - last.started_s
-        per_cell_s = round_s / max(1, len(last.cells))
-        wanted = len({n for p in open_ for n in p.configurations})
-        next_s = per_cell_s * wanted * (looks.schedule[done] - looks.schedule[done - 1]) \
-            if backend_for(state.cluster).runs_cells_in_foreground else round_s
+        if backend_for(state.cluster).runs_cells_in_foreground:
+            wanted = {n for p in open_ for n in p.configurations}
+            next_s = _next_round_s(state, last, round_s,
+                                   {name: max(0, looks.schedule[done] - _runs_of(state, name)) for name in wanted})
+        else:
+            next_s = round_s
         if spent_s + next_s > design.budget_min * 60:
             return (f"budget: round {done + 1} (about {next_s / 60:.1f} min) would end after "
                     f"runs_budget_min={design.budget_min:g} ({spent_s / 60:.1f} min spent)")
     return None
+
+
+def _next_round_s(state: SweepState, last: Round, round_s: float, adding: dict[str, int]) -> float:
+    """The next round's wall time in the foreground, ``adding`` runs per configuration: the last
+    round's wall time shared among its cells in proportion to the time each one's job used (start-up
+    included), so that two-rank runs are not costed at the pace of a round that also held one-rank
+    ones; a configuration not in the last round at its mean pace."""
+    cells = [c for c in state.cells if c.index in set(last.cells)]
+    used = {c.index: timelimit.used_s(state, c) for c in cells}
+    known = [u for u in used.values() if u]
+    mean_s = sum(known) / len(known) if known else 1.0
+    total_s = sum(used[c.index] or mean_s for c in cells) or 1.0
+    share: dict[str, list[float]] = {}
+    for c in cells:
+        share.setdefault(configuration(c.name), []).append(round_s * (used[c.index] or mean_s) / total_s)
+    per_cell_s = round_s / max(1, len(cells))
+    return sum(n * (sum(share[name]) / len(share[name]) if name in share else per_cell_s)
+               for name, n in adding.items())
 
 
 def _runs_of(state: SweepState, name: str) -> int:

@@ -161,6 +161,22 @@ def test_an_undecidable_comparison_stops_early_and_a_budget_stops_the_rounds(tmp
     assert looks_of(state).ended.startswith("stopped early: budget")
 
 
+def test_the_budget_costs_the_next_round_at_the_pace_of_the_configurations_it_adds(tmp_path):
+    """Round 1 held short one-node runs (10 s) and long two-node ones (30 s); round 2 adds runs only to
+    the two-node ones, so it is costed at their pace (the round's wall time shared by the time each
+    run used), not at the round's mean: 6 x 300 s x 30/240 = 225 s, with 300 s spent, overruns 8 min."""
+    state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=8", "nodes=1,2", "runs_budget_min=8")
+    noise = [-6.0, 0.0, 6.0]
+    _finish(state, {"strategy=ddp nodes=1": [100, 101, 99], "strategy=fsdp nodes=1": [50, 51, 49],
+                    "strategy=ddp nodes=2": [100 + z for z in noise], "strategy=fsdp nodes=2": [90 + z for z in noise]})
+    for cell in state.cells:
+        cell.time_used_s = 30.0 if "nodes=2" in cell.name else 10.0
+    state.design.rounds[0].started_s = state.design.started_s
+    assert [p.label for p in decide.pairs(state) if p.stopped is None] == ["fsdp vs ddp at 4 rank(s)"]
+    assert decide.next_round(state, now_s=state.design.started_s + 300) == []
+    assert state.design.stopped == "budget: round 2 (about 3.8 min) would end after runs_budget_min=8 (5.0 min spent)"
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["runs=autom"], "runs='autom': is neither a number of runs nor auto. Fix: use runs=auto"),
     (["runs=3", "runs_max=8"], "runs_max=8: is read only with runs=auto, and runs=3. Fix: add runs=auto, or drop runs_max"),
