@@ -1,4 +1,5 @@
-"""How soon ``runs=auto`` decides a real difference under two growth schedules, simulated.
+"""How soon ``runs=auto`` decides a real difference under four schedules, simulated: growing by 1.5 or
+doubling up to 12 runs (a cluster's runs_max), and up to 6 (one machine with CPU ranks).
 
     python -m bench.schedules [--sequences 4000] [--seed 1] [--ratio 0.77]
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| spread per run | schedule | decided | by 6 runs per side (at most 18 launches) | mean launches |")
     print("|---:|---|---:|---:|---:|")
     for spread in (0.08, 0.10, 0.12):
-        for schedule in ((3, 5, 8, 12), (3, 6, 12)):
+        for schedule in ((3, 5, 8, 12), (3, 6, 12), (3, 6), (3, 4, 6)):
             rng = random.Random(args.seed)
             ends = [runs_per_side(schedule, spread, args.ratio, rng) for _ in range(args.sequences)]
             decided = sum(1 for claimed, _ in ends if claimed) / len(ends)

@@ -54,10 +54,8 @@ def design_for(config: Config) -> Design | None:
     if not config.auto:
         return None
     baseline = str(Path(config.baseline).resolve()) if config.baseline else None
-    budget_min = config.runs_budget_min
-    if budget_min == AUTO:
-        budget_min = backend_for(config.cluster.name).runs_budget_min(config.cluster)
-    return Design(runs_min=config.runs_min, runs_max=config.runs_max, budget_min=budget_min,
+    budget_min = config.cluster.runs_budget_min() if config.runs_budget_min == AUTO else config.runs_budget_min
+    return Design(runs_min=config.runs_min, runs_max=config.max_runs, budget_min=budget_min,
                   baseline=baseline, started_s=time.time(), cells_max=config.limits.cells)
 
 

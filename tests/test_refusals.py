@@ -155,6 +155,8 @@ CORPUS = [
     ("run", [*AUTO, "runs_budget_min=100000"], 2, "limits.budget_min=10080"),
     ("run", [*AUTO, "runs_min=1"], 2, "runs_min=1"),
     ("run", [*AUTO, "runs_min=5", "runs_max=4"], 2, "runs_max=4"),
+    ("run", [*AUTO, "runs_max=lots"], 2, "runs_max='lots': is neither a number of runs nor auto"),
+    ("run", [*AUTO, "runs_max=true"], 2, "runs_max=True"),
     ("run", ["runs=3", "runs_max=8", "-m", "strategy=ddp,fsdp"], 2, "runs_max=8: is read only with runs=auto"),
     ("run", ["runs=-1"], 2, "runs=-1"),
     ("run", ["runs=maybe"], 2, "runs"),

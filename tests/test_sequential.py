@@ -147,10 +147,16 @@ def test_strategies_at_one_rank_get_no_runs_beyond_the_first_round(tmp_path):
 
 
 def test_an_undecidable_comparison_stops_early_and_a_budget_stops_the_rounds(tmp_path):
-    state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=5")
-    _finish(state, {"strategy=ddp": [100, 140, 60], "strategy=fsdp": [100, 150, 55]})  # noise of 40%
+    # Noise of 40% and no difference: at the first look three runs per side are too few to say that
+    # runs_max cannot decide it, so a second round comes; at the second, it stops early.
+    state = _planned(tmp_path, "runs=auto", "runs_min=3", "runs_max=8")
+    _finish(state, {"strategy=ddp": [100, 140, 60, 100, 140, 60], "strategy=fsdp": [100, 150, 55, 100, 150, 55]})
     (pair,) = decide.pairs(state)
-    assert pair.stopped and pair.stopped.startswith("stopped early") and "beyond runs_max=5" in pair.stopped
+    assert pair.stopped is None and pair.diff.runs_needed is None  # more than any runs_max would need
+    assert len(decide.next_round(state)) == 6
+    _finish(state, {"strategy=ddp": [100, 140, 60, 100, 140, 60], "strategy=fsdp": [100, 150, 55, 100, 150, 55]})
+    (pair,) = decide.pairs(state)
+    assert pair.stopped and pair.stopped.startswith("stopped early") and "beyond runs_max=8" in pair.stopped
     assert decide.next_round(state) == [] and "every comparison" in state.design.stopped
 
     # An open comparison (as in the test above) and a budget of 0.06 s: round 2 would overrun it.
@@ -199,17 +205,19 @@ def test_runs_auto_is_the_default_and_one_configuration_runs_its_first_round(tmp
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("overrides, budget_min", [
-    ([], 4.0),  # one machine, CPU ranks: the README's main job answers while its user waits
+@pytest.mark.parametrize("overrides, budget_min, runs_max", [
+    ([], 4.0, 6),  # one machine, CPU ranks: the README's main job answers while its user waits, in two rounds
     (["cluster.gpus_per_node=8", "cluster.tasks_per_node=8", "cluster.declared=true",
-      "cluster.gpu_type=h100"], 60.0),  # a GPU box: a cluster's hour
-    (["cluster=slurm"], 60.0),
-    (["runs_budget_min=null"], None),  # runs_max alone
-    (["runs_budget_min=7.5"], 7.5),
+      "cluster.gpu_type=h100"], 60.0, 12),  # a GPU box: a cluster's hour
+    (["cluster=slurm"], 60.0, 12),
+    (["runs_budget_min=null"], None, 6),  # runs_max alone
+    (["runs_budget_min=7.5", "runs_max=12"], 7.5, 12),
+    (["runs_min=8"], 4.0, 8),  # auto is never below runs_min: one look
 ])
-def test_the_wall_time_budget_of_runs_auto_is_the_backends_unless_given(overrides, budget_min):
+def test_the_budget_and_most_runs_of_runs_auto_are_the_clusters_unless_given(overrides, budget_min, runs_max):
     (cell, *_) = plan(compose(*expand(["model=gpt_tiny", "strategy=ddp,fsdp", *overrides], multirun=True)))
-    assert decide.design_for(cell.config).budget_min == budget_min
+    design = decide.design_for(cell.config)
+    assert (design.budget_min, design.runs_max) == (budget_min, runs_max)
 
 
 def test_against_a_baseline_runs_stop_where_the_drift_between_sweeps_decides_nothing(tmp_path):

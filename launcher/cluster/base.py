@@ -103,10 +103,6 @@ class Backend(ABC):
     # Whether the ranks log into their MLflow run themselves (so the runs exist before submission).
     ranks_log_to_tracking: bool
 
-    def runs_budget_min(self, cluster: ClusterConfig) -> float:
-        """runs_budget_min=auto: the wall time a runs=auto sweep may spend here, in minutes."""
-        return 60.0
-
     def submit(self, state: SweepState, cells: Sequence[Cell], *,
                after_each_cell: Callable[[Cell], None] | None = None,
                interrupts: Interrupts | None = None, after: Sequence[str] = ()) -> None:

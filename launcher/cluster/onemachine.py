@@ -33,11 +33,6 @@ class OneMachineBackend(Backend):
     runs_cells_in_foreground = True
     ranks_log_to_tracking = False
 
-    def runs_budget_min(self, cluster: ClusterConfig) -> float:
-        """CPU ranks on one machine: a try-out of the tool, answered while its user waits (the README's
-        main job in two to four minutes); GPU ranks: a cluster's hour."""
-        return 4.0 if cluster.gpus_per_node == 0 else 60.0
-
     def health_nodes(self, cluster: ClusterConfig, whole_pool: bool = False) -> list[str]:
         return [socket.gethostname()]  # one machine; more nodes are emulated on it (health.nodes)
 

@@ -97,6 +97,22 @@ class ClusterConfig:
             return [cls]
         return [settings_class(name) for name in registry.usable()]  # a broken site backend left out, announced
 
+    @property
+    def cpu_tryout(self) -> bool:
+        """CPU ranks on one machine: a try-out of the tool, answered while its user waits."""
+        return self.one_machine and self.gpus_per_node == 0
+
+    def runs_budget_min(self) -> float:
+        """runs_budget_min=auto: the wall time a runs=auto sweep may spend here, in minutes: a
+        cluster's hour; on a CPU try-out 4 (the README's main job in two to four minutes)."""
+        return 4.0 if self.cpu_tryout else 60.0
+
+    def runs_max(self) -> int:
+        """runs_max=auto: runs=auto's most runs per grid point here (looks at 3, 6, 12); on a CPU
+        try-out 6 (looks at 3, 6): its 4 minutes hold two rounds of the main job, and a third look
+        planned but never reached would keep its share of the 5% unspent (launcher/report/sequential.py)."""
+        return 6 if self.cpu_tryout else 12
+
     def validate(self) -> None:
         """The backend's own checks of its settings, before anything is created; the shared ones
         (ranges, prices, declared nodes) are plan/schema.py's. A backend that overrides it calls it."""

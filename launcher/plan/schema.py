@@ -116,7 +116,9 @@ class Config(TrainSpec):
     # no int-or-str union; validate() accepts exactly these two forms.
     runs: Any = AUTO  # the main job decides: runs=3 for fixed runs is one setting away
     runs_min: int = 3  # runs=auto: the first round's runs per grid point
-    runs_max: int = 12  # runs=auto: no grid point runs more often
+    # runs=auto: no grid point runs more often. auto: the cluster's (12; on one machine with CPU ranks
+    # 6, the rounds its 4-minute budget holds), at least runs_min; read through max_runs.
+    runs_max: Any = AUTO
     # runs=auto: no round starts that would end after this (wall time, minutes). auto: the backend's
     # (launcher/cluster: 60 on a cluster; on one machine with CPU ranks 4, a try-out answered while
     # you wait); None: no wall-time budget (runs_max alone bounds the sweep).
@@ -130,6 +132,11 @@ class Config(TrainSpec):
     cells_max: int | None = None  # cells=auto: no more configurations (grid points) run, pilot included
     cells_budget_min: float | None = None  # cells=auto: no round starts that would end after this (wall time)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+
+    @property
+    def max_runs(self) -> int:
+        """runs_max resolved: the number given, or the cluster's (ClusterConfig.runs_max), at least runs_min."""
+        return max(self.runs_min, self.cluster.runs_max()) if self.runs_max == AUTO else self.runs_max
 
     @property
     def auto(self) -> bool:
@@ -204,9 +211,13 @@ class Config(TrainSpec):
         if self.runs_min < 2:
             raise ConfigError("runs_min", self.runs_min, "gives the first round no spread between runs to decide with.",
                               "use runs_min=3 (the default) or at least 2.")
-        if self.runs_max < self.runs_min:
+        if self.runs_max != AUTO and (isinstance(self.runs_max, bool) or not isinstance(self.runs_max, int)):
+            raise ConfigError("runs_max", self.runs_max, "is neither a number of runs nor auto.",
+                              f"use runs_max=auto (the cluster's: {self.cluster.runs_max()} here) or a whole number "
+                              f"of at least runs_min={self.runs_min}.")
+        if self.max_runs < self.runs_min:
             raise ConfigError("runs_max", self.runs_max, f"is below runs_min={self.runs_min}.",
-                              f"set runs_max to at least {self.runs_min} (default 12), or lower runs_min.")
+                              f"set runs_max to at least {self.runs_min} (or auto), or lower runs_min.")
         if self.runs_budget_min is not None and self.runs_budget_min != AUTO:
             positive("runs_budget_min", self.runs_budget_min, "give the sweep's wall-time budget in minutes, auto "
                      "(the cluster's default), or null (runs_max alone limits the sweep).")
@@ -249,7 +260,7 @@ class Config(TrainSpec):
                                   f"raise limits.{key} to the bound you mean, or drop it for the default "
                                   f"({getattr(LimitsConfig, key)}).")
         positive("limits.budget_min", lim.budget_min, "give the longest wall time in minutes, e.g. 10080 (a week).")
-        runs = self.runs_max if self.auto else self.runs
+        runs = self.max_runs if self.auto else self.runs
         setting = "runs_max" if self.auto else "runs"
         if runs > lim.runs:
             raise ConfigError(setting, runs, f"is beyond limits.runs={lim.runs} runs per grid point"

@@ -76,6 +76,7 @@ NOT_SHELL_BOUND: dict[str, str] = {
                            "names a directory)",
     "runs": "an int or auto (refused otherwise)",
     "cells": "all or auto (refused otherwise)",
+    "runs_max": "a whole number of runs or auto (refused otherwise); read by the launcher only",
     "runs_budget_min": "a positive number of minutes, auto or null (refused otherwise); read by the launcher only",
     "cluster.name": "a backend's name, refused unless the registry knows it (launcher/cluster/registry.py)",
 }

@@ -350,7 +350,10 @@ def stop_reason(d: Diff, looks: Looks) -> str | None:
         return f"stopped early: cannot decide: {d.undecidable}"
     if d.look >= looks.rounds and d.grew_until >= looks.rounds:
         return f"runs_max={runs_max} reached"
-    if d.runs_needed is None or d.runs_needed > runs_max:
+    # A first look's spread rests on runs_min runs per side, too few to say that runs_max cannot
+    # decide it (three runs' standard deviation is known only within a factor of about three, and
+    # one outlier among them reads as "no difference, wide spread"): that stop waits for the second.
+    if (d.runs_needed is None or d.runs_needed > runs_max) and d.look > 1:
         needed = f"about {d.runs_needed}" if d.runs_needed else f"more than {MAX_RUNS_NEEDED}"
         # Its runs stopped growing at that look (later looks saw the same runs).
         at = f" at look {d.grew_until}" if d.grew_until < d.look else ""
