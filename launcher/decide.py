@@ -55,7 +55,7 @@ def design_for(config: Config) -> Design | None:
         return None
     baseline = str(Path(config.baseline).resolve()) if config.baseline else None
     budget_min = config.cluster.runs_budget_min() if config.runs_budget_min == AUTO else config.runs_budget_min
-    return Design(runs_min=config.runs_min, runs_max=config.max_runs, budget_min=budget_min,
+    return Design(runs_min=config.runs_min, runs_max=config.resolved_runs_max, budget_min=budget_min,
                   baseline=baseline, started_s=time.time(), cells_max=config.limits.cells)
 
 
@@ -187,14 +187,16 @@ def _next_round_s(state: SweepState, last: Round, round_s: float, adding: dict[s
     round's wall time shared among its cells in proportion to the time each one's job used (start-up
     included), so that two-rank runs are not costed at the pace of a round that also held one-rank
     ones; a configuration not in the last round at its mean pace."""
-    cells = [c for c in state.cells if c.index in set(last.cells)]
+    in_round = set(last.cells)
+    cells = [c for c in state.cells if c.index in in_round]
     used = {c.index: timelimit.used_s(state, c) for c in cells}
     known = [u for u in used.values() if u]
-    mean_s = sum(known) / len(known) if known else 1.0
-    total_s = sum(used[c.index] or mean_s for c in cells) or 1.0
+    mean_s = sum(known) / len(known) if known else 1.0  # a launch without a measured time: the round's mean
+    weight = {c.index: used[c.index] or mean_s for c in cells}
+    total_s = sum(weight.values()) or 1.0
     share: dict[str, list[float]] = {}
     for c in cells:
-        share.setdefault(configuration(c.name), []).append(round_s * (used[c.index] or mean_s) / total_s)
+        share.setdefault(configuration(c.name), []).append(round_s * weight[c.index] / total_s)
     per_cell_s = round_s / max(1, len(cells))
     return sum(n * (sum(share[name]) / len(share[name]) if name in share else per_cell_s)
                for name, n in adding.items())

@@ -89,10 +89,10 @@ def _looks(config: Config) -> None:
         return
     from launcher.report.sequential import schedule
 
-    looks = len(schedule(config.runs_min, config.max_runs))
+    looks = len(schedule(config.runs_min, config.resolved_runs_max))
     if looks > config.limits.looks:
         raise SweepError(str(ConfigError(
-            "runs_max", config.max_runs, f"with runs_min={config.runs_min} plans {looks} looks, beyond limits.looks="
+            "runs_max", config.resolved_runs_max, f"with runs_min={config.runs_min} plans {looks} looks, beyond limits.looks="
             f"{config.limits.looks} (each look tests at a share of 5%: more looks, smaller levels, fewer decisions).",
             f"raise runs_min, lower runs_max, or raise limits.looks={looks}.")))
 

@@ -117,11 +117,11 @@ class Config(TrainSpec):
     runs: Any = AUTO  # the main job decides: runs=3 for fixed runs is one setting away
     runs_min: int = 3  # runs=auto: the first round's runs per grid point
     # runs=auto: no grid point runs more often. auto: the cluster's (12; on one machine with CPU ranks
-    # 6, the rounds its 4-minute budget holds), at least runs_min; read through max_runs.
+    # 6, the rounds its 4-minute budget holds), at least runs_min; read through resolved_runs_max.
     runs_max: Any = AUTO
-    # runs=auto: no round starts that would end after this (wall time, minutes). auto: the backend's
-    # (launcher/cluster: 60 on a cluster; on one machine with CPU ranks 4, a try-out answered while
-    # you wait); None: no wall-time budget (runs_max alone bounds the sweep).
+    # runs=auto: no round starts that would end after this (wall time, minutes). auto: the cluster's
+    # (ClusterConfig.runs_budget_min: 60 on a cluster; on one machine with CPU ranks 4, a try-out
+    # answered while you wait); None: no wall-time budget (runs_max alone bounds the sweep).
     runs_budget_min: Any = AUTO
     # runs=auto: a previous sweep directory; its configurations are compared with this sweep's (as
     # launcher.report --compare does), and those comparisons decide where runs are added too.
@@ -134,7 +134,7 @@ class Config(TrainSpec):
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     @property
-    def max_runs(self) -> int:
+    def resolved_runs_max(self) -> int:
         """runs_max resolved: the number given, or the cluster's (ClusterConfig.runs_max), at least runs_min."""
         return max(self.runs_min, self.cluster.runs_max()) if self.runs_max == AUTO else self.runs_max
 
@@ -215,7 +215,7 @@ class Config(TrainSpec):
             raise ConfigError("runs_max", self.runs_max, "is neither a number of runs nor auto.",
                               f"use runs_max=auto (the cluster's: {self.cluster.runs_max()} here) or a whole number "
                               f"of at least runs_min={self.runs_min}.")
-        if self.max_runs < self.runs_min:
+        if self.resolved_runs_max < self.runs_min:
             raise ConfigError("runs_max", self.runs_max, f"is below runs_min={self.runs_min}.",
                               f"set runs_max to at least {self.runs_min} (or auto), or lower runs_min.")
         if self.runs_budget_min is not None and self.runs_budget_min != AUTO:
@@ -260,7 +260,7 @@ class Config(TrainSpec):
                                   f"raise limits.{key} to the bound you mean, or drop it for the default "
                                   f"({getattr(LimitsConfig, key)}).")
         positive("limits.budget_min", lim.budget_min, "give the longest wall time in minutes, e.g. 10080 (a week).")
-        runs = self.max_runs if self.auto else self.runs
+        runs = self.resolved_runs_max if self.auto else self.runs
         setting = "runs_max" if self.auto else "runs"
         if runs > lim.runs:
             raise ConfigError(setting, runs, f"is beyond limits.runs={lim.runs} runs per grid point"
