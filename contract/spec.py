@@ -274,8 +274,10 @@ class TrainSpec:
 
     nodes: int = 1
     batch_size: int = 8  # per device (per rank), per micro-step
-    steps: int = 30  # total optimizer steps, warm-up included
-    warmup_steps: int = 10  # excluded from every measurement
+    steps: int = 25  # total optimizer steps, warm-up included
+    # Excluded from every measurement; extended one step at a time while step times still fall
+    # (warmup_extend_max), so a short default costs nothing where the first steps are slow.
+    warmup_steps: int = 5
     repeats: int = 1  # measured windows after warm-up; mean and coefficient of variation
     grad_accum_steps: int = 1
     seed: int = 0
