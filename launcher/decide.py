@@ -183,22 +183,17 @@ def _why_stop(state: SweepState, design: Design, looks: Looks, found: list[Pair]
 
 
 def _next_round_s(state: SweepState, last: Round, round_s: float, adding: dict[str, int]) -> float:
-    """The next round's wall time in the foreground, ``adding`` runs per configuration: the last
-    round's wall time shared among its cells in proportion to the time each one's job used (start-up
-    included), so that two-rank runs are not costed at the pace of a round that also held one-rank
-    ones; a configuration not in the last round at its mean pace."""
+    """The next round's wall time in the foreground, ``adding`` runs per configuration: each at the
+    pace its runs had in the last round (timelimit.round_shares_s); a configuration not in the last
+    round at the round's mean pace."""
     in_round = set(last.cells)
     cells = [c for c in state.cells if c.index in in_round]
-    used = {c.index: timelimit.used_s(state, c) for c in cells}
-    known = [u for u in used.values() if u]
-    mean_s = sum(known) / len(known) if known else 1.0  # a launch without a measured time: the round's mean
-    weight = {c.index: used[c.index] or mean_s for c in cells}
-    total_s = sum(weight.values()) or 1.0
-    share: dict[str, list[float]] = {}
+    shares = timelimit.round_shares_s(state, cells, round_s)
+    pace: dict[str, list[float]] = {}
     for c in cells:
-        share.setdefault(configuration(c.name), []).append(round_s * weight[c.index] / total_s)
+        pace.setdefault(configuration(c.name), []).append(shares[c.index])
     per_cell_s = round_s / max(1, len(cells))
-    return sum(n * (sum(share[name]) / len(share[name]) if name in share else per_cell_s)
+    return sum(n * (sum(pace[name]) / len(pace[name]) if name in pace else per_cell_s)
                for name, n in adding.items())
 
 

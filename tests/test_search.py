@@ -98,3 +98,39 @@ def test_a_local_search_prunes_reports_and_logs_what_it_did_not_run(tmp_path, fa
     runs = client.search_runs([state.experiment_id], f"tags.{tracking.FORECAST_TAG} = 'true'")
     assert {r.data.tags["forecast_of"] for r in runs} == {p.name for p in state.search.pruned if p.forecast}
     assert all("cell" not in r.data.tags and r.data.tags["mlflow.parentRunId"] == state.parent_run_id for r in runs)
+
+
+
+
+def test_the_budget_costs_each_configuration_at_the_pace_of_its_world_size(tmp_path):
+    """The pilot ran three one-rank configurations (10 s each) and two two-rank ones (30 s) in 120 s;
+    two ranks' best is measured, so the next round holds the five one-rank configurations left. Each
+    is costed as runs=auto costs its rounds (timelimit.round_shares_s: the round's wall shared by the
+    time each launch used), 120 x 10 / 90 = 13.3 s: with 60 s of the budget left, four fit. At the
+    round's mean pace (24 s a configuration) two would."""
+    import json
+
+    from launcher import sweep
+    from launcher.forecast import cellsearch
+    from launcher.plan.cell import CellStatus
+    from launcher.plan.grid import compose, expand
+    from launcher.plan.planner import plan
+
+    points, swept = expand(["model=gpt_tiny", "strategy=ddp,fsdp", "batch_size=2,4,8,16", "nodes=1,2", "runs=1",
+                            "cells=auto", "cells_budget_min=3", "tracking=off", "fabric.probe=off",
+                            f"output_root={tmp_path}", f"sweep_dir={tmp_path / 's'}"], multirun=True)
+    state = sweep.prepare(plan(compose(points, swept)), ["test"])
+    found = state.search
+    assert found is not None
+    assert sorted(c.world_size for c in state.cells) == [1, 1, 1, 2, 2]  # the pilot
+    for cell in state.cells:  # done, as its rank 0 records it: 100 samples/s per device
+        tp = 100.0 * cell.world_size
+        summary = {"throughput_samples_per_s": tp, "throughput_samples_per_s_per_device": 100.0,
+                   "step_time_ms_p50": 40.0, "peak_mem_allocated_gib": 0.3, "loss_first": 5.0, "loss_last": 4.0}
+        (state.cell_dir(cell) / "result.json").write_text(json.dumps({"summary": summary, "tags": {"hostnames": "vm"}}))
+        cell.status, cell.time_used_s = CellStatus.done, 10.0 if cell.world_size == 1 else 30.0
+    state.save()
+    found.started_s = found.rounds[0].started_s = 0.0
+    added = cellsearch.next_round(state, now_s=3 * 60 - 60.0)
+    assert [c.world_size for c in added] == [1, 1, 1, 1], [c.name for c in added]
+    assert sum(1 for c in found.waiting if c.world_size == 1) == 1 and not found.stopped

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from contract.tuning import resolved_model
 from launcher.cluster.backends import backend_for
-from launcher.forecast import forecastrecord, inputs, perfmodel, search
+from launcher.forecast import forecastrecord, inputs, perfmodel, search, timelimit
 from launcher.forecast.cells import nearest_calls, row_of, throughput_of
 from launcher.plan import fitcache
 from launcher.plan.cell import Cell, configuration
@@ -167,7 +167,8 @@ def next_round(state: SweepState, now_s: float | None = None) -> list[Cell]:
 
 def _within_budget(state: SweepState, run: list[tuple[str, str]], candidates: list[search.Candidate],
                    now_s: float) -> tuple[list[tuple[str, str]], str | None]:
-    """The configurations of the next round that cells_max and the wall-time budget leave room for."""
+    """The configurations of the next round that cells_max and the wall-time budget leave room for:
+    the likeliest winners first (search.cap), each costed at its own pace (:func:`_round_cost_s`)."""
     found = state.search
     assert found is not None
     if not run:
@@ -178,15 +179,45 @@ def _within_budget(state: SweepState, run: list[tuple[str, str]], candidates: li
         run = search.cap(run, candidates, found.cells_max - ran)
         why = f"cells_max={found.cells_max} reached ({ran} configuration(s) run)"
     if found.budget_min is not None and run:
-        last = found.rounds[-1]
-        per_s = (now_s - last.started_s) / max(1, len(last.configurations))
-        left_s = found.budget_min * 60 - (now_s - found.started_s)
-        room = int(left_s // per_s) if per_s > 0 else len(run)
-        if room < len(run):
-            run = search.cap(run, candidates, room)
-            why = (f"budget: cells_budget_min={found.budget_min:g} ({(now_s - found.started_s) / 60:.1f} min spent, "
-                   f"about {per_s / 60:.1f} min per configuration)")
+        spent_s = now_s - found.started_s
+        left_s = found.budget_min * 60 - spent_s
+        cost_s = _round_cost_s(state, now_s)
+        kept: list[tuple[str, str]] = []
+        for item in search.cap(run, candidates, len(run)):
+            if sum(cost_s(name) for name, _ in [*kept, item]) > left_s:
+                break
+            kept.append(item)
+        if len(kept) < len(run):
+            all_s = sum(cost_s(name) for name, _ in run)
+            run = [item for item in run if item in kept]
+            why = (f"budget: cells_budget_min={found.budget_min:g} ({spent_s / 60:.1f} min spent; the round's "
+                   f"configurations would take about {all_s / 60:.1f} min)")
     return run, why
+
+
+def _round_cost_s(state: SweepState, now_s: float):
+    """A waiting configuration's wall time in the next round: each of its launches at the pace the
+    last round's launches of the same world size had (timelimit.round_shares_s: that round's wall
+    shared by the time each job used), or at the round's mean pace where it ran none of that size."""
+    found = state.search
+    assert found is not None
+    last = found.rounds[-1]
+    in_round = set(last.configurations)
+    cells = [c for c in state.cells if configuration(c.name) in in_round]
+    shares = timelimit.round_shares_s(state, cells, now_s - last.started_s)
+    by_ranks: dict[int, list[float]] = {}
+    for c in cells:
+        by_ranks.setdefault(c.world_size, []).append(shares[c.index])
+    mean_s = (now_s - last.started_s) / max(1, len(cells))
+    waiting: dict[str, list[Cell]] = {}
+    for c in found.waiting:
+        waiting.setdefault(configuration(c.name), []).append(c)
+
+    def cost_s(name: str) -> float:
+        return sum(sum(by_ranks[c.world_size]) / len(by_ranks[c.world_size]) if c.world_size in by_ranks else mean_s
+                   for c in waiting.get(name, []))
+
+    return cost_s
 
 
 def look(state: SweepState) -> tuple[list[search.Candidate], dict[str, float]]:

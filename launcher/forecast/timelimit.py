@@ -64,6 +64,20 @@ def used_s(state: SweepState, cell: Cell) -> float | None:
     return records_span_s(state, cell)
 
 
+def round_shares_s(state: SweepState, cells: list[Cell], round_s: float) -> dict[int, float]:
+    """Each of a round's ``cells``' part of its wall time ``round_s`` (start-ups and the launcher's work
+    between jobs included), by cell index: shared in proportion to the time each one's job used, so
+    that a two-rank launch is not costed at the pace of a round that also held one-rank ones; a cell
+    without a measured time weighs the round's mean. What runs=auto and cells=auto cost their next
+    round with (launcher/decide.py, launcher/forecast/cellsearch.py)."""
+    used = {c.index: used_s(state, c) for c in cells}
+    known = [u for u in used.values() if u]
+    mean_s = sum(known) / len(known) if known else 1.0
+    weight = {index: u or mean_s for index, u in used.items()}
+    total = sum(weight.values()) or 1.0
+    return {index: round_s * w / total for index, w in weight.items()}
+
+
 def records_span_s(state: SweepState, cell: Cell) -> float | None:
     """A finished cell's wall time from its records (the worker's start to its last end)."""
     if cell.status is not CellStatus.done:
