@@ -184,17 +184,12 @@ def _why_stop(state: SweepState, design: Design, looks: Looks, found: list[Pair]
 
 def _next_round_s(state: SweepState, last: Round, round_s: float, adding: dict[str, int]) -> float:
     """The next round's wall time in the foreground, ``adding`` runs per configuration: each at the
-    pace its runs had in the last round (timelimit.round_shares_s); a configuration not in the last
+    pace its runs had in the last round (timelimit.round_pace_s); a configuration not in the last
     round at the round's mean pace."""
     in_round = set(last.cells)
     cells = [c for c in state.cells if c.index in in_round]
-    shares = timelimit.round_shares_s(state, cells, round_s)
-    pace: dict[str, list[float]] = {}
-    for c in cells:
-        pace.setdefault(configuration(c.name), []).append(shares[c.index])
-    per_cell_s = round_s / max(1, len(cells))
-    return sum(n * (sum(pace[name]) / len(pace[name]) if name in pace else per_cell_s)
-               for name, n in adding.items())
+    pace_s = timelimit.round_pace_s(state, cells, round_s, lambda c: configuration(c.name))
+    return sum(n * pace_s(name) for name, n in adding.items())
 
 
 def _runs_of(state: SweepState, name: str) -> int:

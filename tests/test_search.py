@@ -100,12 +100,10 @@ def test_a_local_search_prunes_reports_and_logs_what_it_did_not_run(tmp_path, fa
     assert all("cell" not in r.data.tags and r.data.tags["mlflow.parentRunId"] == state.parent_run_id for r in runs)
 
 
-
-
 def test_the_budget_costs_each_configuration_at_the_pace_of_its_world_size(tmp_path):
     """The pilot ran three one-rank configurations (10 s each) and two two-rank ones (30 s) in 120 s;
     two ranks' best is measured, so the next round holds the five one-rank configurations left. Each
-    is costed as runs=auto costs its rounds (timelimit.round_shares_s: the round's wall shared by the
+    is costed as runs=auto costs its rounds (timelimit.round_pace_s: the round's wall shared by the
     time each launch used), 120 x 10 / 90 = 13.3 s: with 60 s of the budget left, four fit. At the
     round's mean pace (24 s a configuration) two would."""
     import json

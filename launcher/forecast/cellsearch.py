@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from contract.tuning import resolved_model
@@ -183,8 +184,10 @@ def _within_budget(state: SweepState, run: list[tuple[str, str]], candidates: li
         left_s = found.budget_min * 60 - spent_s
         cost_s = _round_cost_s(state, now_s)
         kept: list[tuple[str, str]] = []
+        kept_s = 0.0
         for item in search.cap(run, candidates, len(run)):
-            if sum(cost_s(name) for name, _ in [*kept, item]) > left_s:
+            kept_s += cost_s(item[0])
+            if kept_s > left_s:
                 break
             kept.append(item)
         if len(kept) < len(run):
@@ -195,29 +198,20 @@ def _within_budget(state: SweepState, run: list[tuple[str, str]], candidates: li
     return run, why
 
 
-def _round_cost_s(state: SweepState, now_s: float):
+def _round_cost_s(state: SweepState, now_s: float) -> Callable[[str], float]:
     """A waiting configuration's wall time in the next round: each of its launches at the pace the
-    last round's launches of the same world size had (timelimit.round_shares_s: that round's wall
-    shared by the time each job used), or at the round's mean pace where it ran none of that size."""
+    last round's launches of the same world size had (timelimit.round_pace_s), or at the round's
+    mean pace where it ran none of that size."""
     found = state.search
     assert found is not None
     last = found.rounds[-1]
     in_round = set(last.configurations)
     cells = [c for c in state.cells if configuration(c.name) in in_round]
-    shares = timelimit.round_shares_s(state, cells, now_s - last.started_s)
-    by_ranks: dict[int, list[float]] = {}
-    for c in cells:
-        by_ranks.setdefault(c.world_size, []).append(shares[c.index])
-    mean_s = (now_s - last.started_s) / max(1, len(cells))
+    pace_s = timelimit.round_pace_s(state, cells, now_s - last.started_s, lambda c: c.world_size)
     waiting: dict[str, list[Cell]] = {}
     for c in found.waiting:
         waiting.setdefault(configuration(c.name), []).append(c)
-
-    def cost_s(name: str) -> float:
-        return sum(sum(by_ranks[c.world_size]) / len(by_ranks[c.world_size]) if c.world_size in by_ranks else mean_s
-                   for c in waiting.get(name, []))
-
-    return cost_s
+    return lambda name: sum(pace_s(c.world_size) for c in waiting.get(name, []))
 
 
 def look(state: SweepState) -> tuple[list[search.Candidate], dict[str, float]]:

@@ -22,6 +22,7 @@ the time used for every cell.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from contract.cell_run import end_s, first_start_s
@@ -64,18 +65,25 @@ def used_s(state: SweepState, cell: Cell) -> float | None:
     return records_span_s(state, cell)
 
 
-def round_shares_s(state: SweepState, cells: list[Cell], round_s: float) -> dict[int, float]:
-    """Each of a round's ``cells``' part of its wall time ``round_s`` (start-ups and the launcher's work
-    between jobs included), by cell index: shared in proportion to the time each one's job used, so
-    that a two-rank launch is not costed at the pace of a round that also held one-rank ones; a cell
-    without a measured time weighs the round's mean. What runs=auto and cells=auto cost their next
-    round with (launcher/decide.py, launcher/forecast/cellsearch.py)."""
+def round_pace_s(state: SweepState, cells: list[Cell], round_s: float, key: Callable[[Cell], Hashable]
+                 ) -> Callable[[Hashable], float]:
+    """The wall time one more launch of a kind (``key``: a configuration, a world size) costs, from the
+    last round's ``cells`` and wall time ``round_s`` (start-ups and the launcher's work between jobs
+    included): the round's wall shared among its cells in proportion to the time each one's job used,
+    averaged over the cells of that kind, so that a two-rank launch is not costed at the pace of a
+    round that also held one-rank ones; a kind the round did not hold at the round's mean. What
+    runs=auto and cells=auto cost their next round with (launcher/decide.py,
+    launcher/forecast/cellsearch.py)."""
     used = {c.index: used_s(state, c) for c in cells}
     known = [u for u in used.values() if u]
-    mean_s = sum(known) / len(known) if known else 1.0
-    weight = {index: u or mean_s for index, u in used.items()}
+    mean_used_s = sum(known) / len(known) if known else 1.0  # a cell without a measured time
+    weight = {index: u or mean_used_s for index, u in used.items()}
     total = sum(weight.values()) or 1.0
-    return {index: round_s * w / total for index, w in weight.items()}
+    shares: dict[Hashable, list[float]] = {}
+    for c in cells:
+        shares.setdefault(key(c), []).append(round_s * weight[c.index] / total)
+    per_cell_s = round_s / max(1, len(cells))
+    return lambda kind: sum(shares[kind]) / len(shares[kind]) if kind in shares else per_cell_s
 
 
 def records_span_s(state: SweepState, cell: Cell) -> float | None:
