@@ -1,7 +1,7 @@
 """``cells=auto`` against the full grid, replayed: how often the search names another best configuration
 than running every cell would, and how many launches it saves (docs/deciding.md, *Searching the grid*).
 
-    python -m bench.cells_auto --record SWEEP [SWEEP ...]   # measured grids -> tests/data/search_grids.json
+    python -m bench.cells_auto --record SWEEP [SWEEP ...]   # measured grids added to tests/data/search_grids.json
     python -m bench.cells_auto [--replays 500] [--seed 1]    # the simulation
 
 The grids, both kinds said in the output:
@@ -65,6 +65,9 @@ def record(sweeps: list[Path], out: Path = GRIDS) -> dict[str, Any]:
         errors = [c.error for c in inputs.leave_one_out(points, probes.fit) if c.error is not None]
         grids.append({"sweep": str(path), "command": " ".join(state.argv), "configurations": configurations,
                       "loo_errors": errors})
+    # The grids recorded before from other sweeps are kept: the simulation replays every one.
+    kept = json.loads(out.read_text())["grids"] if out.exists() else []
+    grids = [g for g in kept if g["sweep"] not in {n["sweep"] for n in grids}] + grids
     data = {"what": "measured grids for the cells=auto simulation: each configuration's window as the performance "
                     "model reads it, and the model's leave-one-out errors on the grid", "grids": grids}
     out.write_text(json.dumps(data, indent=1) + "\n")
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record-size", type=int, default=20, help="checked forecast errors in the cluster's record")
     args = p.parse_args(argv)
     if args.record:
-        for g in record([Path(s) for s in args.record])["grids"]:
+        for g in record([Path(s) for s in args.record])["grids"][-len(args.record):]:
             off = [abs(math.expm1(e)) for e in g["loo_errors"]]
             print(f"{g['sweep']}: {len(g['configurations'])} configuration(s), leave-one-out off by "
                   f"{statistics.median(off) if off else float('nan'):.1%} (median)")
