@@ -7,9 +7,13 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 # Small enough for 2 cores, big enough to exercise every code path of a real run.
 # One run per cell: tests that measure noise set runs themselves. No fabric probe: it is a job of its
-# own before the cells (seconds per 2-rank sweep), tested in tests/test_fabric.py.
+# own before the cells (seconds per 2-rank sweep), tested in tests/test_fabric.py. No probes after
+# the window either (the profiled steps of the step's anatomy and communication, and the per-rank
+# straggler steps: about 0.5 to 1 s of a launch at this size, most of it the profiler's start and
+# its events); the tests that read what they measure launch with PROBED.
 FAST = ["model=gpt_tiny", "model.seq_len=32", "model.vocab_size=256", "batch_size=4", "steps=6", "warmup_steps=2",
-        "runs=1", "fabric.probe=off"]
+        "runs=1", "fabric.probe=off", "comm_probe_steps=0", "local_probe_steps=0"]
+PROBED = [o for o in FAST if o.split("=", 1)[0] not in ("comm_probe_steps", "local_probe_steps")]
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ def sweep(tmp_path, name: str, runs: int | str, delay_ms: float, fast_overrides,
     code = main(["-m", *overrides, "model=custom", f"model._target_={__name__}.PacedLM", "model.input=tokens",
                  "model.seq_len=64", "model.vocab_size=1024", "+model.params.vocab_size=1024", "batch_size=8",
                  f"+model.params.delay_ms={delay_ms}", "steps=12", "warmup_steps=4", "repeats=2",
-                 "comm_probe_steps=0", "local_probe_steps=0", f"runs={runs}", "tracking=off",
+                 f"runs={runs}", "tracking=off",
                  f"output_root={tmp_path}", f"sweep_dir={tmp_path / name}", *extra])
     assert code == 0
     rows = collect(SweepState.load(tmp_path / name))

@@ -13,7 +13,7 @@ from launcher import __main__ as launcher_main
 from launcher.commands import forecast
 from launcher.forecast import forecastrecord
 from launcher.state import SweepState
-from tests.conftest import FAST
+from tests.conftest import PROBED  # forecasts and the anatomy plot read what the probes measure
 
 SERIES = ["-m", "batch_size=2,4,8", "nodes=2", "repeats=1"]
 
@@ -21,7 +21,7 @@ SERIES = ["-m", "batch_size=2,4,8", "nodes=2", "repeats=1"]
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("forecast")
-    code = launcher_main.main([*SERIES, *[o for o in FAST if not o.startswith("batch_size")],
+    code = launcher_main.main([*SERIES, *[o for o in PROBED if not o.startswith("batch_size")],
                                f"output_root={root}"])
     assert code == 0
     (sweep_dir,) = [p.parent for p in root.glob("*/sweep.json")]
@@ -65,7 +65,7 @@ def test_forecast_of_cells_not_run_with_intervals_and_verify_against_a_measureme
 
 
 def test_plan_shows_the_forecast_beside_each_cell(sweep, capsys):
-    overrides = [o for o in FAST if not o.startswith("batch_size")]
+    overrides = [o for o in PROBED if not o.startswith("batch_size")]
     assert launcher_main.main(["--plan", "-m", "nodes=1,3", "batch_size=4", *overrides,
                                f"output_root={sweep.path.parent}"]) == 0
     out = capsys.readouterr().out

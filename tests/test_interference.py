@@ -136,8 +136,7 @@ def test_a_local_cell_beside_a_burner_is_flagged_co_located(tmp_path, fast_overr
     from launcher.state import SweepState
 
     # A measured window of a second or more: shorter ones are not judged (launcher/cluster/colocation.py).
-    overrides = [o for o in fast_overrides if not o.startswith("steps=")] + ["steps=150", "comm_probe_steps=0",
-                                                                            "local_probe_steps=0"]
+    overrides = [o for o in fast_overrides if not o.startswith("steps=")] + ["steps=150"]
     # Mildly niced burners: the launcher and the ranks' start-up go first (a fast test), the burners
     # still take every tick the ranks leave idle on their cores during the window.
     with cpu_burners(niceness=5):

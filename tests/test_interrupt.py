@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 # Two ranks (two emulated nodes); a short first cell that completes, then long ones that do not.
-SWEEP = [*FAST, "nodes=2", "comm_probe_steps=0"]
+SWEEP = [*FAST, "nodes=2"]
 
 
 def as_a_terminal_starts_it() -> None:

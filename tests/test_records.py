@@ -216,7 +216,7 @@ def test_three_probes_and_two_sweeps_started_in_the_same_second_keep_five_folder
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     root = f"output_root={tmp_path}"
     probe = ["cluster=local", "health.nodes=1", "health.repeats=1", "tracking.enabled=false", root]
-    sweep = [*FAST, "tracking=off", "comm_probe_steps=0", "local_probe_steps=0", root]
+    sweep = [*FAST, "tracking=off", root]
     procs = [subprocess.Popen(_pinned("launcher.health", stamp, *probe), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(3)]
     # The same command twice: without --allow-concurrent the second may (rightly) be refused as a

@@ -16,7 +16,7 @@ from launcher.report import collect, markdown
 from launcher.report.__main__ import main as report_main
 from launcher.report.rows import add_derived
 from launcher.state import SweepState
-from tests.conftest import FAST
+from tests.conftest import PROBED  # forecasts and the anatomy plot read what the probes measure
 
 CELLS = ["strategy=ddp nodes=1", "strategy=ddp nodes=2", "strategy=fsdp nodes=1", "strategy=fsdp nodes=2"]
 
@@ -40,7 +40,7 @@ def ranking(md: str) -> dict:
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     # repeats=2: two measured windows of two steps each, so every cell has a CV.
-    code = main(["-m", "strategy=ddp,fsdp", "nodes=1,2", *FAST, "repeats=2", f"output_root={root}",
+    code = main(["-m", "strategy=ddp,fsdp", "nodes=1,2", *PROBED, "repeats=2", f"output_root={root}",
                  f"sweep_dir={root / 'sweep'}"])
     state = SweepState.load(root / "sweep")
     assert code == 0, [(c.name, c.status, c.error) for c in state.cells]

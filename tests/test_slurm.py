@@ -229,7 +229,7 @@ def test_arrays_are_split_at_the_clusters_max_array_size(tmp_path, capsys):
     size = max_array_size()
     assert size is not None and size < 8, "scripts/test starts the cluster with SLURM_LOCAL_MAX_ARRAY_SIZE=5"
     seeds = ",".join(str(i) for i in range(size + 2))
-    state = submit(tmp_path, f"seed={seeds}", "steps=4", "warmup_steps=1", "tracking=off", "comm_probe_steps=0",
+    state = submit(tmp_path, f"seed={seeds}", "steps=4", "warmup_steps=1", "tracking=off",
                    "cluster.exclusive=false", "cluster.cpus_per_task=1")
     assert "2 sbatch call(s)" in capsys.readouterr().out
     arrays = {c.job_id.split("_")[0] for c in state.cells}
