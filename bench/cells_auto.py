@@ -28,6 +28,7 @@ import json
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +43,17 @@ PARAM_BYTES = 124e6 * 4
 QUIET_MEDIAN = math.log(1.067)  # docs/forecast.md: the batch series' median leave-one-out error
 
 
-def record(sweeps: list[Path], out: Path = GRIDS) -> dict[str, Any]:
+def record(sweeps: list[Path], out: Path | None = None) -> dict[str, Any]:
     """Each sweep's configurations (shape and measured window) and the model's leave-one-out errors."""
     from launcher.forecast import cellsearch, inputs
     from launcher.forecast.cells import row_of
     from launcher.plan.cell import configuration
     from launcher.report.collect import collect
     from launcher.state import SweepState
+
+    out = out or GRIDS
+    # The grids recorded before from other sweeps are kept: the simulation replays every one.
+    kept = _recorded(out)
 
     grids = []
     for path in sweeps:
@@ -65,13 +70,28 @@ def record(sweeps: list[Path], out: Path = GRIDS) -> dict[str, Any]:
         errors = [c.error for c in inputs.leave_one_out(points, probes.fit) if c.error is not None]
         grids.append({"sweep": str(path), "command": " ".join(state.argv), "configurations": configurations,
                       "loo_errors": errors})
-    # The grids recorded before from other sweeps are kept: the simulation replays every one.
-    kept = json.loads(out.read_text())["grids"] if out.exists() else []
     grids = [g for g in kept if g["sweep"] not in {n["sweep"] for n in grids}] + grids
     data = {"what": "measured grids for the cells=auto simulation: each configuration's window as the performance "
                     "model reads it, and the model's leave-one-out errors on the grid", "grids": grids}
     out.write_text(json.dumps(data, indent=1) + "\n")
     return data
+
+
+class GridsError(ValueError):
+    """The recorded grids' file cannot be read; the message says what to do."""
+
+
+def _recorded(out: Path) -> list[dict[str, Any]]:
+    if not out.exists():
+        return []
+    try:
+        grids = json.loads(out.read_text())["grids"]
+        if isinstance(grids, list) and all(isinstance(g, dict) and isinstance(g.get("sweep"), str) for g in grids):
+            return grids
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise GridsError(f"{out} is not a record of measured grids, and recording into it would lose the grids it "
+                     f"held. Fix: restore it (git checkout {out.name} in its folder), then record again.")
 
 
 def _observed(plain: dict[str, Any]) -> Observed:
@@ -134,7 +154,7 @@ class Tally:
 def simulate(replays: int, seed: int, runs: int = 3, record_size: int = 20,
              data: dict[str, Any] | None = None) -> list[str]:
     """The table's rows: each measured grid, then the grid from the model."""
-    data = data if data is not None else (json.loads(GRIDS.read_text()) if GRIDS.exists() else {"grids": []})
+    data = data if data is not None else {"grids": _recorded(GRIDS)}
     noise, rng = run_noise(), random.Random(seed)
     errors = [e for g in data["grids"] for e in g["loo_errors"]]
     rows = []
@@ -167,22 +187,34 @@ def simulate(replays: int, seed: int, runs: int = 3, record_size: int = 20,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cells_auto", description=__doc__.splitlines()[0])
-    p.add_argument("--record", nargs="+", metavar="SWEEP", help="measured sweep directories -> " + str(GRIDS))
+    p.add_argument("--record", nargs="+", metavar="SWEEP", help="measured sweep directories, added to " + str(GRIDS))
     p.add_argument("--replays", type=int, default=500)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", type=int, default=3, help="runs per configuration (their mean is its value)")
     p.add_argument("--record-size", type=int, default=20, help="checked forecast errors in the cluster's record")
     args = p.parse_args(argv)
     if args.record:
-        for g in record([Path(s) for s in args.record])["grids"][-len(args.record):]:
+        from launcher.state import StateError
+
+        try:
+            added = record([Path(s) for s in args.record])["grids"][-len(args.record):]
+        except (StateError, GridsError) as exc:  # nothing is written: everything is read first
+            print(f"python -m bench.cells_auto --record: {exc}", file=sys.stderr)
+            return 2
+        for g in added:
             off = [abs(math.expm1(e)) for e in g["loo_errors"]]
             print(f"{g['sweep']}: {len(g['configurations'])} configuration(s), leave-one-out off by "
                   f"{statistics.median(off) if off else float('nan'):.1%} (median)")
         return 0
+    try:
+        data = {"grids": _recorded(GRIDS)}
+    except GridsError as exc:
+        print(f"python -m bench.cells_auto: {exc}", file=sys.stderr)
+        return 2
     print("| grid | configurations | replays | different best (any scale) | per scale | search's pick slower by | "
           "launches run | saved | rounds |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in simulate(args.replays, args.seed, args.runs, args.record_size):
+    for row in simulate(args.replays, args.seed, args.runs, args.record_size, data):
         print(row, flush=True)
     print(f"(seed {args.seed}; {args.runs} runs per configuration, run noise from {RUN_NOISE.name}; a record of "
           f"{args.record_size} checked forecast errors per replay; level {search.LEVEL:.0%}, default allowance "

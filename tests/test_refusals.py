@@ -1142,3 +1142,23 @@ def test_compile_without_a_compiler_is_refused_by_the_command(tmp_path, monkeypa
     assert "compile=True" in captured.err and "compile=false" in captured.err, captured.err
     assert "Traceback" not in captured.out + captured.err
     assert not list(tmp_path.iterdir())  # nothing launched, nothing created
+
+
+def test_recording_grids_for_the_simulation_refuses_a_non_sweep_or_a_damaged_record_and_keeps_it(
+        tmp_path, monkeypatch, capsys):
+    """python -m bench.cells_auto: a directory that holds no sweep, and a recorded-grids file cut
+    short, are each named with the fix (exit 2, no traceback), and the file is left as it was."""
+    from bench import cells_auto
+
+    grids = tmp_path / "search_grids.json"
+    monkeypatch.setattr(cells_auto, "GRIDS", grids)
+    assert cells_auto.main(["--record", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere holds no sweep.json" in err and "Traceback" not in err and not grids.exists()
+    grids.write_text('{"grids": [{"sweep": "a", "configurations"')
+    before = grids.read_bytes()
+    for argv in ([], ["--record", str(tmp_path)]):
+        assert cells_auto.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is not a record of measured grids" in err and "git checkout" in err, err
+        assert grids.read_bytes() == before
