@@ -70,7 +70,8 @@ def record(sweeps: list[Path], out: Path | None = None) -> dict[str, Any]:
         errors = [c.error for c in inputs.leave_one_out(points, probes.fit) if c.error is not None]
         grids.append({"sweep": str(path), "command": " ".join(state.argv), "configurations": configurations,
                       "loo_errors": errors})
-    grids = [g for g in kept if g["sweep"] not in {n["sweep"] for n in grids}] + grids
+    recorded_now = {g["sweep"] for g in grids}
+    grids = [g for g in kept if g["sweep"] not in recorded_now] + grids
     data = {"what": "measured grids for the cells=auto simulation: each configuration's window as the performance "
                     "model reads it, and the model's leave-one-out errors on the grid", "grids": grids}
     out.write_text(json.dumps(data, indent=1) + "\n")

@@ -13,7 +13,7 @@ from launcher import __main__ as launcher_main
 from launcher.commands import forecast
 from launcher.forecast import forecastrecord
 from launcher.state import SweepState
-from tests.conftest import PROBED  # forecasts and the anatomy plot read what the probes measure
+from tests.conftest import PROBED  # multi-rank forecasts need the measured communication
 
 SERIES = ["-m", "batch_size=2,4,8", "nodes=2", "repeats=1"]
 

@@ -16,7 +16,7 @@ from launcher.report import collect, markdown
 from launcher.report.__main__ import main as report_main
 from launcher.report.rows import add_derived
 from launcher.state import SweepState
-from tests.conftest import PROBED  # forecasts and the anatomy plot read what the probes measure
+from tests.conftest import PROBED  # the report draws the anatomy the probe measures
 
 CELLS = ["strategy=ddp nodes=1", "strategy=ddp nodes=2", "strategy=fsdp nodes=1", "strategy=fsdp nodes=2"]
 
