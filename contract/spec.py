@@ -278,7 +278,7 @@ class TrainSpec:
     # Excluded from every measurement; extended one step at a time while step times still fall
     # (warmup_extend_max), so a short default costs nothing where the first steps are slow.
     warmup_steps: int = 5
-    repeats: int = 1  # measured windows after warm-up; mean and coefficient of variation
+    repeats: int = 1  # windows of the measured steps, for the within-run spread (throughput_cv) only
     grad_accum_steps: int = 1
     seed: int = 0
     optimizer: Optimizer = Optimizer.adamw

@@ -69,14 +69,12 @@ def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_p
     n_steps = len(per_rank[0]["step_time_s"])
     # The job's step time is the slowest rank's, step by step.
     slowest = [max(r["step_time_s"][i] for r in per_rank) for i in range(n_steps)]
-    window = max(1, n_steps // repeats)
-    windows = [range(i * window, (i + 1) * window) for i in range(repeats)]
-    # Global throughput per window: sum over ranks of the rank's samples over its own time.
-    per_window = [
-        distinct * sum(samples_per_step * len(w) / sum(r["step_time_s"][i] for i in w) for r in per_rank)
-        for w in windows
-    ]
-    throughput = statistics.fmean(per_window)
+    # The headline: every rank's samples over its own whole measured time (total work over total
+    # time, every step counted), summed over ranks. A mean of window rates would overweight fast
+    # windows: a stall in one window hardly moves it.
+    throughput = window_rate(per_rank, range(n_steps), samples_per_step, distinct)
+    # The windows are only for the spread within the run; together they hold every step.
+    per_window = [window_rate(per_rank, w, samples_per_step, distinct) for w in step_windows(n_steps, repeats)]
     out: dict[str, float] = {
         "world_size": world,
         MEASURED_STEPS: n_steps,
@@ -93,6 +91,20 @@ def summarize(per_rank: list[dict[str, Any]], *, samples_per_step: int, tokens_p
         out["throughput_tokens_per_s_per_device"] = throughput * tokens_per_sample / world
     out.update(rank_figures_reduced(per_rank))
     return out
+
+
+def step_windows(n_steps: int, repeats: int) -> list[range]:
+    """``repeats`` contiguous windows over ``n_steps`` steps, none empty, their lengths differing by
+    at most one (20 steps in 3: 7, 6, 7): no step is left over."""
+    count = max(1, min(repeats, n_steps))
+    bounds = [round(i * n_steps / count) for i in range(count + 1)]
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+
+
+def window_rate(per_rank: list[dict[str, Any]], steps: range, samples_per_step: int, distinct: float) -> float:
+    """Samples per second over ``steps``: each rank's samples over its own time in them, summed."""
+    return distinct * sum(samples_per_step * len(steps) / sum(r["step_time_s"][i] for i in steps)
+                          for r in per_rank)
 
 
 # How the registry's reductions over ranks apply to figures every rank measured itself.

@@ -2,6 +2,7 @@
 the cross-rank reduction (throughput summed, step time the slowest rank's, memory the maximum)."""
 
 import math
+import statistics
 
 import pytest
 
@@ -57,12 +58,12 @@ RANK1 = {"step_time_s": [0.2, 0.1, 0.1, 0.4], "data_time_s": [0.0, 0.0, 0.0, 0.0
 def test_summarize_reduces_across_ranks_and_repeats():
     s = summary.summarize([RANK0, RANK1], samples_per_step=4, tokens_per_sample=1, repeats=2)
     assert s["world_size"] == 2 and s["measured_steps"] == 4
-    # Window 1 (steps 0-1): rank0 8 samples / 0.3 s + rank1 8 / 0.3 s = 53.33 samples/s.
-    # Window 2 (steps 2-3): rank0 8 / 0.3 s + rank1 8 / 0.5 s = 26.67 + 16 = 42.67 samples/s.
+    # Throughput: each rank's 16 samples over its whole measured time, summed over ranks.
+    assert s["throughput_samples_per_s"] == pytest.approx(16 / 0.6 + 16 / 0.8)
+    assert s["throughput_samples_per_s_per_device"] == pytest.approx((16 / 0.6 + 16 / 0.8) / 2)
+    # The windows (steps 0-1, 2-3) give only the spread: 53.33 and 42.67 samples/s.
     w1, w2 = 8 / 0.3 + 8 / 0.3, 8 / 0.3 + 8 / 0.5
-    assert s["throughput_samples_per_s"] == pytest.approx((w1 + w2) / 2) == pytest.approx(48.0)
-    assert s["throughput_samples_per_s_per_device"] == pytest.approx(24.0)
-    assert s["throughput_cv"] == pytest.approx(abs(w1 - w2) / math.sqrt(2) / 48.0)
+    assert s["throughput_cv"] == pytest.approx(abs(w1 - w2) / math.sqrt(2) / ((w1 + w2) / 2))
     # The sum over ranks is not "samples over the slowest rank's time": that would give 2*16/1.0 = 32.
     # Step time: the slowest rank per step -> 0.2, 0.2, 0.1, 0.4 s.
     assert s["step_time_ms_p50"] == pytest.approx(200.0)
@@ -73,6 +74,22 @@ def test_summarize_reduces_across_ranks_and_repeats():
     # Memory and bytes: the maximum over ranks (the rank that runs out first).
     assert s["peak_rss_gib"] == 1.5 and s["param_bytes"] == 100 and s["model_state_bytes"] == 300
     assert "throughput_tokens_per_s" not in s  # not a language model
+
+
+def test_throughput_is_samples_over_the_whole_measured_time_under_jitter():
+    # Fast and slow steps mixed, 7 steps in 3 windows (2, 3, 2: no step left over): a mean
+    # of the windows' rates would give about 2.1x the true figure, which is samples / time.
+    fast, slow = 0.05, 2.0
+    times = [fast, fast, fast, slow, slow, fast, slow]
+    rank = {"step_time_s": times, "data_time_s": [0.0] * len(times)}
+    s = summary.summarize([rank, dict(rank)], samples_per_step=4, tokens_per_sample=1, repeats=3)
+    assert s["throughput_samples_per_s"] == pytest.approx(2 * 4 * len(times) / sum(times))
+    windows = summary.step_windows(len(times), 3)
+    mean_of_rates = 2 * statistics.fmean([4 * len(w) / sum(times[i] for i in w) for w in windows])
+    assert mean_of_rates > 2 * s["throughput_samples_per_s"]  # the bias the headline no longer has
+    assert [list(w) for w in summary.step_windows(7, 3)] == [[0, 1], [2, 3, 4], [5, 6]]
+    assert [len(w) for w in summary.step_windows(20, 3)] == [7, 6, 7]
+    assert sum(len(w) for w in summary.step_windows(5, 9)) == 5  # more windows than steps: one per step
 
 
 def test_summarize_tokens_and_single_window():
