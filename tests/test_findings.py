@@ -209,6 +209,25 @@ def test_failed_cell_is_left_out_and_named():
     assert "fastest **strategy=ddp precision=fp32**" in md
 
 
+def test_a_configuration_that_never_ran_gets_no_result_yet_and_no_recommendation_against_it():
+    # A Ctrl-C after ddp's runs: fsdp's two runs cancelled, none with a result.
+    cancelled = [{**c, "status": "cancelled", "failure_class": None, "error": "interrupted by SIGINT"}
+                 for c in failed("fsdp") * 2]
+    cancelled = [{**c, "cell": f"{c['cell']} run={i + 1}"} for i, c in enumerate(cancelled)]
+    rows = rows_of(row("ddp", tp=1000.0), cancelled)
+    md = findings.findings(rows)
+    assert "No result yet: strategy=fsdp precision=fp32 nodes=1 (2 runs) (0/2 done)." in md
+    assert "not claimed: fsdp has no result yet" in md
+    rec = md.split("### Recommendation")[1]
+    assert "withheld: strategy=fsdp precision=fp32 has no result yet (0/2 done)" in rec
+    assert "fastest so far strategy=ddp precision=fp32 at 1,000.0 samples/s" in rec
+    assert "fastest **" not in rec and "comes within" not in rec
+    from launcher.report.columns import table
+    assert "| no result yet (0/2 done) |" in table(rows)
+    # Its own failure (out of memory) is an answer: the others are still recommended.
+    assert "fastest **strategy=ddp precision=fp32**" in findings.findings(rows_of(row("ddp"), failed("fsdp")))
+
+
 def test_interference_is_qualified_and_never_recommended():
     rows = rows_of(row("ddp", tp=1000.0), row("fsdp", tp=1500.0, interference="another job on gpu1 (pid 4242, 30 GiB)"))
     (c,) = comparisons.comparisons(grouped(rows), "strategy")

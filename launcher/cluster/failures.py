@@ -55,6 +55,8 @@ PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR = "port_in_use", "node_fa
 DIVERGED, LOSS_FROZEN, STEPS_SKIPPED = "diverged", "loss_frozen", "steps_skipped"
 # A job the cluster refused at submission (sbatch: launcher/cluster/slurm/submit.py): the request does not fit the cluster.
 SUBMIT_REFUSED = "submit_refused"
+# Failures of the place, not of the configuration: run again, it may well give a result.
+NOT_THE_CONFIGURATIONS = (PREEMPTED, PORT_IN_USE, NODE_FAILURE)
 CLASSES = (OOM, COLLECTIVE_TIMEOUT, HANG, PREEMPTED, PORT_IN_USE, NODE_FAILURE, CONFIG_ERROR, RUNTIME_ERROR,
            DIVERGED, LOSS_FROZEN, STEPS_SKIPPED, SUBMIT_REFUSED)
 

@@ -12,7 +12,7 @@ from typing import Any
 from contract import metrics
 from contract.metrics import THROUGHPUT_CV
 from launcher.report import stats
-from launcher.report.rows import GIB, MIB, grouped, md_cell, num, ranked
+from launcher.report.rows import GIB, MIB, NO_RESULT_YET, grouped, md_cell, no_result_yet, num, ranked
 
 # Above this coefficient of variation over repeated windows a cell's throughput is flagged as
 # noisy: its difference to a neighbour in the ranking may be noise.
@@ -80,6 +80,8 @@ def _status(row: dict) -> str:
     """``done``, or ``co-located: <what else it measured>`` (launcher/cluster/colocation.py)."""
     if row.get("interference"):
         return f"co-located: {row['interference']}"
+    if no_result_yet(row):
+        return f"{NO_RESULT_YET} ({row.get('status')})"
     return str(row.get("status"))
 
 

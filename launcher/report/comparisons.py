@@ -12,7 +12,7 @@ from typing import Any
 from contract import metrics
 from contract.metrics import MODEL_STATE_BYTES
 from launcher.report.explain import Explanation, explain
-from launcher.report.rows import md_cell, num, settings
+from launcher.report.rows import NO_RESULT_YET, md_cell, no_result_yet, num, settings
 from launcher.report.stats import (
     HIGHER,
     INCONCLUSIVE,
@@ -137,7 +137,7 @@ def _compare(axis: str, a: dict[str, Any], b: dict[str, Any], floor: Floor | Non
     caveat = None
     for side, e in ((a, ea), (b, eb)):
         if e is None:
-            caveat = f"{_label(side, axis)} has no result ({side.get('status')})"
+            caveat = f"{_label(side, axis)} has {NO_RESULT_YET if no_result_yet(side) else 'no result'} ({side.get('status')})"
         elif interference(side):
             caveat = f"{_label(side, axis)} flagged interference: {interference(side)}"
     context = " ".join(w for w in _words(a) if not _axis_of(w.split("=", 1)[0].lstrip("+~"), axis)

@@ -52,7 +52,7 @@ from launcher.report.comparisons import (
     unclaimed_parts,
 )
 from launcher.report.explain import traffic_findings
-from launcher.report.rows import grouped, md_cell, num, peak_memory_gib, series_labels
+from launcher.report.rows import NO_RESULT_YET, grouped, md_cell, no_result_yet, num, peak_memory_gib, series_labels
 from launcher.report.stats import (
     INCONCLUSIVE,
     LOWER,
@@ -106,9 +106,13 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
     (model state where no peak was measured) among those within ``margin`` of the fastest or not
     measurably slower than it (a configuration inside the noise of the fastest is as good a pick)."""
     by_size: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    waiting: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for u in units:
+        size = (str(u.get("model")), int(u.get("world_size") or 0))
         if estimate(u) is not None and not interference(u):
-            by_size.setdefault((str(u.get("model")), int(u.get("world_size") or 0)), []).append(u)
+            by_size.setdefault(size, []).append(u)
+        elif no_result_yet(u):
+            waiting.setdefault(size, []).append(u)
     multi_model = len({m for m, _ in by_size}) > 1
     lines = []
     for (model, ws), members in sorted(by_size.items()):
@@ -116,6 +120,13 @@ def recommendations(units: list[dict[str, Any]], margin: float = MARGIN, floor: 
         fastest = max(members, key=lambda u: est[id(u)].mean)
         ef = est[id(fastest)]
         where = f"{ws} rank(s)" + (f", {model}" if multi_model else "")
+        if (model, ws) in waiting:
+            # A contender that never ran may be the fastest: nothing is picked against it.
+            lines.append(f"- **{where}**: withheld: " + ", ".join(
+                f"{md_cell(_name(u))} has {NO_RESULT_YET} ({_why(u)})" for u in waiting[(model, ws)])
+                + f"; fastest so far {md_cell(_name(fastest))} at {ef.mean:,.1f} samples/s. Run the sweep's command "
+                "again to finish it.")
+            continue
         text = f"- **{where}**: fastest **{md_cell(_name(fastest))}** at {ef.mean:,.1f} samples/s"
         if ws == 1 and len({u.get("strategy") for u in members}) > 1:
             text += " (one rank: strategies differ here only in their wrappers)"
@@ -239,6 +250,11 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
     failed = [u for u in units if estimate(u) is None]
     flagged = [u for u in units if interference(u)]
     noiseless = [u for u in units if (e := estimate(u, "throughput", floor)) is not None and e.se is None]
+    yet = [u for u in failed if no_result_yet(u)]
+    failed = [u for u in failed if not no_result_yet(u)]
+    if yet:
+        lines.append(f"{NO_RESULT_YET.capitalize()}: " + ", ".join(f"{md_cell(u['cell'])} ({_why(u)})" for u in yet)
+                     + ". Nothing is claimed or recommended against them.")
     if failed:
         lines.append("Left out (no result): " + ", ".join(f"{md_cell(u['cell'])} ({_why(u)})" for u in failed) + ".")
     if flagged:
@@ -248,7 +264,7 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
         lines.append(f"{len(noiseless)} configuration(s) ran once and this cluster has no noise floor: nothing is "
                      "claimed about them. Set runs=3 or more, or measure a noise floor "
                      "(docs/reading-the-report.md, A noise floor per cluster).")
-    if failed or flagged or noiseless:
+    if yet or failed or flagged or noiseless:
         lines.append("")
     for axis, title in AXES.items():
         comps = comparisons(units, axis, floor, looks)

@@ -17,6 +17,7 @@ from contract.metrics import (
     THROUGHPUT_SAMPLES_PER_S_PER_DEVICE,
 )
 from contract.stats import scaling_efficiency
+from launcher.cluster.failures import NOT_THE_CONFIGURATIONS
 
 GIB = 1024**3
 MIB = 1024**2
@@ -45,6 +46,21 @@ def throughput(row: dict[str, Any]) -> float | None:
         return None  # a cancelled cell keeps its numbers on record, but they are not a result
     v = num(row.get(THROUGHPUT_SAMPLES_PER_S))
     return v if v else None
+
+
+NO_RESULT_YET = "no result yet"
+
+
+def no_result_yet(row: dict[str, Any]) -> bool:
+    """Whether a configuration has no result but could still get one: none of its runs has a
+    result, and some run was never run, is still queued or running, was cancelled or lost, or
+    failed for a reason of the place (preempted, a node lost, a port taken). A configuration
+    whose runs all failed on their own (out of memory, diverged, a bad setting) has its answer."""
+    members = row.get("_members", [row])
+    if any(throughput(m) for m in members):
+        return False
+    return any(m.get("status") not in ("done", "failed") or m.get("failure_class") in NOT_THE_CONFIGURATIONS
+               for m in members)
 
 
 def settings(row: dict[str, Any]) -> dict[str, str]:
