@@ -1162,3 +1162,74 @@ def test_recording_grids_for_the_simulation_refuses_a_non_sweep_or_a_damaged_rec
         err = capsys.readouterr().err
         assert "is not a record of measured grids" in err and "git checkout" in err, err
         assert grids.read_bytes() == before
+
+
+# ---- past records never break a present command ----------------------------------------------------
+
+USER_MODEL = '''import torch
+
+
+class Tiny(torch.nn.Module):
+    """A user's token model: ids (batch, seq) in, logits (batch, seq, vocab) out."""
+
+    def __init__(self, vocab_size=64, width=16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, width)
+        self.head = torch.nn.Linear(width, vocab_size)
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+'''
+
+
+@pytest.mark.slow
+def test_a_past_sweep_of_a_model_this_shell_cannot_import_is_set_aside_and_plan_goes_on(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+    import sys
+
+    from launcher.__main__ import main
+    from tests.conftest import FAST
+
+    package = tmp_path / "pkgs" / "userpkg_gone"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(USER_MODEL)
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.setenv("PYTHONPATH", str(package.parent))
+    out = tmp_path / "out"
+    user = ["model=custom", "model._target_=userpkg_gone.nets.Tiny", "model.input=tokens", "model.vocab_size=64",
+            "model.seq_len=16", "+model.params.vocab_size=64"]
+    fast = [o for o in FAST if not o.startswith("model")]
+    assert main(["-m", *user, *fast, "tracking=off", f"output_root={out}"]) == 0
+    shutil.rmtree(package.parent)  # the other person's package is not on this shell's path
+    monkeypatch.delenv("PYTHONPATH")
+    done = subprocess.run([sys.executable, "-m", "launcher", "--plan", "-m", "strategy=ddp,fsdp", *FAST,
+                           f"output_root={out}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "Traceback" not in said
+    (line,) = [line for line in said.splitlines() if line.startswith("Set aside sweep")]
+    assert str(out) in line and "userpkg_gone" in line, line
+
+
+def test_the_latest_sweep_is_the_one_that_measured_last_unflagged_first_never_the_newest_file(tmp_path):
+    import os
+
+    from launcher.forecast.cells import _by_recorded_end
+    from launcher.report.noisefloor import floor_key
+
+    def measured_at(sweep: Path, unix_s: float) -> None:
+        for result in sweep.glob("cells/*/result.json"):
+            result.write_text(json.dumps({**json.loads(result.read_text()), "first_step_unix_s": unix_s}))
+
+    old, new, noisy = (make_sweep(tmp_path, n, BASE) for n in ("old", "new", "noisy"))
+    measured_at(old, 1_000.0)
+    measured_at(new, 2_000.0)
+    measured_at(noisy, 3_000.0)
+    state = SweepState.load(noisy)
+    state.cells[0].interference = "other processes took 40% of the cores"
+    state.save()
+    os.utime(old / "sweep.json")  # a sync rewrote the old sweep's document: its mtime is the newest
+    key = floor_key(SweepState.load(old))
+    assert [s.name for s in _by_recorded_end(tmp_path, key)] == ["new", "old", "noisy"]

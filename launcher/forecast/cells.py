@@ -130,20 +130,21 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
 
     first = cells[0].cluster
     key = backend_for(first.name).noise_floor_key(first)
-    found = latest_sweep(Path(cells[0].config.output_root), key)
+    set_aside: list[str] = []
+    found = latest_sweep(Path(cells[0].config.output_root), key, set_aside)
     if found is None:
-        return [f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]
+        return [*set_aside, f"Forecast: no earlier sweep of cluster {key} under output_root to forecast from."]
     state, points = found
     probes = inputs.probes_of(state)
     made, _, _ = forecast_cells(cells, predicted, points, probes)
     spread = basis(state, points, probes)
-    lines = [f"Forecast from sweep {state.name} ({len(points)} measured configuration(s); python -m launcher.forecast "
+    lines = [*set_aside, f"Forecast from sweep {state.name} ({len(points)} measured configuration(s); python -m launcher.forecast "
              f"{state.sweep_dir} for the model and --verify):", "",
              "| # | cell | samples/s (interval) | step ms | comm share |", "|---:|---|---:|---:|---:|"]
     for f in made:
         p = f.prediction
         if p is None:
-            lines.append(f"| {f.cell.index} | {md_cell(f.cell.name)} | - | - | - |")
+            lines.append(f"| {f.cell.index} | {md_cell(f.cell.name)} | - ({md_cell(f.why_not or 'no forecast')}) | - | - |")
             continue
         interval = "" if spread.spread is None else " ({:.1f}–{:.1f})".format(
             *spread.spread.interval(p.throughput_samples_per_s))
@@ -152,20 +153,51 @@ def beside_plan(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list
     return [*lines, "", spread.said]
 
 
-def latest_sweep(root: Path, key: str) -> tuple[SweepState, list[inputs.Point]] | None:
-    """The newest sweep under ``root`` of the cluster ``key`` with MIN_SERIES configurations the model can
-    read, else the newest with any."""
-    documents = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+def latest_sweep(root: Path, key: str, set_aside: list[str] | None = None
+                 ) -> tuple[SweepState, list[inputs.Point]] | None:
+    """The latest sweep under ``root`` of the cluster ``key`` with MIN_SERIES configurations the model can
+    read, else the latest with any. Latest by what its records say (its cells' last measured start,
+    never a file's mtime, which a sync or a copy rewrites), unflagged sweeps first. A sweep that cannot
+    be read or rebuilt here (a user's model this shell cannot import, a damaged result) is set aside
+    with one line in ``set_aside`` naming it and why."""
     fallback = None
-    for document in documents:
+    for state in _by_recorded_end(root, key):
         try:
-            state = SweepState.load(document.parent)
-        except StateError:
+            points = inputs.points_of(state, collect(state))
+        except Exception as exc:  # anything of another person's sweep: never this command's failure
+            if set_aside is not None:
+                set_aside.append(f"Set aside sweep {state.sweep_dir}: it cannot be read here "
+                                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}).")
             continue
-        if not state.cells or floor_key(state) != key:
-            continue
-        points = inputs.points_of(state, collect(state))
         if len(points) >= inputs.MIN_SERIES:
             return state, points
         fallback = fallback or ((state, points) if points else None)  # a --verify sweep: one point
     return fallback
+
+
+def _by_recorded_end(root: Path, key: str) -> list[SweepState]:
+    """The readable sweeps of cluster ``key`` under ``root``: those none of whose cells was flagged for
+    interference first, each group latest first by its records (the latest start of a measured window
+    among its cells' results; the sweep's name breaks ties)."""
+    found = []
+    for document in root.glob("*/sweep.json"):
+        try:
+            state = SweepState.load(document.parent)
+        except StateError:
+            continue
+        if state.cells and floor_key(state) == key:
+            found.append((not any(c.interference for c in state.cells), recorded_end_unix_s(state), state.name, state))
+    return [state for *_, state in sorted(found, key=lambda f: f[:3], reverse=True)]
+
+
+def recorded_end_unix_s(state: SweepState) -> float:
+    """When the sweep last measured, from its cells' results (0 where none has one)."""
+    starts = []
+    for cell in state.cells:
+        try:
+            start = state.read_result(cell).get("first_step_unix_s")
+        except (OSError, ValueError, StateError):
+            continue
+        if isinstance(start, (int, float)) and not isinstance(start, bool):
+            starts.append(float(start))
+    return max(starts, default=0.0)
