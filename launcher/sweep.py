@@ -8,7 +8,9 @@ What it says of the cluster, it says in the backend's words (Backend.words).
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -38,7 +40,16 @@ def run(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes]
     if not allow_concurrent:
         check_not_running(cells, argv)
     health_notes = healthprobe.before_cells(cells)  # health=auto: slow nodes kept out of every cell
-    state = prepare(cells, argv, predicted or {})
+    cfg = cells[0].config
+    # A folder of its own: two sweeps started in the same second take two (contract/records.py).
+    sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else records.new_folder(Path(cfg.output_root))
+    with driving(sweep_dir):
+        state = prepare(cells, argv, predicted or {}, sweep_dir)
+        return _drive(state, cells, health_notes)
+
+
+def _drive(state: SweepState, cells: list[Cell], health_notes) -> int:
+    """The sweep's cells submitted (round after round in the foreground), then its finish."""
     if health_notes is not None:
         health.keep_in_sweep(state.path, health_notes)
     todo = [c for c in state.cells if c.status in (CellStatus.planned, *RUN_AGAIN)]
@@ -94,14 +105,42 @@ def refuse_declared(cells: list[Cell]) -> None:
                          "run it.")
 
 
-def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None) -> SweepState:
+DRIVER_LOCK = ".driver.lock"
+
+
+@contextlib.contextmanager
+def driving(sweep_dir: Path) -> Iterator[None]:
+    """This launcher as the sweep's one driver while the block runs. A second launcher on the same
+    sweep directory, whatever output_root or sweep_dir led it there, is refused naming the live one,
+    so no cell runs twice into one folder. The lock is the kernel's (flock on the directory's lock
+    file): it is freed when its process ends, however it ends, so a crashed launcher blocks nobody."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise SweepError(f"sweep_dir={str(sweep_dir)!r} is a file, not a directory. Fix: give a new sweep_dir, or "
+                         f"the directory a sweep printed.")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    lock = sweep_dir / DRIVER_LOCK
+    with records.holding(lock, wait_s=0) as mine:
+        if not mine:
+            holder = lock.read_text().strip() if lock.exists() else ""
+            host, _, pid = holder.rpartition(":")
+            raise SweepError(
+                f"sweep_dir={str(sweep_dir)!r} is being driven by another launcher, pid {pid or '?'} on host "
+                f"{host or '?'}, still running. Fix: follow it with python -m launcher.status {sweep_dir}; once it "
+                f"has ended, the same command resumes what it left; to take over now, stop it first (Ctrl-C in its "
+                f"terminal, or kill {pid or 'its pid'} on {host or 'its host'}).")
+        yield
+
+
+def prepare(cells: list[Cell], argv: list[str], predicted: dict[int, fit.StateBytes] | None = None,
+            sweep_dir: Path | None = None) -> SweepState:
     """The sweep directory with its document, every cell's spec.json and config.yaml; or, when
-    sweep_dir already holds this sweep, that sweep with its unfinished cells planned again."""
+    sweep_dir already holds this sweep, that sweep with its unfinished cells planned again.
+    ``sweep_dir``: where (run() has taken it as the sweep's driver); else the config's, or a new one."""
     cfg = cells[0].config  # sweep-level settings are uniform (plan._check_uniform)
-    if cfg.sweep_dir and (Path(cfg.sweep_dir) / STATE_FILE).exists():
-        return resume(Path(cfg.sweep_dir), cells)
-    # A folder of its own: two sweeps started in the same second take two (contract/records.py).
-    sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else records.new_folder(Path(cfg.output_root))
+    if sweep_dir is None:
+        sweep_dir = Path(cfg.sweep_dir) if cfg.sweep_dir else records.new_folder(Path(cfg.output_root))
+    if (sweep_dir / STATE_FILE).exists():
+        return resume(sweep_dir, cells)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     stamp = sweep_dir.name if not cfg.sweep_dir else datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     state = SweepState(name=f"sweep-{stamp}", sweep_dir=str(sweep_dir.resolve()), cluster=cfg.cluster.name,

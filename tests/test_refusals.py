@@ -1233,3 +1233,67 @@ def test_the_latest_sweep_is_the_one_that_measured_last_unflagged_first_never_th
     os.utime(old / "sweep.json")  # a sync rewrote the old sweep's document: its mtime is the newest
     key = floor_key(SweepState.load(old))
     assert [s.name for s in _by_recorded_end(tmp_path, key)] == ["new", "old", "noisy"]
+
+
+# ---- one driver per sweep -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_second_launcher_on_a_sweep_a_live_launcher_drives_is_refused_and_each_cell_runs_once(tmp_path, capsys):
+    import subprocess
+    import sys
+    import time
+
+    from launcher.__main__ import main
+    from launcher.sweep import DRIVER_LOCK
+    from tests.conftest import FAST
+
+    sweep_dir = tmp_path / "shared-sweep"
+    # Long enough cells that the first launcher is still at work when the second one starts.
+    grid = ["-m", "strategy=ddp,fsdp", *FAST, "steps=60", "tracking=off", f"sweep_dir={sweep_dir}"]
+    first = subprocess.Popen([sys.executable, "-m", "launcher", *grid, f"output_root={tmp_path / 'a'}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (sweep_dir / "sweep.json").exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert first.poll() is None, first.communicate()[0]
+        # The second terminal: the same sweep_dir, another output_root.
+        code = main([*grid, f"output_root={tmp_path / 'b'}"])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err
+        assert f"sweep_dir='{sweep_dir}' is being driven by another launcher, pid {first.pid} on host" in err
+        assert "python -m launcher.status" in err
+        assert not (tmp_path / "b").exists()
+        assert first.wait(timeout=300) == 0, first.communicate()[0]
+    finally:
+        first.kill()
+    for metrics in sweep_dir.glob("cells/*/metrics.jsonl"):
+        kinds = [json.loads(line)["kind"] for line in metrics.read_text().splitlines()]
+        assert kinds.count("start") == 1 and kinds.count("summary") == 1, metrics
+    assert (sweep_dir / DRIVER_LOCK).exists()
+    # Once it has ended the lock is free: the same command resumes (nothing left to run).
+    assert main([*grid, f"output_root={tmp_path / 'b'}"]) == 0
+    assert "2 cell(s) done, 0 still queued or running on this machine (left alone), 0 to run" in \
+        capsys.readouterr().out
+
+
+def test_a_cell_folder_with_two_runs_records_is_refused_and_a_resubmission_sets_the_finished_one_aside(tmp_path):
+    from contract.records import RecordError
+    from launcher.cluster.base import set_aside_finished_records
+    from launcher.track.runs import cell_records
+
+    one_run = [{"kind": "start", "time": 1.0}, {"kind": "step", "step": 3, "step_time_ms": 9.0},
+               {"kind": "summary", "time": 2.0, "throughput_samples_per_s": 40.0}]
+    records = tmp_path / "metrics.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in one_run * 2))
+    with pytest.raises(RecordError, match="holds 2 runs' summaries: two launches measured into one cell folder"):
+        cell_records(tmp_path)
+    # A requeued job adds start records, never a second summary: read as one run.
+    records.write_text("".join(json.dumps(r) + "\n" for r in [one_run[0], *one_run]))
+    assert len(cell_records(tmp_path)) == 4
+    # Run again after an attempt that measured to its end: that attempt's records kept aside, whole.
+    kept = records.read_text()
+    aside = set_aside_finished_records(tmp_path)
+    assert aside == tmp_path / "metrics.attempt-1.jsonl" and aside.read_text() == kept and not records.exists()
+    records.write_text(json.dumps(one_run[0]) + "\n")  # an attempt that stopped before its summary stays
+    assert set_aside_finished_records(tmp_path) is None and records.exists()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from contract import records
 from launcher.plan.cell import Cell
 from launcher.state import REPRODUCE_FILE, SweepState, this_process
 
@@ -113,6 +114,7 @@ class Backend(ABC):
         for cell in cells:
             for stale in state.cell_dir(cell).glob("error-rank*.txt"):
                 stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
+            set_aside_finished_records(state.cell_dir(cell))
             write_reproduce(state.cell_dir(cell), self.rank_launch(cell))
         state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
         self._start(state, cells, after_each_cell, interrupts, after)
@@ -214,6 +216,20 @@ def torchrun_launch(cluster: ClusterConfig, ranks: int) -> str:
     file (a cell's spec.json, a probe's probe-spec.json), as launcher/cluster/processes.py runs it."""
     return (f"{cluster.python_command()} -m torch.distributed.run --standalone --nnodes 1 "
             f"--nproc-per-node {ranks} -m jobs")
+
+
+def set_aside_finished_records(cell_dir: Path) -> Path | None:
+    """A cell run again after an attempt that measured to its end (a diverged run resubmitted, say):
+    that attempt's metrics.jsonl moved to ``metrics.attempt-<n>.jsonl``, so the new attempt's records
+    are one run's (the record reader refuses two summaries in one file). An attempt that stopped
+    before its summary (preempted, killed) keeps its records: the resume reads its logged steps."""
+    path = cell_dir / "metrics.jsonl"
+    if not any(r.get("kind") == "summary" for r in records.read_records(path)):
+        return None
+    n = 1 + len(list(cell_dir.glob("metrics.attempt-*.jsonl")))
+    aside = cell_dir / f"metrics.attempt-{n}.jsonl"
+    os.replace(path, aside)
+    return aside
 
 
 def write_reproduce(cell_dir: Path, launch: str) -> Path:

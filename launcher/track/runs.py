@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 
@@ -64,6 +65,19 @@ def replay(records: list[dict]) -> Replay:
     return out
 
 
+def cell_records(cell_dir: Path) -> list[dict]:
+    """A cell's JSONL records, refused where they hold two runs' summaries: two launches wrote into one
+    folder (requeues of one job add start records, never a second summary), so no run can tell which
+    numbers are the cell's."""
+    found = records.read_records(cell_dir / "metrics.jsonl")
+    summaries = sum(1 for r in found if r.get("kind") == "summary")
+    if summaries > 1:
+        raise records.RecordError(
+            f"{cell_dir / 'metrics.jsonl'} holds {summaries} runs' summaries: two launches measured into one cell "
+            f"folder. Fix: move the cell folder aside and run the sweep's command again to measure it once.")
+    return found
+
+
 def sync_run(client, run_id: str, records: list[dict], known: dict[str, float] | None = None) -> int:
     """Log every JSONL point missing from the run, then the figures ``known`` before launch (the
     headline metrics first: contract/cell_run.view_order); returns how many points were added."""
@@ -99,7 +113,7 @@ def sync_sweep(state: SweepState) -> dict[str, int]:
     added = {}
     for cell in state.cells:
         if cell.run_id:
-            added[cell.name] = sync_run(client, cell.run_id, records.read_records(state.cell_dir(cell) / "metrics.jsonl"),
+            added[cell.name] = sync_run(client, cell.run_id, cell_records(state.cell_dir(cell)),
                                         cell_run.known_metrics(state.cell_dir(cell)))
     return added
 
@@ -118,7 +132,7 @@ def finish_cell(state: SweepState, cell: Cell) -> bool:
             return not cell.status.terminal
         client = mlflow_client.client(state.tracking_uri)
         if cell.status.terminal:
-            sync_run(client, cell.run_id, records.read_records(state.cell_dir(cell) / "metrics.jsonl"),
+            sync_run(client, cell.run_id, cell_records(state.cell_dir(cell)),
                      cell_run.known_metrics(state.cell_dir(cell)))
             tracking.attach_cell_artifacts(state.tracking_uri, cell.run_id, state.cell_dir(cell),
                                            state.path / "submitit", cell.job_id)
