@@ -69,6 +69,10 @@ class StrategySpec:
     (launcher/conf/strategy/NAME.yaml), each setting these fields; nothing else reads a name."""
 
     name: Strategy = Strategy.ddp  # the wrapper: ddp (replicate only) or fsdp (FSDP2, on a device mesh)
+    # The preset file that set the fields (launcher/conf/strategy/NAME.yaml; "" in code): a name for
+    # people, and a promise the layout is checked against (strategy=hsdp: shard groups within a node,
+    # replicated across nodes, contract/parallel.py).
+    preset: str = ""
     # The degrees: replicas that all-reduce their gradients, ranks one parameter is split over
     # (FSDP's shard group), and the tensor-parallel group (ranks that read the same batch; each model
     # family declares its plan beside its shard units, and it is not yet run). -1: the ranks the

@@ -11,7 +11,7 @@ from launcher.plan.planner import plan
 GROUPS = {g.name: sorted(p.stem for p in g.glob("*.yaml")) for g in CONF_DIR.iterdir() if g.is_dir()}
 # Options that need more than their own file to be valid (refused on CPU, or need a node count).
 NEEDS = {
-    ("strategy", "hsdp"): ["nodes=2"],
+    ("strategy", "hsdp"): ["nodes=2", "cluster.tasks_per_node=2"],
     ("strategy", "fsdp_offload"): ["cluster=slurm", "cluster.gpus_per_node=1"],
     ("precision", "fp16"): ["cluster=slurm", "cluster.gpus_per_node=1"],
     ("model", "custom"): ["model.target=torch.nn.Linear"],

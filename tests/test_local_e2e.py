@@ -111,7 +111,7 @@ def test_emulated_nodes_get_node_ranks_and_the_cells_setup_and_memory_limit(tmp_
 
     marker = tmp_path / "setup-ran"
     limit = [] if memlimit.problem() else ["cluster.mem_gb=4"]
-    code, state = run_sweep(tmp_path, "nodes=2", "cluster.tasks_per_node=1", "strategy=hsdp", "tracking=off",
+    code, state = run_sweep(tmp_path, "nodes=2", "cluster.tasks_per_node=1", "strategy=fsdp_noshard", "tracking=off",
                             f"cluster.setup=[touch {marker}]", *limit, *fast_overrides)
     assert code == 0 and marker.exists()
     result = json.loads((state.cell_dir(state.cells[0]) / "result.json").read_text())

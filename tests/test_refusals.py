@@ -1297,3 +1297,45 @@ def test_a_cell_folder_with_two_runs_records_is_refused_and_a_resubmission_sets_
     assert aside == tmp_path / "metrics.attempt-1.jsonl" and aside.read_text() == kept and not records.exists()
     records.write_text(json.dumps(one_run[0]) + "\n")  # an attempt that stopped before its summary stays
     assert set_aside_finished_records(tmp_path) is None and records.exists()
+
+
+# ---- every refusal docs/configuration.md promises is made ----------------------------------------
+
+CONFIGURATION_DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+@pytest.mark.parametrize(("quoted", "overrides", "setting", "words"), [
+    ("`strategy.dp_shard=3` on 4 ranks", ["strategy=fsdp", "strategy.dp_replicate=1", "strategy.dp_shard=3",
+                                          "cluster.tasks_per_node=4"], "strategy.dp_shard", "does not divide the 4 ranks"),
+    ("two degrees of `-1`", ["strategy=fsdp", "strategy.dp_replicate=-1"], "strategy.dp_shard", "only one degree can"),
+    ("degrees that do not cover the ranks", ["strategy=fsdp", "strategy.dp_replicate=2", "strategy.dp_shard=1",
+                                             "cluster.tasks_per_node=4"], "strategy", "must cover"),
+    ("`strategy=fsdp strategy.dp_replicate=-1 strategy.dp_shard=2` on 2 ranks",
+     ["strategy=fsdp", "strategy.dp_replicate=-1", "strategy.dp_shard=2", "cluster.tasks_per_node=2"],
+     "strategy.dp_replicate", "a replicate group of one"),
+    ("`strategy=hsdp nodes=1`", ["strategy=hsdp", "nodes=1"], "strategy", "no hybrid"),
+    ("`nodes=2` with one rank per node", ["strategy=hsdp", "nodes=2"], "strategy", "no hybrid"),
+    ("`strategy.dp_shard` other than 1 under DDP", ["strategy=ddp", "strategy.dp_shard=2", "cluster.tasks_per_node=2"],
+     "strategy.dp_shard", "DDP replicates whole parameters"),
+    ("`strategy.sharding=hybrid`", ["strategy=fsdp", "strategy.sharding=hybrid"], "strategy.sharding", "degrees"),
+    ("`strategy.tp` other than 1 is refused", ["strategy.tp=2"], "strategy.tp", "not yet run"),
+    ("`+strategy.bucket_capmb=10`", ["+strategy.bucket_capmb=10"], "strategy.bucket_capmb",
+     "did you mean strategy.bucket_cap_mb"),
+    ("`cluster=local cluster.account=x`", ["cluster=local", "cluster.account=x"], "cluster.account",
+     "read only by cluster=slurm"),
+    ("`cluster=local cluster.partition=gpu`", ["cluster=local", "cluster.partition=gpu"], "cluster.partition",
+     "read only by cluster=slurm"),
+    ("`output_root=/proc/forbidden`", ["output_root=/proc/forbidden"], "output_root", "Fix"),
+    ("(`ftp://...`) are refused", ["tracking.uri=ftp://host/store"], "tracking.uri", "Fix"),
+    ("NaN or\ninfinity in any number is refused", ["lr=nan"], "lr", "Fix"),
+])
+def test_each_refusal_docs_configuration_lists_is_made(quoted, overrides, setting, words, tmp_path, capsys):
+    from launcher.__main__ import main
+
+    assert quoted in CONFIGURATION_DOC.read_text(), f"docs/configuration.md no longer says {quoted!r}"
+    root = [] if any(o.startswith("output_root=") for o in overrides) else [f"output_root={tmp_path / 'out'}"]
+    code = main(["--plan", "-m", *overrides, *root])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert setting in err and words in err, err
+    assert not (tmp_path / "out").exists()

@@ -294,6 +294,7 @@ def test_refused_before_submission(overrides, setting, fix):
 
 
 def test_every_cpu_strategy_and_precision_composes():
-    points, swept = expand(["strategy=ddp,fsdp,zero2,hsdp,fsdp_noshard", "precision=fp32,bf16", "nodes=2"],
+    points, swept = expand(["strategy=ddp,fsdp,zero2,hsdp,fsdp_noshard", "precision=fp32,bf16", "nodes=2",
+                            "cluster.tasks_per_node=2"],
                            multirun=True)
     assert len(compose(points, swept)) == 10

@@ -42,7 +42,8 @@ def plan(points: list[Point]) -> list[Cell]:
     seen: dict[str, str] = {}
     names = []
     for p in points:
-        name = " ".join(f"{k}={v}" for k, v in p.swept.items()) or "single"
+        # Nothing swept: the cell is named by its strategy, as every cell's label names one.
+        name = " ".join(f"{k}={v}" for k, v in p.swept.items()) or f"strategy={p.config.strategy.label}"
         key = repr(p.config)
         if key in seen:
             raise SweepError(

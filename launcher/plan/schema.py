@@ -14,6 +14,7 @@ from typing import Any
 
 from contract.datasets import image_folder_classes, token_file_samples
 from contract.errors import non_negative, positive
+from contract.parallel import ParallelDims
 from contract.spec import (
     BatchNormUnits,
     CheckpointSpec,
@@ -21,6 +22,7 @@ from contract.spec import (
     DataKind,
     DataSpec,
     InputKind,
+    Layout,
     ModelSpec,
     Precision,
     PrecisionMode,
@@ -179,6 +181,7 @@ class Config(TrainSpec):
             )
         self._validate_precision_mode()
         self._validate_devices()
+        self._validate_preset()
         self.tuning()
         self._validate_data()
         self._validate_cluster_settings()
@@ -227,6 +230,20 @@ class Config(TrainSpec):
             if not os.path.isfile(os.path.join(self.baseline, "sweep.json")):
                 raise ConfigError("baseline", self.baseline, "holds no sweep.json: it is not a sweep directory.",
                                   "give the directory a previous sweep printed (it holds sweep.json).")
+
+    def _validate_preset(self) -> None:
+        """A preset's promise kept on the cell's ranks: the degrees alone may be any FSDP2 layout, but
+        strategy=hsdp promised a hybrid one (shard groups within a node, replicas across nodes)."""
+        if self.strategy.preset != "hsdp":
+            return
+        nodes, tasks = self.nodes, self.cluster.tasks_per_node
+        dims = ParallelDims.of(self.strategy, Layout(nodes=nodes, tasks_per_node=tasks))
+        if not dims.hybrid:
+            raise ConfigError("strategy", "hsdp", f"shards within a node and replicates across nodes, but on nodes="
+                              f"{nodes} x cluster.tasks_per_node={tasks} it comes to {dims.dp_replicate} replica(s) of "
+                              f"a shard group of {dims.dp_shard}: no hybrid (the preset needs nodes >= 2 and "
+                              f"cluster.tasks_per_node >= 2).", "use nodes=2 or more with cluster.tasks_per_node=2 or "
+                              "more, or strategy=fsdp (strategy=fsdp_noshard for replicas only).")
 
     def _validate_cells(self) -> None:
         """cells: all or auto; cells_max and cells_budget_min only with auto, each a real bound."""
