@@ -29,8 +29,10 @@ from launcher.plan.schema import AUTO, Config, declared_gpu_mem_gib
 from launcher.track.tracking import check_reachable, default_uri
 
 
-def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
-    """Raise SweepError listing every problem; return each cell's predicted per-rank state bytes."""
+def check(cells: list[Cell], plan_only: bool = False) -> dict[int, fit.StateBytes]:
+    """Raise SweepError listing every problem; return each cell's predicted per-rank state bytes.
+    ``plan_only`` (--plan, a what-if): a cell that does not fit its GPU is not a problem but an
+    answer, shown in the plan (launcher/preview.py); only a real run refuses it."""
     predicted = analyse(cells)
     errors: list[str] = []
     # What the cluster cannot give (GPUs, memory limits, partitions), and what it resolves for the cells
@@ -44,7 +46,8 @@ def check(cells: list[Cell]) -> dict[int, fit.StateBytes]:
         for warning in resources.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         errors += resources.errors
-    _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
+    if not plan_only:
+        _fits(cells, predicted, errors)  # beside what the nodes cannot give: every problem of a cell at once
     _refuse(errors)
     _time_limits(cells, predicted)
     _looks(cells[0].config)
@@ -219,21 +222,26 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
     """A GPU cell whose parameters, gradients, optimizer state and activation estimate exceed its GPU
     memory (cluster.gpu_mem_gib, or else what its GPU type holds) is refused, unless allow_oom=true."""
     for cell in cells:
-        limit_gib = cell.cluster.gpu_mem_gib
         state = predicted.get(cell.index)
-        if not limit_gib or state is None or cell.config.allow_oom or not cell.layout.gpus_per_node:
+        if state is None or cell.config.allow_oom or fits(cell, state) is not False:
             continue
-        if cell.config.strategy.cpu_offload:
-            continue  # parameters and optimizer state live in host memory
-        if state.peak > limit_gib * fit.GIB:
-            errors.append(f"[{cell.name}] predicted {fit.human(state.peak)} per rank (params "
-                          f"{fit.human(state.params)}, grads {fit.human(state.grads)}, optimizer "
-                          f"{fit.human(state.optimizer)}, activations {_about(state.activations)}, loss gradients "
-                          f"{fit.human(state.loss_grads)}) exceeds "
-                          f"the {limit_gib:g} GiB of each GPU (cluster.gpu_mem_gib, or the memory of its GPU type). "
-                          f"Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller "
-                          f"batch_size, activation_checkpointing=true, precision=bf16, a smaller model, or "
-                          f"allow_oom=true to run it anyway.")
+        errors.append(f"[{cell.name}] predicted {fit.human(state.peak)} per rank (params "
+                      f"{fit.human(state.params)}, grads {fit.human(state.grads)}, optimizer "
+                      f"{fit.human(state.optimizer)}, activations {_about(state.activations)}, loss gradients "
+                      f"{fit.human(state.loss_grads)}) exceeds "
+                      f"the {cell.cluster.gpu_mem_gib:g} GiB of each GPU (cluster.gpu_mem_gib, or the memory of its GPU "
+                      f"type). Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller "
+                      f"batch_size, activation_checkpointing=true, precision=bf16, a smaller model, or "
+                      f"allow_oom=true to run it anyway.")
+
+
+def fits(cell: Cell, state: fit.StateBytes | None) -> bool | None:
+    """Whether a GPU cell's predicted peak per rank fits its GPU's memory; None where that is not
+    judged (a CPU cell, an unknown GPU memory, no prediction, or offloaded state in host memory)."""
+    limit_gib = cell.cluster.gpu_mem_gib
+    if not limit_gib or state is None or not cell.layout.gpus_per_node or cell.config.strategy.cpu_offload:
+        return None
+    return state.peak <= limit_gib * fit.GIB
 
 
 def _declared_gpu_memory(cells: list[Cell]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.metrics import COLLECTIVE_KINDS
+from launcher import preflight
 from launcher.cluster.backends import backend_for
 from launcher.plan import fit, traffic
 from launcher.plan.cell import Cell
@@ -26,17 +27,24 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
         lines += ["Declared nodes (cluster.declared=true): checked against the settings alone, no cluster was "
                   "asked; this grid can be planned, not submitted.", ""]
     lines += ["| # | cell | nodes x ranks | GPUs/node | CPUs/rank | time min | model params | params/rank | "
-              "grads/rank | optimizer/rank | state/rank | activations/rank (est.) | GPU mem |",
-              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "grads/rank | optimizer/rank | state/rank | activations/rank (est.) | peak/rank (est.) | GPU mem | fits |",
+              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for cell in cells:
         c, lay, state = cell.cluster, cell.layout, predicted.get(cell.index)
         figures = ([f"{state.param_count:,}", fit.human(state.params), fit.human(state.grads),
                     fit.human(state.optimizer), fit.human(state.total),
-                    fit.human(state.activations) if state.activations is not None else "-"]
-                   if state else ["-"] * 6)
+                    fit.human(state.activations) if state.activations is not None else "-", fit.human(state.peak)]
+                   if state else ["-"] * 7)
         gpu_mem = f"{c.gpu_mem_gib:g} GiB" if c.gpu_mem_gib and lay.gpus_per_node else "-"
         lines.append(f"| {cell.index} | {cell.name} | {lay.nodes} x {lay.tasks_per_node} | {lay.gpus_per_node} | "
-                     f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + f" | {gpu_mem} |")
+                     f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + f" | {gpu_mem} | "
+                     f"{_fit_verdict(cell, state)} |")
+    refused = [cell for cell in cells if preflight.fits(cell, predicted.get(cell.index)) is False
+               and not cell.config.allow_oom]
+    if refused:
+        lines += ["", f"{len(refused)} cell(s) do not fit their GPU's memory ({', '.join(c.name for c in refused)}): "
+                      "a run of this grid refuses them; shard more (strategy=fsdp, more nodes), a smaller batch_size, "
+                      "activation_checkpointing=true or precision=bf16, or allow_oom=true to run them anyway."]
     asked = [cell for cell in cells if cell.time_asked]
     if asked:  # cluster.timeout_min=auto
         lines += ["", "time limits (cluster.timeout_min=auto): "
@@ -46,6 +54,17 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
         lines += ["", f"fit not checked for {len(unchecked)} GPU cell(s): their GPU memory is unknown. Set "
                       "cluster.gpu_mem_gib, or cluster.gpu_type to a known GPU model (e.g. h100)."]
     return lines
+
+
+def _fit_verdict(cell: Cell, state: fit.StateBytes | None) -> str:
+    """"fits", "does not fit", or why it is not judged, for the plan's table."""
+    verdict = preflight.fits(cell, state)
+    if verdict is None:
+        return ("host memory (offloaded)" if cell.config.strategy.cpu_offload and cell.layout.gpus_per_node
+                else "-" if not cell.layout.gpus_per_node else "not judged (GPU memory unknown)")
+    if verdict:
+        return "fits"
+    return "does not fit (allow_oom=true: runs anyway)" if cell.config.allow_oom else "does not fit"
 
 
 def _traffic(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]:

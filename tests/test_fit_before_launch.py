@@ -116,7 +116,8 @@ def test_a_cell_too_big_for_its_gpu_type_is_refused_before_submission(tmp_path, 
     fits. Refused with the figures and the fixes, once per configuration (not per run), beside what
     the test cluster's GPU-less nodes cannot give; allow_oom=true drops the fit refusal; nothing is
     created."""
-    args = ["--plan", "-m", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
+    # A real run: --plan answers the what-if instead (tests/test_declared.py).
+    args = ["-m", "cluster=slurm", "cluster.gpus_per_node=8", "cluster.tasks_per_node=8",
             "cluster.gpu_type=a10g", "model=gpt2-xl", "batch_size=8", f"output_root={tmp_path / 'out'}"]
     assert main([*args, "strategy=ddp,fsdp"]) == 2
     err = capsys.readouterr().err

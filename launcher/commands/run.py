@@ -99,7 +99,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
         extra = grid.search_path(args.config_dir)
         points, swept = grid.expand(args.overrides, args.multirun, extra)
         cells = planner.plan(grid.compose(points, swept, extra=extra))
-        predicted = preflight.check(cells)
+        predicted = preflight.check(cells, plan_only=args.plan)
     except grid.SweepError as exc:
         print(f"error: invalid configuration; nothing was submitted.\n{mask('', str(exc))}", file=sys.stderr)
         return USER_ERROR_EXIT
