@@ -312,6 +312,7 @@ def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary
 
     from contract.mlflow_client import TAG_MAX_CHARS
     from jobs.dist import backend_for
+    from jobs.models import units_text
 
     rank, par = run.rank, run.setup.par
     env, device = rank.env, rank.device
@@ -324,6 +325,7 @@ def run_tags(run: Run, per_rank: list[dict[str, Any]], outcome: Outcome, summary
     if run.setup.tuning is not None:
         tags.update(run.setup.tuning.tags())
     tags.update(par.compile_plan.tags())
+    tags["shard_units"] = units_text(par.model)[:TAG_MAX_CHARS]  # what FSDP wrapped, or would have
     if outcome.graphs_in_window:
         # torch.compile compiled inside the measured window: those steps held compilation.
         tags["compile.graphs_in_window"] = str(outcome.graphs_in_window)

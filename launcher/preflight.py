@@ -207,9 +207,12 @@ def _analyse(model: ModelSpec, plain: dict, shape: dict, cell_name: str,
     if hit is not None:
         return [(tuple(dims), size) for dims, size in hit["shapes"]], hit["activations"], hit["in_unit"]
     from jobs.models.checks import check_buildable
+    from launcher.plan.forwardcheck import check_forward
 
     try:
         check_buildable(model)
+        if model.target_path:
+            check_forward(model)
     except ConfigError as exc:
         errors.append(f"[{cell_name}] {exc}")
         return None

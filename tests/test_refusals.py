@@ -1202,6 +1202,10 @@ def test_a_past_sweep_of_a_model_this_shell_cannot_import_is_set_aside_and_plan_
             "model.seq_len=16", "+model.params.vocab_size=64"]
     fast = [o for o in FAST if not o.startswith("model")]
     assert main(["-m", *user, *fast, "tracking=off", f"output_root={out}"]) == 0
+    (cell,) = out.glob("*/cells/*/")
+    # The cell says which units FSDP would wrap, and its ranks again by hand find the package.
+    assert json.loads((cell / "result.json").read_text())["tags"]["shard_units"].startswith("none: the whole model")
+    assert f"PYTHONPATH={package.parent}" in (cell / "reproduce.sh").read_text()
     shutil.rmtree(package.parent)  # the other person's package is not on this shell's path
     monkeypatch.delenv("PYTHONPATH")
     done = subprocess.run([sys.executable, "-m", "launcher", "--plan", "-m", "strategy=ddp,fsdp", *FAST,
@@ -1338,4 +1342,28 @@ def test_each_refusal_docs_configuration_lists_is_made(quoted, overrides, settin
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err, err
     assert setting in err and words in err, err
+    assert not (tmp_path / "out").exists()
+
+
+# ---- a user's model checked before launch against the data -------------------------------------------
+
+@pytest.mark.parametrize(("overrides", "setting", "words"), [
+    # A token model (an embedding) fed the default custom input, images.
+    (["model._target_=torch.nn.Embedding", "model.params.num_embeddings=64", "model.params.embedding_dim=64",
+      "model.input=image"], "model.input='image'", "Expected tensor for argument #1 'indices'"),
+    # Its vocabulary left at model.vocab_size's default (50257): the loss would index past its 64 columns.
+    (["model._target_=torch.nn.Embedding", "model.params.num_embeddings=64", "model.params.embedding_dim=64",
+      "model.input=tokens", "model.seq_len=16"], "model.vocab_size=50257", "have 64 columns"),
+    # One output per sample where a token model must give one per token.
+    (["model._target_=torch.nn.Linear", "model.params.in_features=16", "model.params.out_features=4",
+      "model.input=tokens", "model.seq_len=16", "model.vocab_size=4"], "model._target_='torch.nn.Linear'",
+     "the loss reads (batch, seq_len, width)"),
+])
+def test_a_user_model_that_cannot_take_the_data_is_refused_before_launch(overrides, setting, words, tmp_path, capsys):
+    from launcher.__main__ import main
+
+    code = main(["-m", "model=custom", *overrides, f"output_root={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "fake_tensor" not in err, err
+    assert setting in err and words in err and "Fix:" in err, err
     assert not (tmp_path / "out").exists()

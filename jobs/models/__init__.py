@@ -26,7 +26,7 @@ from __future__ import annotations
 from jobs.models.build import REGISTRY, build_for, build_model, materialize, place_buffers, replays_init
 from jobs.models.flops import flops_per_sample, param_count
 from jobs.models.init import init_weights
-from jobs.models.units import replace_units, shard_units, tp_plan
+from jobs.models.units import replace_units, shard_units, tp_plan, units_text
 
 __all__ = [
     "REGISTRY",
@@ -41,4 +41,5 @@ __all__ = [
     "replays_init",
     "shard_units",
     "tp_plan",
+    "units_text",
 ]

@@ -65,6 +65,28 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     return _repeated_units(model)
 
 
+def units_text(model: nn.Module) -> str:
+    """Which units FSDP wraps (and checkpointing replaces), for the run's ``shard_units`` tag:
+    ``12 x Block (the model's shard_units())``, or the heuristic's, or none (the root alone)."""
+    units = shard_units(model)
+    if not units:
+        return "none: the whole model is one FSDP unit (no shard_units(), no repeated blocks)"
+    counts: dict[str, int] = {}
+    for unit in units:
+        counts[_class_name(unit)] = counts.get(_class_name(unit), 0) + 1
+    how = ("the model's shard_units()" if callable(getattr(unwrap(model), "shard_units", None))
+           else "repeated blocks found by jobs/models/units.py")
+    return ", ".join(f"{n} x {name}" for name, n in counts.items()) + f" ({how})"
+
+
+def _class_name(unit: nn.Module) -> str:
+    """A unit's own class, through checkpoint_wrapper and fully_shard's FSDP<Class> subclass."""
+    inner = getattr(unit, "_checkpoint_wrapped_module", unit)
+    name = type(inner).__name__
+    parents = {c.__name__ for c in type(inner).__mro__[1:]}
+    return name[4:] if name.startswith("FSDP") and name[4:] in parents else name
+
+
 def tp_plan(model: nn.Module) -> dict[str, str] | None:
     """The model family's tensor-parallel plan, as transformers writes one: a module path (``*``
     for each block's index) -> how its weight splits over the tensor-parallel group (``colwise``:

@@ -115,7 +115,7 @@ class Backend(ABC):
             for stale in state.cell_dir(cell).glob("error-rank*.txt"):
                 stale.unlink()  # a new attempt: the previous attempt's errors must not be read as this one's
             set_aside_finished_records(state.cell_dir(cell))
-            write_reproduce(state.cell_dir(cell), self.rank_launch(cell))
+            write_reproduce(state.cell_dir(cell), self.rank_launch(cell), model_path(cell))
         state.submitter = this_process()  # while it lives, a planned cell is still to be submitted
         self._start(state, cells, after_each_cell, interrupts, after)
 
@@ -232,7 +232,34 @@ def set_aside_finished_records(cell_dir: Path) -> Path | None:
     return aside
 
 
-def write_reproduce(cell_dir: Path, launch: str) -> Path:
+def model_path(cell: Cell) -> str | None:
+    """The folder a ``model._target_``'s package was imported from where it is not installed with the
+    interpreter (a checkout, a PYTHONPATH entry): what a rank needs on its path, as reproduce.sh
+    gives it. None for the project's models, an installed package, or a cell not planned here."""
+    import importlib.util
+    import sys
+    import sysconfig
+
+    if cell.resolved is None or not cell.config.model.target_path:
+        return None
+    top = cell.config.model.target_path.split(".")[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    origin = found.origin if found and found.origin else None
+    if origin is None and found is not None and found.submodule_search_locations:
+        origin = next(iter(found.submodule_search_locations), None)
+    if origin is None:
+        return None
+    folder = Path(origin).parent.parent if Path(origin).name == "__init__.py" else Path(origin).parent
+    installed = {Path(p).resolve() for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                                               sysconfig.get_paths()["stdlib"], sys.prefix)}
+    folder = folder.resolve()
+    return None if any(folder == p or p in folder.parents for p in installed) else str(folder)
+
+
+def write_reproduce(cell_dir: Path, launch: str, python_path: str | None = None) -> Path:
     """``reproduce.sh`` in the cell's directory: its ranks again by hand, from its spec.json, with no
     pickle and no sweep (``python -m jobs``); results go to ``reproduced/`` beside it (or the
     directory given), never over the sweep's, and no MLflow run is touched. A directory given that
@@ -251,7 +278,10 @@ def write_reproduce(cell_dir: Path, launch: str) -> Path:
                     'are the sweep\'s figures, never written over. Fix: sh reproduce.sh (writes to $cell/reproduced), '
                     'or give a directory of its own. Nothing was run." >&2\n'
                     "    exit 2\nfi\n"
-                    f'exec {launch} "$cell/spec.json" --out "$out"\n')
+                    + (f"# The model's package (model._target_), imported from outside the installed packages:\n"
+                       f"PYTHONPATH={shlex.quote(python_path)}${{PYTHONPATH:+:$PYTHONPATH}}\nexport PYTHONPATH\n"
+                       if python_path else "")
+                    + f'exec {launch} "$cell/spec.json" --out "$out"\n')
     path.chmod(0o755)
     return path
 

@@ -93,7 +93,7 @@ def analyse(model: ModelSpec, batch_size: int, low_dtype: str | None,
             checkpointing: bool) -> tuple[list[tuple[tuple[int, ...], int]], int | None, list[bool]]:
     """(parameter shapes, activation bytes or None, whether each parameter sits in an FSDP unit)
     from one meta-device build of the model."""
-    module = _meta_build(model)
+    module = meta_build(model)
     in_unit = _in_units(module)
     return _shapes(module), _activations(module, model, batch_size, low_dtype, checkpointing), in_unit
 
@@ -103,16 +103,16 @@ def count_flops(model: ModelSpec) -> float | None:
     meta-device build; None for a model that cannot be counted."""
     from jobs.models import flops_per_sample
 
-    return flops_per_sample(_meta_build(model), model)
+    return flops_per_sample(meta_build(model), model)
 
 
 def count_buffer_bytes(model: ModelSpec) -> int:
     """Bytes of the model's buffers (BatchNorm's running statistics and counters): what DDP broadcasts
     from rank 0 before a forward when strategy.broadcast_buffers is on (launcher/plan/traffic.py)."""
-    return sum(b.numel() * b.element_size() for b in _meta_build(model).buffers())
+    return sum(b.numel() * b.element_size() for b in meta_build(model).buffers())
 
 
-def _meta_build(model: ModelSpec):
+def meta_build(model: ModelSpec):
     import torch
 
     from jobs.models import build_model
@@ -166,7 +166,7 @@ def _saved_bytes(module, model: ModelSpec, batch_size: int, low_dtype: str | Non
     # data-dependent checks while tracing (transformers' is_tracing) skip them here too.
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
-        _to_fake_cpu(module)
+        to_fake_cpu(module)
         if model.input is InputKind.tokens:
             x = torch.zeros(batch_size, model.seq_len, dtype=torch.long)
             y = torch.zeros(batch_size, model.seq_len, dtype=torch.long)
@@ -209,7 +209,7 @@ def _saved_bytes(module, model: ModelSpec, batch_size: int, low_dtype: str | Non
     return saved - inside + unit_inputs + max(per_unit.values(), default=0)
 
 
-def _to_fake_cpu(module) -> None:
+def to_fake_cpu(module) -> None:
     """Replace a meta module's parameters and buffers with fake CPU tensors of the same shapes (inside a
     FakeTensorMode); a parameter shared by several modules (tied weights) stays shared."""
     import torch
