@@ -229,7 +229,7 @@ def report(run: Run, outcome: Outcome, per_rank: list[dict[str, Any]]) -> Report
                          * run.rank.dims.data_parallel)
     if FOREIGN_GPU_SHARE not in summary and missing:
         tags["gpu_interference_missing"] = missing
-    rank_medians_s, local_medians_s = straggler_figures(per_rank, summary, tags)
+    rank_medians_s, local_medians_s = straggler_figures(per_rank, summary, tags, run.rank.device.type)
     tags = run_tags(run, per_rank, outcome, summary, tags)
     first_logged = max(outcome.logged_through, max(h["steps"][0] for h in histories))
     result = {"cell": spec.cell, "summary": summary, "tags": tags, "losses": mean_loss, "rank": env.rank,
@@ -289,8 +289,13 @@ def compile_time_s(history: dict[str, Any]) -> float:
                if not m)
 
 
+def shares_host_cores(device_type: str, hosts: Sequence[str]) -> bool:
+    """Whether some ranks compete for one host's cores (CPU ranks, more than one on a host)."""
+    return device_type == "cpu" and len(set(hosts)) < len(hosts)
+
+
 def straggler_figures(per_rank: list[dict[str, Any]], summary: dict[str, Any],
-                      tags: dict[str, str]) -> tuple[list[float], list[float]]:
+                      tags: dict[str, str], device_type: str = "cpu") -> tuple[list[float], list[float]]:
     """Each rank's median step time, and its own work's (empty where not measured); the spread into
     ``summary`` and the slowest / straggling rank into ``tags``."""
     rank_medians_s = [percentile(r["step_time_s"], 50) for r in per_rank]
@@ -298,8 +303,13 @@ def straggler_figures(per_rank: list[dict[str, Any]], summary: dict[str, Any],
     # rank's own work (jobs.loop.local_step_times) where it was measured, else from step times.
     by_local = all(r["local_step_time_s"] for r in per_rank)
     local_medians_s = [percentile(r["local_step_time_s"], 50) for r in per_rank] if by_local else []
-    spread, straggler_tags = stragglers(local_medians_s if by_local else rank_medians_s,
-                                        [r["hostname"] for r in per_rank])
+    hosts = [r["hostname"] for r in per_rank]
+    spread, straggler_tags = stragglers(local_medians_s if by_local else rank_medians_s, hosts)
+    if "straggler_rank" in straggler_tags and shares_host_cores(device_type, hosts):
+        # CPU ranks on one host share its cores: one rank's lag is the scheduler's, not its host's.
+        straggler_tags.pop("straggler_rank")
+        straggler_tags["straggler_withheld"] = (f"{len(hosts)} CPU ranks share the cores of "
+                                                f"{len(set(hosts))} host(s): a lag between them is not a host's")
     summary.update(spread)
     tags.update(straggler_tags, straggler_measure="local_step_time" if by_local else "step_time")
     return rank_medians_s, local_medians_s

@@ -135,7 +135,9 @@ def _said(state: SweepState, written: Report) -> str:
     """What the terminal shows of a report just written: the tables, the claims, where it is."""
     measured = any(c.status is CellStatus.done for c in state.cells)
     claims = _claims(written.findings) if measured else "nothing was measured: no cell finished"
-    return f"{written.tables}\n\nFindings (the full section is in report.md):\n{claims}\n\nreport: {written.path}"
+    answers = "".join(f"\n- {line}" for line in written.answers)
+    return (f"{written.tables}\n\nFindings (the full section is in report.md):\n{claims}\n\nreport: {written.path}"
+            + (f"\n\nThe answer, one line per question:{answers}" if answers else ""))
 
 
 def _claims(findings: str) -> str:
@@ -353,7 +355,8 @@ def written_report(state: SweepState) -> Report:
     cells_csv = out_dir / CELLS_FILE
     return Report(out_dir / REPORT_FILE, plots=sorted((out_dir / PLOTS_DIR).glob("*.png")),
                   tables=_section(text, "Results"), findings=_section(text, "Findings"),
-                  cells_csv=cells_csv if cells_csv.exists() else None)
+                  cells_csv=cells_csv if cells_csv.exists() else None,
+                  answers=[line[2:] for line in _section(text, "The answer").splitlines() if line.startswith("- ")])
 
 
 def _section(markdown: str, heading: str) -> str:

@@ -125,6 +125,9 @@ def test_clear_win_is_claimed_with_numbers():
     rec = md.split("### Recommendation")[1]
     assert "fastest **strategy=ddp precision=fp32** at 4,600.0 samples/s (±" in rec
     assert "No other configuration comes within 5% of it." in rec
+    (line,) = findings.answers(rows)
+    assert line.startswith("8 ranks, precision=fp32: ddp faster, fsdp 30.4% slower (fsdp/ddp 0.70×, 95% CI ")
+    assert line.endswith("; 3 + 3 runs)")
 
 
 def test_difference_inside_the_noise_is_not_claimed():
@@ -254,6 +257,10 @@ def test_a_straggler_is_named_in_the_findings():
     md = findings.findings([slow, one("fsdp", tp=900.0)])
     assert "### Stragglers" in md and "rank 1 on node2 is a straggler: 1.94x the median rank's step time" in md
     assert "No rank lagged" in findings.findings([one("ddp", tp=1000.0), one("fsdp", tp=900.0)])
+    shared = one("ddp", tp=1000.0, straggler_withheld="2 CPU ranks share the cores of 1 host(s): a lag between "
+                                                      "them is not a host's")
+    md = findings.findings([shared, one("fsdp", tp=900.0)])
+    assert "- Not judged in 1 cell(s): 2 CPU ranks share the cores of 1 host(s)" in md and "look at that host" not in md
 
 
 def test_at_one_rank_ddp_against_fsdp_is_worded_as_the_wrappers_cost_not_a_strategy_result():
@@ -281,6 +288,8 @@ def test_at_one_rank_ddp_against_fsdp_is_worded_as_the_wrappers_cost_not_a_strat
     # At two ranks the same difference is a strategy result, worded as before.
     two = rows_of(row("ddp", tp=118.6, cv=0.02, world=2), row("fsdp", tp=85.4, cv=0.02, world=2))
     assert "**fsdp** is 28.0% slower than **ddp**" in findings.findings(two)
+    assert findings.answers(rows) == ["1 rank, precision=fp32: not a strategy question (nothing is sharded or sent at "
+                                      "one rank: fsdp against ddp is the wrappers' cost)"]
 
 
 def test_a_bytes_finding_is_said_once_per_configuration_and_ddps_buffer_broadcast_is_theory():

@@ -81,11 +81,14 @@ def _refuse_if_short(histories: list[hist.History], what: str) -> int | None:
 
 def _experiment(name: str, uri: str, out: str | None) -> int:
     try:
-        series = hist.experiment_series(uri, name)
+        series, flagged = hist.experiment_series(uri, name)
     except ReportError as exc:  # its fix names the report's --experiment: here it is the first argument
         print(f"error: {str(exc).replace('pass --experiment with', 'pass as EXPERIMENT')}", file=sys.stderr)
         return USER_ERROR_EXIT
     histories = [hist.analyse(label, "samples/s", points) for label, points in series]
+    if flagged:
+        print(f"left out: {flagged} run(s) flagged for interference (another job on their devices or hosts), as the "
+              f"report leaves them out", flush=True)
     refused = _refuse_if_short(histories, f"experiment {name!r}")
     if refused is not None:
         return refused

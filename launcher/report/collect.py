@@ -20,7 +20,7 @@ from launcher.track import tracking
 _NOT_MEASURED = ("nodes", *WHERE_KEYS)
 _ENV_TAGS = ("hostnames", "torch_version", "device_name", "backend", "num_threads", "precision_mode", "gpu_uuids",
              "cuda_version", "nccl_version", "float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32",
-             "slowest_rank", "straggler_rank")
+             "slowest_rank", "straggler_rank", "straggler_withheld")
 TUNING_TAG = "tuning."  # the step's tuning settings as the ranks resolved them (contract/tuning.py)
 COMPILE_TAG = "compile."  # what torch.compile compiled, and graphs made inside the window (jobs/compiling.py)
 
@@ -36,7 +36,9 @@ def looks_of(state: SweepState) -> stats.Looks:
     design = state.design
     if design is None:
         return stats.Looks.fixed()
-    ended = f"stopped early: {design.stopped}" if design.stopped and design.stopped.startswith("budget") else None
+    # A sweep that adds no further round leaves no comparison "open": each says why it stopped.
+    ended = (None if not design.stopped else f"stopped early: {design.stopped}" if design.stopped.startswith("budget")
+             else f"no further round: {design.stopped}")
     return stats.Looks(sequential.schedule(design.runs_min, design.runs_max), ended=ended, done=len(design.rounds))
 
 

@@ -31,7 +31,7 @@ from launcher.report.stats import (
 # Model state is counted exactly: within the registry's band it is the same layout.
 STATE_TOLERANCE: float = metrics.get(MODEL_STATE_BYTES).min_effect or 0.0
 # Known choices in the order that makes the first one the baseline of a comparison.
-_ORDER = {"strategy": ["ddp", "fsdp", "zero2", "hsdp", "fsdp_noshard", "fsdp_offload"],
+_ORDER = {"strategy": ["ddp", "fsdp", "zero2", "hsdp", "fsdp_noshard", "fsdp+offload"],
           "precision": ["fp32", "bf16", "fp16"]}
 AXES = {"strategy": "Strategies", "precision": "Precisions"}  # compared one at a time, the others equal
 MAX_SHOWN = 60  # comparisons per axis in the markdown; the ones with a verdict come first
@@ -190,8 +190,10 @@ def sequence_text(d: Diff, looks: Looks, flip: bool = False, followed: bool = Tr
     False for a pair no round adds runs to (strategies at one rank, launcher/decide.py)."""
     if not looks.sequential:
         return ""
-    why = stop_reason(d, looks) or ("open: the next round adds runs" if followed else "not followed: no round adds runs "
-                                                                                      "at one rank")
+    if not followed:  # its runs are those other comparisons asked for: no stop of its own to name
+        why = "decided" if d.decided else "not followed: no round adds runs at one rank"
+    else:
+        why = stop_reason(d, looks) or "open: the next round adds runs"
     return f" [{d.runs_text(flip)}; {why}]"
 
 
@@ -252,6 +254,41 @@ def comparison_bullets(comps: list[Comparison]) -> list[str]:
                    + (f", with {' and '.join(mem)}" if mem else "") + ".")
         out += why_lines(c.why)
     return out
+
+
+def answers(comps: list[Comparison]) -> list[str]:
+    """One plain line per strategy question (each world size, and each other setting swept beside
+    it), the verdict first: "2 ranks: ddp faster, fsdp 25.1% slower (0.75×, 95% CI 0.68–0.82; 3 + 3
+    runs, decided)"; "1 rank: not a strategy question ...". The same words as the findings'."""
+    out = []
+    for c in comps:
+        if c.axis != "strategy":
+            continue
+        where = f"{c.world_size} rank{'s' if c.world_size != 1 else ''}" + (f", {c.context}" if c.context else "")
+        pair = f"{c.a_label} against {c.b_label}"
+        d = c.throughput
+        if c.wrappers_only:
+            out.append(f"{where}: not a strategy question (nothing is sharded or sent at one rank: {pair} is the "
+                       "wrappers' cost)")
+        elif c.caveat or d is None:
+            out.append(f"{where}: {pair} not claimed: {c.caveat}")
+        elif d.verdict == SAME:
+            out.append(f"{where}: no change between {c.a_label} and {c.b_label} (within ±{d.min_effect:.0%}; "
+                       f"{c.noise}{_stop(c)})")
+        elif d.verdict == INCONCLUSIVE:
+            out.append(f"{where}: {pair} undecided ({d.why_inconclusive()}; {c.noise}{_stop(c)})")
+        else:
+            fast, slow = (c.a_label, c.b_label) if d.verdict == HIGHER else (c.b_label, c.a_label)
+            out.append(f"{where}: {fast} faster, {slow} "
+                       f"{abs(d.ratio - 1) if slow == c.a_label else abs(1 / d.ratio - 1):.1%} slower "
+                       f"({c.a_label}/{c.b_label} {d.ratio:.2f}×, {1 - d.alpha:.0%} CI {d.low:.2f}–{d.high:.2f}; "
+                       f"{c.noise}{_stop(c)})")
+    return out
+
+
+def _stop(c: Comparison) -> str:
+    d = c.throughput
+    return f", {stop_reason(d, c.looks)}" if d is not None and c.looks.sequential else ""
 
 
 def wrappers_sentence(c: Comparison, where: str) -> str:

@@ -51,6 +51,9 @@ from launcher.report.comparisons import (
     state_ratio,
     unclaimed_parts,
 )
+from launcher.report.comparisons import (
+    answers as strategy_answers,
+)
 from launcher.report.explain import traffic_findings
 from launcher.report.rows import NO_RESULT_YET, grouped, md_cell, no_result_yet, num, peak_memory_gib, series_labels
 from launcher.report.stats import (
@@ -178,6 +181,9 @@ def stragglers(rows: list[dict[str, Any]]) -> list[str]:
     """Cells whose slowest rank ran more than 10% behind the median rank (the worker's ``straggler_rank``
     tag, from step times measured without gradient communication, where waiting hides nothing)."""
     out = []
+    withheld = [row for row in rows if row.get("straggler_withheld")]
+    if withheld:
+        out.append(f"- Not judged in {len(withheld)} cell(s): {md_cell(withheld[0]['straggler_withheld'])}.")
     for row in rows:
         rank = row.get("straggler_rank")
         spread = row.get(STEP_TIME_RANK_SPREAD)
@@ -292,6 +298,11 @@ def findings(rows: list[dict[str, Any]], margin: float = MARGIN, floor: Floor | 
     lines += ["", f"### Recommendation (margin {margin:.0%})", ""]
     lines += recommendations(units, margin, floor) or [_none_left(units, "No cell finished with a result.")]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def answers(rows: list[dict[str, Any]], floor: Floor | None = None, looks: Looks | None = None) -> list[str]:
+    """One plain line per strategy question of the sweep (comparisons.answers)."""
+    return strategy_answers(comparisons(grouped(rows), "strategy", floor, looks or Looks.fixed()))
 
 
 def _none_left(units: list[dict[str, Any]], otherwise: str) -> str:

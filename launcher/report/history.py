@@ -168,10 +168,13 @@ def _iso_ms(ms: int | None) -> str:
     return datetime.fromtimestamp((ms or 0) / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def experiment_series(tracking_uri: str, experiment: str) -> list[tuple[str, list[Point]]]:
-    """(configuration, its sweeps oldest first) for every configuration of the experiment's sweeps.
-    Raises ReportError for a store or experiment that is not there (launcher/report/collect.py)."""
-    rows = rows_from_experiment(tracking_uri, experiment)
+def experiment_series(tracking_uri: str, experiment: str) -> tuple[list[tuple[str, list[Point]]], int]:
+    """(configuration, its sweeps oldest first) for every configuration of the experiment's sweeps,
+    and how many runs were left out for interference (another job on their devices or hosts: the
+    report leaves them out of every claim, and so does a history). Raises ReportError for a store or
+    experiment that is not there (launcher/report/collect.py)."""
+    every = rows_from_experiment(tracking_uri, experiment)
+    rows = [r for r in every if not r.get("interference")]
     client = mlflow_client.client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     parents, child_parent, token = {}, {}, None
@@ -199,7 +202,7 @@ def experiment_series(tracking_uri: str, experiment: str) -> list[tuple[str, lis
                                 _iso_ms(parent.info.start_time),
                                 [v for r in rs if (v := throughput(r)) is not None], parent_id))
         out.append((joined_label([str(r["cell"]) for r in members]) or str(members[0]["cell"]), points))
-    return out
+    return out, len(every) - len(rows)
 
 
 def ledger_series(records: Sequence[dict[str, Any]]) -> list[tuple[str, list[Point]]]:

@@ -35,6 +35,8 @@ class Report:
     tables: str = ""
     findings: str = ""
     cells_csv: Path | None = None
+    # One plain line per strategy question, verdict first (launcher/report/comparisons.py answers).
+    answers: list[str] = field(default_factory=list)
     # MLflow figures of the forecasts checked (launcher/forecast/inputs.py): the parent run's, and
     # per cell run id.
     figures: dict[str, float] = field(default_factory=dict)
@@ -168,9 +170,11 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report(out_dir / REPORT_FILE, tables=_tables(rows, floor),
                     findings=findings.findings(rows, floor=floor, looks=looks),
-                    cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE))
+                    cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE),
+                    answers=findings.answers(rows, floor=floor, looks=looks))
     done = [r for r in rows if num(r.get(THROUGHPUT_SAMPLES_PER_S)) is not None]
-    parts = [*_summary_section(rows, title), "## Findings", "", report.findings, "",
+    answer = ["## The answer", "", *(f"- {line}" for line in report.answers), ""] if report.answers else []
+    parts = [*_summary_section(rows, title), *answer, "## Findings", "", report.findings, "",
              *_results_section(rows, done, report.tables), *_plots_section(rows, bool(done), out_dir, report),
              *sections, "## How measured", "", _how_measured(rows), "",
              "## Environment", "", _environment(rows, source), "",

@@ -26,7 +26,7 @@ MIB = 1024**2
 # only in these (and in the node count) belong to one scaling series.
 WHERE_KEYS = ("output_root", "sweep_dir", "wait", "collective_timeout_s", "cluster.timeout_min",
               "cluster.signal_delay_s", "cluster.array_parallelism", "runs", "runs_min", "runs_max", "runs_budget_min",
-              "baseline")
+              "baseline", "tracking")
 # The tracking params of the choices that rows carry as "strategy", "precision" and "model".
 _CHOICE_PARAMS = ("strategy.name", "strategy.label", "precision.name", "model.name")
 
