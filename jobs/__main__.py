@@ -52,8 +52,9 @@ def load(path: str, out_dir: str | None = None) -> RunSpec:
     except ConfigError as exc:
         raise Refused(f"python -m jobs {path}: a setting of this spec is refused, nothing was run: {exc}") from None
     if out_dir is None:
+        _out_folder(spec.out_dir, f"{path}'s out_dir")  # a hand-edited one that is a file: refused first
         return spec
-    out = Path(out_dir).resolve()
+    out = _out_folder(out_dir)
     sweeps = {Path(spec.out_dir).resolve(), Path(path).resolve().parent}
     if out in sweeps or (out / "spec.json").exists():
         raise Refused(f"--out {out_dir}: {out} is a cell's own directory: its result.json and metrics.jsonl are the "
@@ -77,7 +78,16 @@ def load_probe(path: str, out_dir: str | None = None) -> ProbeSpec | NodeProbeSp
     except (ValueError, TypeError, KeyError) as exc:
         raise Refused(f"python -m jobs {path}: not a readable probe spec ({type(exc).__name__}: {exc}). Fix: give "
                       f"the {programs.SPEC_FILE} its backend wrote.") from None
-    return dataclasses.replace(spec, out_dir=str(Path(out_dir).resolve())) if out_dir else spec
+    return dataclasses.replace(spec, out_dir=str(_out_folder(out_dir))) if out_dir else spec
+
+
+def _out_folder(out_dir: str, what: str = "--out") -> Path:
+    """The results' folder (``--out``, or the spec's out_dir), refused where it names a file."""
+    out = Path(out_dir).resolve()
+    if out.exists() and not out.is_dir():
+        raise Refused(f"{what} {out_dir}: {out} is a file, not a folder. Fix: give a folder (made if missing) for the "
+                      f"results, or leave --out out. Nothing was run.")
+    return out
 
 
 def emulated_nodes(environ: Mapping[str, str], tasks_per_node: int) -> dict[str, str]:

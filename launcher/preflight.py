@@ -54,9 +54,36 @@ def check(cells: list[Cell], plan_only: bool = False) -> dict[int, fit.StateByte
     cellsearch.check(cells)  # cells=auto: a grid it can search, a baseline of the same grid
     _baseline(cells)
     _writable(cells[0].config)
+    _interpreter(cells[0].cluster)
     _tracking(cells[0].config)
     _compiler(cells)
     return predicted
+
+
+def _interpreter(cluster) -> None:
+    """cluster.python on a backend whose ranks run on this machine: it must be here and import the
+    worker (its torch included), or every rank would exit at once with a shell's 127. (Slurm's
+    nodes are not this machine: their interpreter is theirs to have.)"""
+    import shlex
+    import shutil
+    import subprocess
+
+    if not cluster.one_machine or not cluster.python:
+        return
+    command = shlex.split(cluster.python)
+    fix = ("give the path of an interpreter of this machine that has this project and torch installed, e.g. "
+           f"cluster.python={sys.executable}, or drop cluster.python (the ranks then run with the launcher's own).")
+    if not command or shutil.which(command[0]) is None:
+        raise SweepError(str(ConfigError("cluster.python", cluster.python, "is no interpreter of this machine (the "
+                                         f"ranks of cluster={cluster.name} run here).", fix)))
+    try:
+        done = subprocess.run([*command, "-c", "import torch, jobs.worker"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SweepError(str(ConfigError("cluster.python", cluster.python, f"could not be run: {exc}.", fix))) from exc
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SweepError(str(ConfigError("cluster.python", cluster.python, f"cannot import the worker: {last}.",
+                                         fix)))
 
 
 def _time_limits(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> None:
@@ -226,7 +253,7 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
     memory (cluster.gpu_mem_gib, or else what its GPU type holds) is refused, unless allow_oom=true."""
     for cell in cells:
         state = predicted.get(cell.index)
-        if state is None or cell.config.allow_oom or fits(cell, state) is not False:
+        if state is None or cell.config.allow_oom or cell.fits(state) is not False:
             continue
         errors.append(f"[{cell.name}] predicted {fit.human(state.peak)} per rank (params "
                       f"{fit.human(state.params)}, grads {fit.human(state.grads)}, optimizer "
@@ -236,15 +263,6 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
                       f"type). Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller "
                       f"batch_size, activation_checkpointing=true, precision=bf16, a smaller model, or "
                       f"allow_oom=true to run it anyway.")
-
-
-def fits(cell: Cell, state: fit.StateBytes | None) -> bool | None:
-    """Whether a GPU cell's predicted peak per rank fits its GPU's memory; None where that is not
-    judged (a CPU cell, an unknown GPU memory, no prediction, or offloaded state in host memory)."""
-    limit_gib = cell.cluster.gpu_mem_gib
-    if not limit_gib or state is None or not cell.layout.gpus_per_node or cell.config.strategy.cpu_offload:
-        return None
-    return state.peak <= limit_gib * fit.GIB
 
 
 def _declared_gpu_memory(cells: list[Cell]) -> None:

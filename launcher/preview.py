@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.metrics import COLLECTIVE_KINDS
-from launcher import preflight
 from launcher.cluster.backends import backend_for
 from launcher.plan import fit, traffic
 from launcher.plan.cell import Cell
@@ -39,7 +38,7 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
         lines.append(f"| {cell.index} | {cell.name} | {lay.nodes} x {lay.tasks_per_node} | {lay.gpus_per_node} | "
                      f"{lay.cpus_per_task} | {c.timeout_min} | " + " | ".join(figures) + f" | {gpu_mem} | "
                      f"{_fit_verdict(cell, state)} |")
-    refused = [cell for cell in cells if preflight.fits(cell, predicted.get(cell.index)) is False
+    refused = [cell for cell in cells if cell.fits(predicted.get(cell.index)) is False
                and not cell.config.allow_oom]
     if refused:
         lines += ["", f"{len(refused)} cell(s) do not fit their GPU's memory ({', '.join(c.name for c in refused)}): "
@@ -58,7 +57,7 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
 
 def _fit_verdict(cell: Cell, state: fit.StateBytes | None) -> str:
     """"fits", "does not fit", or why it is not judged, for the plan's table."""
-    verdict = preflight.fits(cell, state)
+    verdict = cell.fits(state)
     if verdict is None:
         return ("host memory (offloaded)" if cell.config.strategy.cpu_offload and cell.layout.gpus_per_node
                 else "-" if not cell.layout.gpus_per_node else "not judged (GPU memory unknown)")

@@ -164,8 +164,9 @@ def test_the_fit_analysis_is_cached_between_launches_except_for_user_code(tmp_pa
     assert list((cache / "ddp-fsdp-bench" / "fit").glob("*.json"))
     assert not _plan_imports_torch(cache, *grid)
     assert _plan_imports_torch(cache, "strategy=ddp,fsdp", "batch_size=2", f"output_root={tmp_path / 'out'}")
-    user = ("model=custom", "model._target_=torch.nn.Linear", "model.input=image", "model.image_size=4",
-            "+model.params.in_features=4", "+model.params.out_features=2", f"output_root={tmp_path / 'out'}")
+    user = ("model=custom", "model._target_=torch.nn.Embedding", "model.input=tokens", "model.seq_len=8",
+            "model.vocab_size=16", "+model.params.num_embeddings=16", "+model.params.embedding_dim=16",
+            f"output_root={tmp_path / 'out'}")
     assert _plan_imports_torch(cache, *user) and _plan_imports_torch(cache, *user)
     assert not (tmp_path / "out").exists()
 

@@ -105,7 +105,7 @@ def test_summarize_tokens_and_single_window():
 # ---- stragglers and cost ------------------------------------------------------------------------
 
 def test_stragglers_name_the_slowest_rank_above_ten_percent():
-    from jobs.summary import stragglers
+    from jobs.stragglers import stragglers
 
     summary, tags = stragglers([0.010, 0.010, 0.013, 0.010], ["a", "a", "b", "b"])
     assert summary["step_time_rank_spread"] == pytest.approx(1.3)

@@ -630,6 +630,10 @@ JOBS_CORPUS = [
     ([], None, 2, "spec"),
     (["{SPEC}", "--out", "{CELL}"], None, 2, "--out {CELL}"),  # the spec's own out_dir: the sweep's figures
     (["{SPEC}", "--out", "{OTHER}"], None, 2, "a cell's own directory"),  # another cell's directory
+    (["{SPEC}", "--out", "{SPEC}"], None, 2, "is a file, not a folder"),  # an output path that is a file
+    (["{SPEC}"], _spec_with("out_dir", "{CELL}/result.json"), 2, "out_dir {CELL}/result.json"),
+    (["{SPEC}"], _spec_with("train.steps", "many"), 2, "expected int, got 'many'"),
+    (["{SPEC}"], _spec_with("layout", "two nodes"), 2, "not a readable cell spec"),
 ]
 
 
@@ -769,9 +773,11 @@ def test_every_command_line_is_read_by_one_parser(command, argv, code, says, rec
 
 
 def test_an_interpreter_with_its_arguments_is_taken(tmp_path, capsys):
+    import sys
+
     from launcher.__main__ import main
 
-    assert main(['cluster.python="/usr/bin/python3 -X utf8"', "--plan", f"output_root={tmp_path}"]) == 0, \
+    assert main([f'cluster.python="{sys.executable} -X utf8"', "--plan", f"output_root={tmp_path}"]) == 0, \
         capsys.readouterr().err
 
 
@@ -1367,3 +1373,42 @@ def test_a_user_model_that_cannot_take_the_data_is_refused_before_launch(overrid
     assert code == 2 and "Traceback" not in err and "fake_tensor" not in err, err
     assert setting in err and words in err and "Fix:" in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("backend", ["local", "torchrun"])
+@pytest.mark.parametrize(("python", "words"), [("/nonexistent/python", "is no interpreter of this machine"),
+                                               ("/bin/false", "cannot import the worker")])
+def test_an_interpreter_the_ranks_of_this_machine_cannot_run_is_refused(backend, python, words, tmp_path, capsys):
+    from launcher.__main__ import main
+
+    code = main([f"cluster={backend}", f"cluster.python={python}", f"output_root={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and f"cluster.python='{python}'" in err and words in err, err
+    assert "Fix:" in err and not (tmp_path / "out").exists()
+
+
+def test_a_resubmitted_run_does_not_keep_the_reason_its_last_attempt_was_cancelled(tmp_path):
+    from contract import mlflow_client
+    from tests.stores import existing_store
+
+    uri = f"sqlite:///{existing_store(tmp_path)}"
+    client = mlflow_client.client(uri)
+    run = client.create_run(client.create_experiment("x"), tags={"cancel_reason": "interrupted by SIGINT"})
+    client.set_terminated(run.info.run_id, "KILLED")
+    tracking.reopen(uri, run.info.run_id)
+    again = client.get_run(run.info.run_id)
+    assert again.info.status == "RUNNING" and "cancel_reason" not in again.data.tags
+
+
+def test_syncing_a_sweep_whose_results_are_gone_refuses_and_leaves_its_report(tmp_path, capsys):
+    from launcher.commands.sync import main
+
+    sweep = make_sweep(tmp_path, "copied", BASE)
+    for result in sweep.glob("cells/*/result.json"):
+        result.unlink()  # a partial copy: the document says done, the results did not come with it
+    (sweep / "report.md").write_text("the report as it was written\n")
+    code = main([str(sweep), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err and "have no result.json" in err and "Fix: copy the whole" in err
+    assert (sweep / "report.md").read_text() == "the report as it was written\n"
+    assert not (tmp_path / "mlflow.db").exists()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from jobs.models.build import REGISTRY, build_for, build_model, materialize, place_buffers, replays_init
 from jobs.models.flops import flops_per_sample, param_count
+from jobs.models.hf import is_hf_model
 from jobs.models.init import init_weights
 from jobs.models.units import replace_units, shard_units, tp_plan, units_text
 
@@ -34,6 +35,7 @@ __all__ = [
     "build_model",
     "flops_per_sample",
     "init_weights",
+    "is_hf_model",
     "materialize",
     "param_count",
     "place_buffers",

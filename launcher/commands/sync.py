@@ -81,8 +81,9 @@ def sync(args: argparse.Namespace) -> int:
 
 
 def _has_results(state: SweepState) -> bool:
-    """Whether any cell has a result to log (done, or its result.json written)."""
-    return any(c.status is CellStatus.done or (state.cell_dir(c) / "result.json").is_file() for c in state.cells)
+    """Whether any cell has a result to log: its result.json written (a cell recorded done whose file
+    is gone has nothing to log, and its report must not be rewritten as an empty table)."""
+    return any((state.cell_dir(c) / "result.json").is_file() for c in state.cells)
 
 
 def _said_without_results(state: SweepState) -> int:
@@ -92,6 +93,13 @@ def _said_without_results(state: SweepState) -> int:
     for c in state.cells:
         counts[c.status.value] = counts.get(c.status.value, 0) + 1
     said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    lost = sum(1 for c in state.cells if c.status is CellStatus.done)
+    if lost:
+        print(f"error: {state.sweep_dir}: {lost} cell(s) recorded done have no result.json ({said}): their results "
+              f"are gone from this copy; nothing was synced, no run was created and report.md was left as it is. "
+              f"Fix: copy the whole sweep directory (each cell's result.json with it), then sync again.",
+              file=sys.stderr)
+        return FAILURE_EXIT
     if all(c.status.terminal for c in state.cells):
         print(f"error: {state.sweep_dir} has no results: no cell finished with a measurement ({said}); nothing was "
               f"synced and no run was created. See python -m launcher.status {state.sweep_dir} (each cell's error).",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from contract.codec import TRANSIENT
 from contract.spec import Layout
+from launcher.plan import fit
 from launcher.plan.clusterschema import ClusterConfig
 from launcher.plan.schema import Config
 
@@ -100,6 +101,10 @@ class Cell:
             raise NotPlannedHere(f"cell {self.name} was read back from sweep.json, which keeps its cluster settings "
                                  f"and layout but not its whole configuration: read its spec.json or config.yaml")
         return self.resolved
+
+    def fits(self, state: fit.StateBytes | None) -> bool | None:
+        """Whether its predicted peak per rank fits its GPU's memory (None: not judged, fit.fits)."""
+        return fit.fits(state, self.cluster.gpu_mem_gib, self.layout.gpus_per_node, self.config.strategy.cpu_offload)
 
     @property
     def nodes(self) -> int:

@@ -252,6 +252,14 @@ def predict(shapes: list[tuple[tuple[int, ...], int]], strategy: StrategySpec, l
                       param_count=sum(math.prod(shape) for shape, _ in shapes))
 
 
+def fits(state: StateBytes | None, gpu_mem_gib: float | None, gpus_per_node: int, offloaded: bool) -> bool | None:
+    """Whether a GPU cell's predicted peak per rank fits its GPU's memory; None where that is not
+    judged (a CPU cell, an unknown GPU memory, no prediction, or offloaded state in host memory)."""
+    if not gpu_mem_gib or state is None or not gpus_per_node or offloaded:
+        return None
+    return state.peak <= gpu_mem_gib * GIB
+
+
 def human(n_bytes: float) -> str:
     for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
         if n_bytes >= size:

@@ -27,7 +27,7 @@ def check_forward(model: ModelSpec) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from jobs.models.hf import is_hf_model
+    from jobs.models import is_hf_model
 
     module = meta_build(model)
     if is_hf_model(module):

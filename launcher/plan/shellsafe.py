@@ -78,6 +78,7 @@ NOT_SHELL_BOUND: dict[str, str] = {
     "cells": "all or auto (refused otherwise)",
     "runs_max": "a whole number of runs or auto (refused otherwise); read by the launcher only",
     "runs_budget_min": "a positive number of minutes, auto or null (refused otherwise); read by the launcher only",
+    "strategy.preset": "the preset file's name, compared with 'hsdp' and never written into a script",
     "cluster.name": "a backend's name, refused unless the registry knows it (launcher/cluster/registry.py)",
 }
 

@@ -198,8 +198,13 @@ def tag_runs(uri: str, tags_by_run: dict[str, dict[str, str]]) -> None:
 
 
 def reopen(uri: str, run_id: str) -> None:
-    """A resubmitted cell logs on into its run: mark it running again."""
-    mlflow_client.client(uri).update_run(run_id, status="RUNNING")
+    """A resubmitted cell logs on into its run: mark it running again, without the reason its last
+    attempt was cancelled ("interrupted by SIGINT" would read as this attempt's). Its failure tags
+    stay until it settles, which keeps them as ``earlier_failure`` (launcher/track/runs.py)."""
+    client = mlflow_client.client(uri)
+    client.update_run(run_id, status="RUNNING")
+    if "cancel_reason" in client.get_run(run_id).data.tags:
+        client.delete_tag(run_id, "cancel_reason")
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> str | None:
