@@ -214,9 +214,11 @@ def _close_parent(state: SweepState, written: Report, outcome: str) -> None:
     parent_status = "FINISHED" if not ended else "KILLED" if ended == {CellStatus.cancelled} else "FAILED"
     try:
         links = tracking.parent_links(str(state.experiment_id), parent, [c.run_id for c in state.cells if c.run_id])
-        tracking.describe_parent(uri, parent,
-                                 f"{links}\n\n## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
+        answer = "".join(f"\n- {line}" for line in written.answers)
+        tracking.describe_parent(uri, parent, f"{links}\n\n" + (f"## The answer\n{answer}\n\n" if answer else "")
+                                 + f"## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
                                  [written.cells_csv] if written.cells_csv else [])
+        tracking.tag_verdicts(uri, parent, written.answers)
         tracking.log_figures(uri, {parent: written.figures, **written.cell_figures})
         attach_anatomy(state)
         probed = fabric.read_sweep(state.path)

@@ -64,6 +64,11 @@ def test_ddp_and_fsdp_two_ranks_parity_and_mlflow(tmp_path, fast_overrides, caps
     lines = [json.loads(x) for x in (state.cell_dir(state.cells[0]) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if r["kind"] == "step"] == list(range(6))
     assert Path(state.sweep_dir, "report.md").exists()
+    # The answer where a teammate looks first: atop the parent's page, and a tag per question.
+    parent = client.get_run(state.parent_run_id).data.tags
+    verdict = parent["verdict.2 ranks"]
+    assert verdict.startswith("fsdp against ddp") and verdict in parent["mlflow.note.content"]
+    assert "## The answer" in parent["mlflow.note.content"]
     check_run_times(client, state)
 
 

@@ -375,6 +375,26 @@ def describe_parent(uri: str, run_id: str, note: str, files: Iterable[Path] = ()
         client.log_artifact(run_id, str(path))
 
 
+def tag_verdicts(uri: str, run_id: str, answers: Sequence[str]) -> None:
+    """Each answer line as a tag of the parent run, ``verdict.<where>`` (``verdict.2 ranks``): a column
+    the runs list can show, beside the sweep's other parent runs."""
+    import re
+
+    tags: dict[str, str] = {}
+    for line in answers:
+        where, _, verdict = line.partition(": ")
+        key = "verdict." + re.sub(r"[^/\w.\- ]", "_", where)
+        tags[key[:250]] = verdict[:TAG_MAX_CHARS]
+    if tags:
+        mlflow_client.client(uri).log_batch(run_id, tags=[_run_tag(k, v) for k, v in tags.items()])
+
+
+def _run_tag(key: str, value: str):
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
+
+
 # The tag of a run that holds a forecast, never a measurement (a cells=auto sweep's configurations
 # not run, launcher/forecast/cellsearch.py): it carries no ``cell`` tag, so no report reads it as a cell.
 FORECAST_TAG = "forecast"
