@@ -215,8 +215,12 @@ def _close_parent(state: SweepState, written: Report, outcome: str) -> None:
     try:
         links = tracking.parent_links(str(state.experiment_id), parent, [c.run_id for c in state.cells if c.run_id])
         answer = "".join(f"\n- {line}" for line in written.answers)
+        # The recommendation first: a long sweep's findings are cut at MLflow's tag size, at their end.
+        found = written.findings
+        at = found.find("### Recommendation")
+        found = f"{found[at:]}\n\n{found[:at]}" if at > 0 else found
         tracking.describe_parent(uri, parent, f"{links}\n\n" + (f"## The answer\n{answer}\n\n" if answer else "")
-                                 + f"## Results\n\n{written.tables}\n\n## Findings\n\n{written.findings}",
+                                 + f"## Results\n\n{written.tables}\n\n## Findings\n\n{found}",
                                  [written.cells_csv] if written.cells_csv else [])
         tracking.tag_verdicts(uri, parent, written.answers)
         tracking.log_figures(uri, {parent: written.figures, **written.cell_figures})

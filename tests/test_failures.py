@@ -134,9 +134,10 @@ def test_preemption_record_and_vanished_jobs(tmp_path):
 
 @pytest.mark.slow
 def test_real_runtime_error_through_the_launcher(tmp_path, fast_overrides, capsys):
-    """A model that builds (preflight passes) but whose forward cannot take the input: every rank
-    fails at its first step; the class lands in sweep.json, the MLflow run's tag, the report's
-    failure table and status output."""
+    """A model that passes every check before launch (its forward's shapes fit the data on fake
+    tensors, which carry no values) but reads past its table on real token ids: every rank fails at
+    its first step; the class lands in sweep.json, the MLflow run's tag, the report's failure table
+    and status output."""
     from mlflow.tracking import MlflowClient
 
     from launcher.__main__ import main
@@ -144,14 +145,13 @@ def test_real_runtime_error_through_the_launcher(tmp_path, fast_overrides, capsy
     from launcher.state import SweepState
 
     existing_store(tmp_path)
-    code = main(["-m", *fast_overrides, "model=custom", "model.target=torch.nn.Linear", "model.input=image",
-                 "model.image_size=8", "model.num_classes=2", "+model.params.in_features=4",
-                 "+model.params.out_features=2", "cluster.tasks_per_node=2", f"output_root={tmp_path}",
-                 f"sweep_dir={tmp_path / 'sweep'}"])
+    code = main(["-m", *fast_overrides, "model=custom", "model.target=torch.nn.Embedding", "model.input=tokens",
+                 "+model.params.num_embeddings=10", "+model.params.embedding_dim=256", "cluster.tasks_per_node=2",
+                 f"output_root={tmp_path}", f"sweep_dir={tmp_path / 'sweep'}"])
     assert code == 1
     state = SweepState.load(tmp_path / "sweep")
     c = state.cells[0]
-    assert c.status == "failed" and "shapes cannot be multiplied" in c.error, c.error
+    assert c.status == "failed" and "index out of range" in c.error, c.error
     assert c.failure_class == "runtime_error"
     assert json.loads((tmp_path / "sweep" / "sweep.json").read_text())["cells"][0]["failure_class"] == "runtime_error"
     run = MlflowClient(tracking_uri=state.tracking_uri).get_run(c.run_id)
