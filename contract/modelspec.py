@@ -48,6 +48,11 @@ class ModelSpec:
         return self._target_ or self.target
 
     @property
+    def target_setting(self) -> str:
+        """The setting the dotted path was given in, for the errors that name it."""
+        return "model._target_" if self._target_ else "model.target"
+
+    @property
     def is_hf(self) -> bool:
         return self.name == "hf" and not self.target_path
 
@@ -58,7 +63,7 @@ class ModelSpec:
             raise ConfigError("model.target", self.target, f"contradicts model._target_={self._target_!r} "
                               "(model.target is an alias of model._target_).", "set only one of the two.")
         target = self.target_path
-        setting = "model._target_" if self._target_ else "model.target"
+        setting = self.target_setting
         if self.name == "custom" and target in (None, "???"):
             raise ConfigError("model.target", target, "model=custom builds the class named by model._target_ "
                               "(alias model.target), and none is given; it must be importable on the nodes.",

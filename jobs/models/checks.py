@@ -39,7 +39,7 @@ def check_buildable(spec: ModelSpec) -> None:
 def _check_target(spec: ModelSpec, target: str) -> None:
     import inspect
 
-    setting = "model._target_" if spec._target_ else "model.target"
+    setting = spec.target_setting
     try:
         fn = locate(target)
     except InstantiationError as exc:

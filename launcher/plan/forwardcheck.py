@@ -70,7 +70,7 @@ def _described(model: ModelSpec) -> str:
 def _check_output(model: ModelSpec, out) -> None:
     import torch
 
-    setting = "model._target_" if model._target_ else "model.target"
+    setting = model.target_setting
     if not isinstance(out, torch.Tensor):
         raise ConfigError(setting, model.target_path, f"forward returned a {type(out).__name__}, not a tensor of "
                           "logits.", "return the logits tensor from forward (a wrapper module can pick it out of "
