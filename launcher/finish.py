@@ -135,9 +135,8 @@ def _said(state: SweepState, written: Report) -> str:
     """What the terminal shows of a report just written: the tables, the claims, where it is."""
     measured = any(c.status is CellStatus.done for c in state.cells)
     claims = _claims(written.findings) if measured else "nothing was measured: no cell finished"
-    answers = "".join(f"\n- {line}" for line in written.answers)
     return (f"{written.tables}\n\nFindings (the full section is in report.md):\n{claims}\n\nreport: {written.path}"
-            + (f"\n\nThe answer, one line per question:{answers}" if answers else ""))
+            + (f"\n\nThe answer, one line per question:\n{written.answer_bullets}" if written.answers else ""))
 
 
 def _claims(findings: str) -> str:
@@ -214,12 +213,12 @@ def _close_parent(state: SweepState, written: Report, outcome: str) -> None:
     parent_status = "FINISHED" if not ended else "KILLED" if ended == {CellStatus.cancelled} else "FAILED"
     try:
         links = tracking.parent_links(str(state.experiment_id), parent, [c.run_id for c in state.cells if c.run_id])
-        answer = "".join(f"\n- {line}" for line in written.answers)
         # The recommendation first: a long sweep's findings are cut at MLflow's tag size, at their end.
         found = written.findings
         at = found.find("### Recommendation")
         found = f"{found[at:]}\n\n{found[:at]}" if at > 0 else found
-        tracking.describe_parent(uri, parent, f"{links}\n\n" + (f"## The answer\n{answer}\n\n" if answer else "")
+        answer = f"## The answer\n\n{written.answer_bullets}\n\n" if written.answers else ""
+        tracking.describe_parent(uri, parent, f"{links}\n\n{answer}"
                                  + f"## Results\n\n{written.tables}\n\n## Findings\n\n{found}",
                                  [written.cells_csv] if written.cells_csv else [])
         tracking.tag_verdicts(uri, parent, written.answers)

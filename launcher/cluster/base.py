@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contract import records
+from contract import cell_run, records
 from launcher.plan.cell import Cell
 from launcher.state import REPRODUCE_FILE, SweepState, this_process
 
@@ -220,10 +220,10 @@ def torchrun_launch(cluster: ClusterConfig, ranks: int) -> str:
 
 def set_aside_finished_records(cell_dir: Path) -> Path | None:
     """A cell run again after an attempt that measured to its end (a diverged run resubmitted, say):
-    that attempt's metrics.jsonl moved to ``metrics.attempt-<n>.jsonl``, so the new attempt's records
+    that attempt's records (metrics.jsonl) moved to ``metrics.attempt-<n>.jsonl``, so the new attempt's records
     are one run's (the record reader refuses two summaries in one file). An attempt that stopped
     before its summary (preempted, killed) keeps its records: the resume reads its logged steps."""
-    path = cell_dir / "metrics.jsonl"
+    path = cell_dir / cell_run.METRICS_FILE
     if not any(r.get("kind") == "summary" for r in records.read_records(path)):
         return None
     n = 1 + len(list(cell_dir.glob("metrics.attempt-*.jsonl")))

@@ -37,6 +37,11 @@ class Report:
     cells_csv: Path | None = None
     # One plain line per strategy question, verdict first (launcher/report/comparisons.py answers).
     answers: list[str] = field(default_factory=list)
+
+    @property
+    def answer_bullets(self) -> str:
+        """The answers as markdown bullets, one line each ("" without any)."""
+        return "\n".join(f"- {line}" for line in self.answers)
     # MLflow figures of the forecasts checked (launcher/forecast/inputs.py): the parent run's, and
     # per cell run id.
     figures: dict[str, float] = field(default_factory=dict)
@@ -173,7 +178,7 @@ def write(rows: list[dict[str, Any]], out_dir: Path, title: str, source: dict[st
                     cells_csv=write_cells_csv(rows, out_dir / CELLS_FILE),
                     answers=findings.answers(rows, floor=floor, looks=looks))
     done = [r for r in rows if num(r.get(THROUGHPUT_SAMPLES_PER_S)) is not None]
-    answer = ["## The answer", "", *(f"- {line}" for line in report.answers), ""] if report.answers else []
+    answer = ["## The answer", "", report.answer_bullets, ""] if report.answers else []
     parts = [*_summary_section(rows, title), *answer, "## Findings", "", report.findings, "",
              *_results_section(rows, done, report.tables), *_plots_section(rows, bool(done), out_dir, report),
              *sections, "## How measured", "", _how_measured(rows), "",

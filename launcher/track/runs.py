@@ -69,11 +69,11 @@ def cell_records(cell_dir: Path) -> list[dict]:
     """A cell's JSONL records, refused where they hold two runs' summaries: two launches wrote into one
     folder (requeues of one job add start records, never a second summary), so no run can tell which
     numbers are the cell's."""
-    found = records.read_records(cell_dir / "metrics.jsonl")
+    found = records.read_records(cell_dir / cell_run.METRICS_FILE)
     summaries = sum(1 for r in found if r.get("kind") == "summary")
     if summaries > 1:
         raise records.RecordError(
-            f"{cell_dir / 'metrics.jsonl'} holds {summaries} runs' summaries: two launches measured into one cell "
+            f"{cell_dir / cell_run.METRICS_FILE} holds {summaries} runs' summaries: two launches measured into one cell "
             f"folder. Fix: move the cell folder aside and run the sweep's command again to measure it once.")
     return found
 
