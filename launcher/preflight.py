@@ -260,9 +260,7 @@ def _fits(cells: list[Cell], predicted: dict[int, fit.StateBytes], errors: list[
                       f"{fit.human(state.optimizer)}, activations {_about(state.activations)}, loss gradients "
                       f"{fit.human(state.loss_grads)}) exceeds "
                       f"the {cell.cluster.gpu_mem_gib:g} GiB of each GPU (cluster.gpu_mem_gib, or the memory of its GPU "
-                      f"type). Fix: shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller "
-                      f"batch_size, activation_checkpointing=true, precision=bf16, a smaller model, or "
-                      f"allow_oom=true to run it anyway.")
+                      f"type). Fix: {fit.DOES_NOT_FIT_FIX}")
 
 
 def _declared_gpu_memory(cells: list[Cell]) -> None:

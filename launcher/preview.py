@@ -42,8 +42,7 @@ def _cells(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> list[str]
                and not cell.config.allow_oom]
     if refused:
         lines += ["", f"{len(refused)} cell(s) do not fit their GPU's memory ({', '.join(c.name for c in refused)}): "
-                      "a run of this grid refuses them; shard more (strategy=fsdp, more nodes), a smaller batch_size, "
-                      "activation_checkpointing=true or precision=bf16, or allow_oom=true to run them anyway."]
+                      f"a run of this grid refuses them. Fix: {fit.DOES_NOT_FIT_FIX}"]
     asked = [cell for cell in cells if cell.time_asked]
     if asked:  # cluster.timeout_min=auto
         lines += ["", "time limits (cluster.timeout_min=auto): "

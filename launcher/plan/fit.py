@@ -252,6 +252,11 @@ def predict(shapes: list[tuple[tuple[int, ...], int]], strategy: StrategySpec, l
                       param_count=sum(math.prod(shape) for shape, _ in shapes))
 
 
+# What to do about a cell predicted not to fit its GPU: said by the refusal and by --plan's verdict.
+DOES_NOT_FIT_FIX = ("shard more (strategy=fsdp, more nodes), offload (strategy=fsdp_offload), a smaller batch_size, "
+                    "activation_checkpointing=true, precision=bf16, a smaller model, or allow_oom=true to run anyway.")
+
+
 def fits(state: StateBytes | None, gpu_mem_gib: float | None, gpus_per_node: int, offloaded: bool) -> bool | None:
     """Whether a GPU cell's predicted peak per rank fits its GPU's memory; None where that is not
     judged (a CPU cell, an unknown GPU memory, no prediction, or offloaded state in host memory)."""
