@@ -73,17 +73,18 @@ def _interpreter(cluster) -> None:
     command = shlex.split(cluster.python)
     fix = ("give the path of an interpreter of this machine that has this project and torch installed, e.g. "
            f"cluster.python={sys.executable}, or drop cluster.python (the ranks then run with the launcher's own).")
+
+    def refused(why: str) -> SweepError:
+        return SweepError(str(ConfigError("cluster.python", cluster.python, why, fix)))
+
     if not command or shutil.which(command[0]) is None:
-        raise SweepError(str(ConfigError("cluster.python", cluster.python, "is no interpreter of this machine (the "
-                                         f"ranks of cluster={cluster.name} run here).", fix)))
+        raise refused(f"is no interpreter of this machine (the ranks of cluster={cluster.name} run here).")
     try:
         done = subprocess.run([*command, "-c", "import torch, jobs.worker"], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SweepError(str(ConfigError("cluster.python", cluster.python, f"could not be run: {exc}.", fix))) from exc
+        raise refused(f"could not be run: {exc}.") from exc
     if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SweepError(str(ConfigError("cluster.python", cluster.python, f"cannot import the worker: {last}.",
-                                         fix)))
+        raise refused(f"cannot import the worker: {(done.stderr.strip().splitlines() or ['no message'])[-1]}.")
 
 
 def _time_limits(cells: list[Cell], predicted: dict[int, fit.StateBytes]) -> None:
